@@ -1,0 +1,14 @@
+"""heatformer: attention matrices as weighted graphs, and diffusion heads for transformers.
+
+Subpackages:
+
+- :mod:`heatformer.graph_ops` -- attention graphs, Laplacians and diffusion operators.
+- :mod:`heatformer.models` -- :class:`DiffusionAttention`, transformer blocks, GPT and ViT.
+- :mod:`heatformer.analysis` -- token-geometry metrics.
+- :mod:`heatformer.viz` -- plots and teaching demos (needs the ``viz`` extra).
+- :mod:`heatformer.experiments` -- built-in tasks, trainer and the compare runner.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,216 @@
+r"""Graph Laplacians of attention graphs, as operator actions and as dense matrices.
+
+Conventions: ``W`` is the (directed) weight matrix with rows = out-edges (queries),
+``D_out = diag(W 1)``, self-loops are kept, and ``A^+`` is the pseudo-inverse of a diagonal
+(``1/d`` where ``d > 0``, else 0). The three normalizations are
+
+.. math::
+
+    L_{rw} &= D_{out}^{+} (D_{out} - W) = I' - D_{out}^{+} W \\
+    L_{sym} &= D^{+1/2} (D - W_s) D^{+1/2} = I' - D^{+1/2} W_s D^{+1/2},
+        \quad W_s = (W + W^T)/2,\ D = \mathrm{diag}(W_s 1) \\
+    L_{comb} &= D_{out} - W
+
+where ``I'`` is the identity restricted to nodes with non-zero degree. Hence a node without
+edges (an isolated node, or a fully masked attention row) has a zero Laplacian row in every
+normalization, as in NetworkX. For an attention graph ``P`` (rows sum to 1),
+``L_rw = I - P``: the Laplacian head of Zhang & Papyan (2026) outputs ``L_rw V = V - P V``.
+
+Every normalization is written ``L = c (I - M)`` with ``c = 1`` for ``"rw"``/``"sym"`` and
+``c = max_i D_out[i, i]`` for ``"combinatorial"``; ``M`` has non-negative entries and
+``||M|| <= 1``, which is what the positive heat-kernel series needs.
+
+References:
+    Chung, F. (1997). *Spectral Graph Theory*. AMS.
+    Zhang, A. & Papyan, V. (2026). Laplacian heads. arXiv:2602.09297.
+
+Example (path graph 0 - 1 - 2):
+    >>> import torch
+    >>> from heatformer.graph_ops import DenseGraph, laplacian_matrix
+    >>> g = DenseGraph(torch.tensor([[0., 1., 0.], [1., 0., 1.], [0., 1., 0.]]))
+    >>> laplacian_matrix(g, "combinatorial")
+    tensor([[ 1., -1.,  0.],
+            [-1.,  2., -1.],
+            [ 0., -1.,  1.]])
+    >>> laplacian_matrix(g, "rw")
+    tensor([[ 1.0000, -1.0000,  0.0000],
+            [-0.5000,  1.0000, -0.5000],
+            [ 0.0000, -1.0000,  1.0000]])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from heatformer.graph_ops import _validation as V
+from heatformer.graph_ops.graphs import Graph, _safe_reciprocal
+
+__all__ = ["GraphGenerator", "laplacian", "laplacian_matrix", "spectrum"]
+
+
+def _check_graph(graph: object) -> Graph:
+    if not isinstance(graph, Graph):
+        raise TypeError(
+            f"graph: expected a heatformer Graph (DenseGraph, SoftmaxGraph, SparseGraph), "
+            f"got {type(graph).__name__}"
+        )
+    return graph
+
+
+class GraphGenerator:
+    """The Laplacian of one graph and normalization, as actions on signals ``(..., N, C)``.
+
+    Degrees are computed once at construction; every method is differentiable.
+
+    Attributes:
+        graph: the graph.
+        normalization: ``"rw"``, ``"sym"`` or ``"combinatorial"``.
+        scale: ``c`` with ``L = c (I - M)``, shape ``batch_shape`` (1 unless combinatorial).
+    """
+
+    def __init__(self, graph: Graph, normalization: str = "rw") -> None:
+        self.graph = _check_graph(graph)
+        self.normalization = V.check_normalization(normalization)
+        ones = torch.ones(graph.batch_shape, dtype=graph.dtype, device=graph.device)
+        self.scale: Tensor = ones
+        self._inv: Tensor | None = None
+        self._sqrt_inv: Tensor = ones
+        if normalization == "rw":
+            d = graph.out_degree()
+            self._has = (d > 0).to(graph.dtype).unsqueeze(-1)  # (..., N, 1)
+            self._inv = None if graph.row_stochastic else _safe_reciprocal(d).unsqueeze(-1)
+        elif normalization == "sym":
+            d = (
+                graph.out_degree()
+                if graph.symmetric
+                else 0.5 * (graph.out_degree() + graph.in_degree())
+            )
+            self._has = (d > 0).to(graph.dtype).unsqueeze(-1)
+            self._sqrt_inv = _safe_reciprocal(d.clamp_min(0).sqrt()).unsqueeze(-1)  # D^{+1/2}
+        else:
+            d = graph.out_degree()
+            self._deg = d.unsqueeze(-1)  # (..., N, 1)
+            dmax = d.detach().amax(-1)
+            self.scale = torch.where(dmax > 0, dmax, ones)
+
+    def adjacency(self, x: Tensor) -> Tensor:
+        """``A x`` for the normalized adjacency ``A`` (``D^+ W``, ``D^{+1/2} W_s D^{+1/2}``, or
+        ``I - L/c`` for the combinatorial Laplacian)."""
+        g = self.graph
+        if self.normalization == "rw":
+            y = g.propagate(x)
+            return y if self._inv is None else y * self._inv
+        if self.normalization == "sym":
+            z = x * self._sqrt_inv
+            ws = (
+                g.propagate(z) if g.symmetric else 0.5 * (g.propagate(z) + g.propagate_transpose(z))
+            )
+            return ws * self._sqrt_inv
+        return x - self.laplacian(x) / self.scale[..., None, None]
+
+    def laplacian(self, x: Tensor) -> Tensor:
+        """``L x``, shape ``(..., N, C)``."""
+        if self.normalization == "combinatorial":
+            return self._deg * x - self.graph.propagate(x)
+        return self._has * x - self.adjacency(x)
+
+    def markov(self, x: Tensor) -> Tensor:
+        """``M x = x - L x / c``: non-negative, ``||M|| <= 1`` (the heat-series step)."""
+        if self.normalization == "combinatorial":
+            return self.adjacency(x)
+        return self.adjacency(x) + (1.0 - self._has) * x
+
+
+def laplacian(graph: Graph, x: Tensor, normalization: str = "rw") -> Tensor:
+    r"""Apply the graph Laplacian to a signal without forming it: ``L x``.
+
+    Args:
+        graph: any :class:`~heatformer.graph_ops.Graph`.
+        x: ``(..., N, C)`` signal; leading dims broadcast to the graph's batch shape.
+        normalization: ``"rw"`` (:math:`I' - D_{out}^+ W`), ``"sym"``
+            (:math:`I' - D^{+1/2} W_s D^{+1/2}`) or ``"combinatorial"`` (:math:`D_{out} - W`).
+
+    Returns:
+        ``(..., N, C)``.
+
+    Raises:
+        TypeError: if ``graph`` is not a Graph or ``x`` is not a floating tensor.
+        ValueError: on an unknown ``normalization`` or a wrong ``x`` shape.
+
+    Example:
+        >>> import torch
+        >>> from heatformer.graph_ops import DenseGraph
+        >>> g = DenseGraph(torch.tensor([[0., 1., 0.], [1., 0., 1.], [0., 1., 0.]]))
+        >>> laplacian(g, torch.ones(3, 1), "combinatorial").squeeze(-1)   # L 1 = 0
+        tensor([0., 0., 0.])
+    """
+    graph = _check_graph(graph)
+    V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
+    return GraphGenerator(graph, normalization).laplacian(x)
+
+
+def laplacian_matrix(graph: Graph, normalization: str = "rw") -> Tensor:
+    """The dense Laplacian ``(..., N, N)`` (for small graphs, tests and teaching).
+
+    Computed from ``graph.to_dense()`` by the formulas in the module docstring, independently
+    of :func:`laplacian`.
+
+    Args:
+        graph: any graph.
+        normalization: ``"rw"``, ``"sym"`` or ``"combinatorial"``.
+
+    Returns:
+        ``(..., N, N)`` tensor.
+    """
+    graph = _check_graph(graph)
+    V.check_normalization(normalization)
+    w = graph.to_dense()
+    n = w.shape[-1]
+    eye = torch.eye(n, dtype=w.dtype, device=w.device)
+    if normalization == "combinatorial":
+        return torch.diag_embed(w.sum(-1)) - w
+    if normalization == "rw":
+        d = w.sum(-1)
+        return torch.diag_embed((d > 0).to(w.dtype)) - _safe_reciprocal(d).unsqueeze(-1) * w
+    ws = 0.5 * (w + w.transpose(-1, -2))
+    d = ws.sum(-1)
+    s = _safe_reciprocal(d.sqrt())
+    return eye * (d > 0).to(w.dtype).unsqueeze(-1) - s.unsqueeze(-1) * ws * s.unsqueeze(-2)
+
+
+def spectrum(graph: Graph, normalization: str = "rw", *, atol: float = 1e-6) -> Tensor:
+    """Eigenvalues of the Laplacian, ascending (by real part).
+
+    A symmetric eigensolver (:func:`torch.linalg.eigvalsh`) is used only where the operator is
+    symmetric: always for ``"sym"``; for ``"combinatorial"`` when ``W`` is symmetric; for
+    ``"rw"`` when ``W`` is symmetric (then ``L_rw`` is similar to ``L_sym`` and has its
+    spectrum). Otherwise (directed attention graphs) the general solver
+    :func:`torch.linalg.eigvals` is used and a complex tensor is returned.
+
+    Args:
+        graph: a small graph (the dense Laplacian is formed).
+        normalization: ``"rw"``, ``"sym"`` or ``"combinatorial"``.
+        atol: tolerance of the symmetry test ``max|W - W^T| <= atol * max|W|``.
+
+    Returns:
+        ``(..., N)`` real (symmetric case) or complex tensor.
+
+    Example:
+        >>> import torch
+        >>> from heatformer.graph_ops import DenseGraph
+        >>> g = DenseGraph(torch.tensor([[0., 1., 0.], [1., 0., 1.], [0., 1., 0.]]))
+        >>> spectrum(g, "sym")
+        tensor([0., 1., 2.])
+    """
+    graph = _check_graph(graph)
+    V.check_normalization(normalization)
+    w = graph.to_dense().detach()
+    sym_w = bool((w - w.transpose(-1, -2)).abs().amax() <= atol * w.abs().amax().clamp_min(1e-30))
+    if normalization == "sym" or (sym_w and normalization == "combinatorial"):
+        return torch.linalg.eigvalsh(laplacian_matrix(graph, normalization).detach())
+    if sym_w and normalization == "rw":
+        return torch.linalg.eigvalsh(laplacian_matrix(graph, "sym").detach())
+    ev = torch.linalg.eigvals(laplacian_matrix(graph, normalization).detach())
+    order = torch.argsort(ev.real, dim=-1)
+    return ev.gather(-1, order)

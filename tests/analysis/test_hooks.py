@@ -1,0 +1,213 @@
+"""Tests for heatformer.analysis.hooks.collect_token_states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from heatformer.analysis import collect_token_states
+
+
+class _Block(nn.Module):
+    """Residual block returning ``(output, aux)`` like an attention module."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return x + self.dropout(torch.tanh(self.linear(x))), x.sum()
+
+
+class _ToyModel(nn.Module):
+    """``embed -> blocks -> head``, the layout of the reference GPT and ViT."""
+
+    def __init__(self, dim: int = 4, depth: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Linear(2, dim)
+        self.blocks = nn.ModuleList(_Block(dim) for _ in range(depth))
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x: Tensor, *, scale: float = 1.0) -> Tensor:
+        h = self.embed(x) * scale
+        for block in self.blocks:
+            h, _ = block(h)
+        return self.head(h)
+
+
+def _all_hooks_removed(model: nn.Module) -> bool:
+    return all(len(m._forward_hooks) == 0 for m in model.modules())
+
+
+def test_sequential_states_equal_manual_intermediates() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    x = torch.randn(2, 4, 3)  # (B, N, D)
+    states = collect_token_states(model, x, ["0", "1", "2"])
+    assert list(states) == ["0", "1", "2"]
+    h0 = model[0](x)
+    torch.testing.assert_close(states["0"], h0)
+    torch.testing.assert_close(states["1"], h0.relu())
+    torch.testing.assert_close(states["2"], model[2](h0.relu()))
+    assert all(not s.requires_grad for s in states.values())
+    assert _all_hooks_removed(model)
+
+
+def test_default_layers_are_the_blocks_and_tuples_give_their_first_tensor() -> None:
+    torch.manual_seed(1)
+    model = _ToyModel()
+    x = torch.randn(2, 5, 2)
+    states = collect_token_states(model, x)
+    assert list(states) == ["blocks.0", "blocks.1", "blocks.2"]
+    model.eval()
+    with torch.no_grad():
+        h = model.embed(x)
+        for i, block in enumerate(model.blocks):
+            h, _ = block(h)
+            torch.testing.assert_close(states[f"blocks.{i}"], h)
+    assert _all_hooks_removed(model)
+
+
+def test_layers_container_is_the_fallback_default() -> None:
+    class WithLayers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.layers(x)
+
+    states = collect_token_states(WithLayers(), torch.randn(3, 2))
+    assert list(states) == ["layers.0", "layers.1"]
+
+
+def test_training_flags_are_restored_exactly_and_dropout_is_off() -> None:
+    torch.manual_seed(2)
+    model = _ToyModel()
+    model.train()
+    model.blocks[1].eval()  # a mixed state must come back as it was
+    before = {name: m.training for name, m in model.named_modules()}
+    x = torch.randn(2, 5, 2)
+    first = collect_token_states(model, x, ["blocks.2"])
+    second = collect_token_states(model, x, ["blocks.2"])
+    torch.testing.assert_close(first["blocks.2"], second["blocks.2"])  # dropout was off
+    assert {name: m.training for name, m in model.named_modules()} == before
+
+
+def test_eval_mode_false_keeps_training_mode() -> None:
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Dropout(0.5))
+    model.train()
+    x = torch.ones(1000)
+    states = collect_token_states(model, x, ["0"], eval_mode=False)
+    assert (states["0"] == 0).any()  # dropout was active
+    assert model.training
+
+
+def test_hooks_are_removed_and_flags_restored_when_forward_raises() -> None:
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(2, 2)])
+
+        def forward(self, x: Tensor) -> Tensor:
+            self.blocks[0](x)
+            raise RuntimeError("boom")
+
+    model = Broken()
+    model.train()
+    with pytest.raises(RuntimeError, match="boom"):
+        collect_token_states(model, torch.randn(1, 2))
+    assert _all_hooks_removed(model)
+    assert model.training and model.blocks[0].training
+
+
+def test_states_are_copies_unaffected_by_later_in_place_updates() -> None:
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.Identity()
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = self.first(x)
+            h.mul_(10.0)  # modifies the tensor the hook saw
+            return h
+
+    x = torch.ones(2, 3)
+    states = collect_token_states(InPlace(), x.clone(), ["first"])
+    torch.testing.assert_close(states["first"], x)
+
+
+def test_inputs_tuple_mapping_and_root_module() -> None:
+    torch.manual_seed(4)
+    model = _ToyModel()
+    x = torch.randn(1, 3, 2)
+    by_tuple = collect_token_states(model, (x,), ["", "embed"])
+    by_mapping = collect_token_states(model, {"x": x, "scale": 2.0}, ["embed"])
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(by_tuple[""], model(x))
+        torch.testing.assert_close(by_tuple["embed"], model.embed(x))
+        torch.testing.assert_close(by_mapping["embed"], model.embed(x))  # hook sees pre-scale
+
+
+def test_to_cpu_returns_cpu_tensors() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    states = collect_token_states(model, torch.randn(1, 2), ["0"], to_cpu=True)
+    assert states["0"].device.type == "cpu"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_states_on_cuda_stay_there_unless_to_cpu() -> None:
+    model = _ToyModel().cuda()
+    x = torch.randn(2, 3, 2, device="cuda")
+    assert collect_token_states(model, x)["blocks.0"].device.type == "cuda"
+    assert collect_token_states(model, x, to_cpu=True)["blocks.0"].device.type == "cpu"
+
+
+def test_bad_inputs_name_the_argument() -> None:
+    model = _ToyModel()
+    x = torch.randn(1, 3, 2)
+    with pytest.raises(ValueError, match=r"layers: unknown submodule 'blocks\.7'.*'embed'"):
+        collect_token_states(model, x, ["blocks.7"])
+    with pytest.raises(TypeError, match="layers: expected a list"):
+        collect_token_states(model, x, "blocks.0")
+    with pytest.raises(ValueError, match="layers: expected distinct names"):
+        collect_token_states(model, x, ["embed", "embed"])
+    with pytest.raises(ValueError, match="layers: expected a list of submodule names"):
+        collect_token_states(nn.Sequential(nn.Linear(2, 2)), torch.randn(1, 2))
+    with pytest.raises(TypeError, match="model"):
+        collect_token_states(lambda t: t, x, ["0"])
+    assert _all_hooks_removed(model)
+
+
+def test_layer_that_never_runs_or_runs_twice_raises() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shared = nn.Linear(2, 2)
+            self.unused = nn.Linear(2, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            return self.shared(self.shared(x))
+
+    model = Twice()
+    with pytest.raises(ValueError, match=r"'unused'.* did not run"):
+        collect_token_states(model, torch.randn(1, 2), ["unused"])
+    with pytest.raises(ValueError, match="'shared' ran more than once"):
+        collect_token_states(model, torch.randn(1, 2), ["shared"])
+    assert _all_hooks_removed(model)
+
+
+def test_layer_without_tensor_output_raises() -> None:
+    class NoTensor(nn.Module):
+        def forward(self, x: Tensor) -> dict[str, Tensor]:
+            return {"y": x}
+
+    model = nn.Sequential(NoTensor())
+    with pytest.raises(TypeError, match="layers: expected submodule '0' to return a tensor"):
+        collect_token_states(model, torch.randn(1, 2), ["0"])
+    assert _all_hooks_removed(model)
