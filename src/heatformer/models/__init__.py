@@ -1,0 +1,34 @@
+"""Transformer layers with a diffusion operator per head, and reference models."""
+
+from heatformer.models.attention import DiffusionAttention, KVCache
+from heatformer.models.heads import format_heads, parse_heads, parse_layer_heads
+from heatformer.models.transformer import (
+    GPT,
+    MLP,
+    GPTConfig,
+    SequenceClassifier,
+    SequenceClassifierConfig,
+    TransformerBlock,
+    ViT,
+    ViTConfig,
+    load_model,
+    save_model,
+)
+
+__all__ = [
+    "GPT",
+    "MLP",
+    "DiffusionAttention",
+    "GPTConfig",
+    "KVCache",
+    "SequenceClassifier",
+    "SequenceClassifierConfig",
+    "TransformerBlock",
+    "ViT",
+    "ViTConfig",
+    "format_heads",
+    "load_model",
+    "parse_heads",
+    "parse_layer_heads",
+    "save_model",
+]

@@ -1,0 +1,194 @@
+"""Head specs: which diffusion operator each attention head applies.
+
+A spec is a comma-separated list of ``name[params]:count`` entries, heads assigned in the
+order the spec lists them::
+
+    "attention:6,laplacian:2"            heads 0-5 attention, 6-7 Laplacian
+    "attention:4,heat[t=0.5]:2,ppr:2"    parameters in brackets, separated by ';'
+    "laplacian[normalization=sym]:8"
+    "attention"                          a bare name: every head
+
+A per-layer schedule is one spec per layer: a sequence of specs, or one string with the
+layers separated by ``'|'`` or ``';'`` outside brackets
+(``"attention:4|attention:2,laplacian:2"``). Strings become
+operators only here, through :func:`heatformer.graph_ops.resolve_operator`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from heatformer.graph_ops import DiffusionOperator, resolve_operator
+
+__all__ = ["format_heads", "parse_heads", "parse_layer_heads"]
+
+_ENTRY = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\[([^\]]*)\])?\s*(?::\s*(\S+))?\s*$")
+LAYER_SEPARATORS = "|;"
+
+
+def _split_entries(spec: str, separators: str = ",") -> list[str]:
+    """Split on ``separators`` that are not inside brackets."""
+    entries: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for ch in spec:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch in separators and depth == 0:
+            entries.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    entries.append("".join(current))
+    return entries
+
+
+def _parse_value(text: str) -> object:
+    text = text.strip()
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.startswith("(") and text.endswith(")"):
+        return [float(v) for v in text[1:-1].split() if v]
+    return text
+
+
+def _parse_params(text: str | None, spec: str) -> dict[str, object]:
+    params: dict[str, object] = {}
+    if not text:
+        return params
+    for item in text.split(";"):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise ValueError(f"heads: expected key=value inside [...] in {spec!r}, got {item!r}")
+        key, value = item.split("=", 1)
+        params[key.strip()] = _parse_value(value)
+    return params
+
+
+def parse_heads(
+    spec: str | Sequence[DiffusionOperator | str], num_heads: int
+) -> list[DiffusionOperator]:
+    """One operator per head from a spec string or a per-head list.
+
+    Heads of one spec entry share one operator instance (so they run as one batched call).
+
+    Args:
+        spec: a spec string (see the module docstring) or a sequence of ``num_heads``
+            operators / operator names.
+        num_heads: ``H``.
+
+    Returns:
+        A list of ``num_heads`` operators.
+
+    Raises:
+        ValueError: unknown operator names (listing the valid ones), malformed entries, or
+            counts that do not add up to ``num_heads``.
+
+    Example:
+        >>> ops = parse_heads("attention:2,laplacian:1", 3)
+        >>> [op.name for op in ops]
+        ['attention', 'attention', 'laplacian']
+    """
+    if isinstance(spec, str):
+        entries = [e for e in _split_entries(spec) if e.strip()]
+        if not entries:
+            raise ValueError(f"heads: empty head spec {spec!r}")
+        ops: list[DiffusionOperator] = []
+        for entry in entries:
+            match = _ENTRY.match(entry)
+            if match is None:
+                raise ValueError(
+                    f"heads: cannot parse {entry.strip()!r} in {spec!r}; expected entries like "
+                    f"'attention:6', 'heat[t=0.5]:2'"
+                )
+            name, params_text, count_text = match.groups()
+            if count_text is None:
+                if len(entries) != 1:
+                    raise ValueError(
+                        f"heads: {entry.strip()!r} has no ':count' in {spec!r}; only a spec "
+                        f"with a single entry may omit the count"
+                    )
+                count = num_heads
+            else:
+                if not count_text.isdigit() or int(count_text) < 1:
+                    raise ValueError(
+                        f"heads: expected a positive head count in {entry.strip()!r}, "
+                        f"got {count_text!r}"
+                    )
+                count = int(count_text)
+            try:
+                op = resolve_operator(name, **_parse_params(params_text, spec))
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"heads: in {spec!r}: {err}") from None
+            ops.extend([op] * count)
+        if len(ops) != num_heads:
+            raise ValueError(
+                f"heads: the counts in {spec!r} add up to {len(ops)} heads, but num_heads is "
+                f"{num_heads}"
+            )
+        return ops
+    if isinstance(spec, Sequence):
+        if len(spec) != num_heads:
+            raise ValueError(
+                f"operators: expected one operator per head ({num_heads}), got {len(spec)}"
+            )
+        resolved: dict[str, DiffusionOperator] = {}
+        out = []
+        for item in spec:
+            if isinstance(item, str):  # equal names share one instance
+                resolved.setdefault(item, resolve_operator(item))
+                out.append(resolved[item])
+            elif isinstance(item, DiffusionOperator):
+                out.append(item)
+            else:
+                raise TypeError(
+                    f"operators: expected DiffusionOperator instances or names, got "
+                    f"{type(item).__name__}"
+                )
+        return out
+    raise TypeError(
+        f"operators: expected a spec string or a list of operators, got {type(spec).__name__}"
+    )
+
+
+def parse_layer_heads(heads: str | Sequence[str], n_layer: int) -> list[str]:
+    """One spec string per layer.
+
+    Args:
+        heads: one spec for every layer, ``'|'``/``';'``-separated specs, or a sequence.
+        n_layer: number of layers.
+
+    Raises:
+        ValueError: if the number of per-layer specs is not ``n_layer``.
+    """
+    if isinstance(heads, str):
+        layers = _split_entries(heads, LAYER_SEPARATORS)
+        if len(layers) == 1:
+            layers = layers * n_layer
+    else:
+        layers = list(heads)
+    if len(layers) != n_layer:
+        raise ValueError(
+            f"heads: expected one spec per layer ({n_layer} layers), got {len(layers)}: {heads!r}"
+        )
+    return [str(h).strip() for h in layers]
+
+
+def format_heads(ops: Sequence[DiffusionOperator]) -> str:
+    """A short spec-like summary, e.g. ``"attention:6,laplacian:2"`` (for reprs and reports)."""
+    parts: list[tuple[str, int]] = []
+    for op in ops:
+        if parts and parts[-1][0] == op.name:
+            parts[-1] = (op.name, parts[-1][1] + 1)
+        else:
+            parts.append((op.name, 1))
+    return ",".join(f"{name}:{count}" for name, count in parts)

@@ -1,0 +1,530 @@
+"""Reference models built from :class:`DiffusionAttention`: block, GPT, ViT, sequence classifier.
+
+Read top to bottom in dependency order: MLP, block, configs, models, save/load. Every model is
+built from a frozen dataclass config (``Model.from_config(cfg)``) whose ``heads`` field is a
+head spec for every layer, ``'|'``-separated per-layer specs, or a tuple of per-layer specs
+(see :mod:`heatformer.models.heads`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from heatformer.models.attention import DiffusionAttention, KVCache
+from heatformer.models.heads import parse_layer_heads
+
+__all__ = [
+    "GPT",
+    "MLP",
+    "GPTConfig",
+    "SequenceClassifier",
+    "SequenceClassifierConfig",
+    "TransformerBlock",
+    "ViT",
+    "ViTConfig",
+    "load_model",
+    "save_model",
+]
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: ``Linear(D, rD) -> GELU -> Linear(rD, D) -> dropout``."""
+
+    def __init__(self, embed_dim: int, ratio: int = 4, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.fc = nn.Linear(embed_dim, ratio * embed_dim, bias=bias)
+        self.proj = nn.Linear(ratio * embed_dim, embed_dim, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.dropout(self.proj(F.gelu(self.fc(x))))
+        return out
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN block: ``x + attn(LN(x))`` then ``x + mlp(LN(x))``.
+
+    Args:
+        embed_dim: ``D``.
+        num_heads: ``H``.
+        operators: head spec or per-head operators (see :class:`DiffusionAttention`).
+        topk, causal, qk_norm, zero_init: passed to :class:`DiffusionAttention`.
+        dropout: on the attention head outputs, the MLP output and the residual branches.
+        bias: biases in linear layers and LayerNorms.
+        mlp_ratio: hidden width of the MLP in units of ``D``.
+
+    Shape:
+        ``x``: ``(B, N, D)`` -> ``(B, N, D)``.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        operators: Any = "attention",
+        *,
+        topk: int | None = None,
+        causal: bool = False,
+        dropout: float = 0.0,
+        bias: bool = True,
+        qk_norm: bool = False,
+        zero_init: bool = False,
+        mlp_ratio: int = 4,
+    ) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(embed_dim, bias=bias)
+        self.attn = DiffusionAttention(
+            embed_dim, num_heads, operators, topk=topk, causal=causal, dropout=dropout,
+            bias=bias, qk_norm=qk_norm, zero_init=zero_init,
+        )  # fmt: skip
+        self.ln2 = nn.LayerNorm(embed_dim, bias=bias)
+        self.mlp = MLP(embed_dim, mlp_ratio, dropout, bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: Tensor, key_mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        a = self.attn(self.ln1(x), key_mask, cache=cache)
+        x = x + self.dropout(a)
+        x = x + self.mlp(self.ln2(x))
+        return x
+
+
+def _init_weights(model: nn.Module, n_layer: int) -> None:
+    """GPT-2 initialization: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv2d)):
+            std = 0.02
+            if name.endswith("attn.out_proj") or name.endswith("mlp.proj"):
+                std = 0.02 / math.sqrt(2 * n_layer)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            bias = getattr(module, "bias", None)
+            if bias is not None:
+                nn.init.zeros_(bias)
+    for module in model.modules():
+        if isinstance(module, DiffusionAttention) and module.zero_init:
+            nn.init.zeros_(module.out_proj.weight)
+
+
+def _blocks(
+    n_layer: int, n_head: int, n_embd: int, heads: str | Sequence[str], *, causal: bool,
+    topk: int | None, dropout: float, bias: bool, qk_norm: bool, zero_init: bool, mlp_ratio: int,
+) -> nn.ModuleList:  # fmt: skip
+    return nn.ModuleList(
+        TransformerBlock(
+            n_embd,
+            n_head,
+            spec,
+            topk=topk,
+            causal=causal,
+            dropout=dropout,
+            bias=bias,
+            qk_norm=qk_norm,
+            zero_init=zero_init,
+            mlp_ratio=mlp_ratio,
+        )
+        for spec in parse_layer_heads(heads, n_layer)
+    )
+
+
+def _check_config(cfg: Any) -> None:
+    for field in ("n_layer", "n_head", "n_embd"):
+        value = getattr(cfg, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field}: expected a positive int, got {value!r}")
+    if cfg.n_embd % cfg.n_head != 0:
+        raise ValueError(f"n_embd: expected a multiple of n_head ({cfg.n_head}), got {cfg.n_embd}")
+
+
+# ---- configs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Configuration of :class:`GPT` (a causal byte/char/token language model)."""
+
+    vocab_size: int = 256  # byte-level by default
+    block_size: int = 256  # longest context (learned absolute positions)
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    heads: str | tuple[str, ...] = "attention"  # head spec(s), e.g. "attention:2,laplacian:2"
+    topk: int | None = None  # top-k sparse attention graphs
+    dropout: float = 0.0
+    bias: bool = True
+    qk_norm: bool = False
+    zero_init: bool = False  # zero the attention output projections (no-op at init)
+    mlp_ratio: int = 4
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Configuration of :class:`ViT` (image classification from patches)."""
+
+    image_size: int = 8
+    patch_size: int = 2
+    in_channels: int = 1
+    num_classes: int = 10
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    heads: str | tuple[str, ...] = "attention"
+    topk: int | None = None
+    dropout: float = 0.0
+    pool: str = "cls"  # "cls" token or "mean" of the patch tokens
+    bias: bool = True
+    qk_norm: bool = False
+    zero_init: bool = False
+    mlp_ratio: int = 4
+
+
+@dataclass(frozen=True)
+class SequenceClassifierConfig:
+    """Configuration of :class:`SequenceClassifier` (one label per token sequence)."""
+
+    vocab_size: int = 256
+    num_classes: int = 2
+    block_size: int = 256
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128
+    heads: str | tuple[str, ...] = "attention"
+    topk: int | None = None
+    dropout: float = 0.0
+    pool: str = "last"  # "last" token, "mean" over real tokens, or a "cls" token in front
+    causal: bool = True
+    bias: bool = True
+    qk_norm: bool = False
+    zero_init: bool = False
+    mlp_ratio: int = 4
+
+
+# ---- models ----------------------------------------------------------------------------------
+
+
+class _ConfigModel(nn.Module):
+    """Models built from a frozen config; ``from_config`` and save/load use it."""
+
+    config_class: ClassVar[type]
+
+    @classmethod
+    def from_config(cls, config: Any) -> _ConfigModel:
+        """Build the model from its config."""
+        return cls(config)
+
+    def num_parameters(self) -> int:
+        """Number of parameters."""
+        return sum(p.numel() for p in self.parameters())
+
+
+class GPT(_ConfigModel):
+    """A causal language model (nanoGPT layout) with diffusion heads.
+
+    Shape:
+        ``forward(idx)``: ``(B, N)`` token ids, ``N <= block_size`` -> logits ``(B, N, V)``.
+
+    Example:
+        >>> import torch
+        >>> model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, heads="attention:1,laplacian:1"))
+        >>> model(torch.zeros(1, 5, dtype=torch.long)).shape
+        torch.Size([1, 5, 256])
+    """
+
+    config_class = GPTConfig
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config: expected GPTConfig, got {type(config).__name__}")
+        _check_config(config)
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = _blocks(
+            config.n_layer, config.n_head, config.n_embd, config.heads, causal=True,
+            topk=config.topk, dropout=config.dropout, bias=config.bias, qk_norm=config.qk_norm,
+            zero_init=config.zero_init, mlp_ratio=config.mlp_ratio,
+        )  # fmt: skip
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        _init_weights(self, config.n_layer)
+
+    def _check_idx(self, idx: Tensor, offset: int = 0) -> None:
+        if not isinstance(idx, Tensor) or idx.dtype != torch.long or idx.dim() != 2:
+            raise TypeError(
+                f"idx: expected a (B, N) LongTensor of token ids, got "
+                f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}"
+            )
+        if offset + idx.shape[1] > self.config.block_size:
+            raise ValueError(
+                f"idx: sequence length {offset + idx.shape[1]} exceeds block_size "
+                f"{self.config.block_size}"
+            )
+
+    def forward(self, idx: Tensor, caches: list[KVCache] | None = None) -> Tensor:
+        """Logits ``(B, N, vocab_size)``; with ``caches`` (one per layer) ``idx`` holds only
+        the new tokens."""
+        offset = caches[0].length if caches else 0
+        self._check_idx(idx, offset)
+        pos = torch.arange(offset, offset + idx.shape[1], device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, N, D)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache=caches[i] if caches else None)
+        logits: Tensor = self.head(self.ln_f(x))
+        return logits
+
+    @property
+    def supports_cache(self) -> bool:
+        """Whether KV-cached generation is exact (every layer causal, dense, attention or
+        rw-Laplacian heads); otherwise :meth:`generate` recomputes."""
+        return all(cast(TransformerBlock, b).attn.supports_cache for b in self.blocks)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Sample ``max_new_tokens`` tokens after the prompt ``idx`` ``(B, N)``.
+
+        With ``use_cache`` and a cacheable model (:attr:`supports_cache`), keys and values are
+        cached per layer and each step processes one token; the output equals recomputation.
+        Otherwise (heat/PPR/polynomial heads, top-k graphs, or when the context would exceed
+        ``block_size``) every step recomputes the full (cropped) context: the documented
+        fallback, exact by construction.
+
+        Args:
+            idx: ``(B, N)`` prompt token ids.
+            max_new_tokens: tokens to append.
+            temperature: softmax temperature ``> 0``.
+            top_k: sample only among the ``top_k`` most likely tokens.
+            use_cache: use the KV cache when exact.
+            generator: random generator for reproducible sampling.
+
+        Returns:
+            ``(B, N + max_new_tokens)`` token ids.
+        """
+        if not temperature > 0:
+            raise ValueError(f"temperature: expected > 0, got {temperature}")
+        if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
+            raise ValueError(f"top_k: expected 1..{self.config.vocab_size}, got {top_k}")
+        self._check_idx(idx[:, -self.config.block_size :])
+        cached = (
+            use_cache
+            and self.supports_cache
+            and idx.shape[1] + max_new_tokens <= self.config.block_size
+        )
+        caches = [KVCache() for _ in self.blocks] if cached else None
+        pending = idx
+        for _ in range(max_new_tokens):
+            if caches is not None:
+                logits = self(pending, caches)[:, -1]
+            else:
+                logits = self(idx[:, -self.config.block_size :])[:, -1]
+            logits = logits / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator)
+            idx = torch.cat([idx, nxt], dim=1)
+            pending = nxt
+        return idx
+
+
+class ViT(_ConfigModel):
+    """Vision transformer: patch embedding, non-causal diffusion blocks, cls or mean pooling.
+
+    Shape:
+        ``forward(images)``: ``(B, C, H, W)`` -> logits ``(B, num_classes)``.
+
+    Example:
+        >>> import torch
+        >>> model = ViT(ViTConfig(n_layer=1, n_head=2, n_embd=16))
+        >>> model(torch.zeros(3, 1, 8, 8)).shape
+        torch.Size([3, 10])
+    """
+
+    config_class = ViTConfig
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, ViTConfig):
+            raise TypeError(f"config: expected ViTConfig, got {type(config).__name__}")
+        _check_config(config)
+        if config.image_size % config.patch_size != 0:
+            raise ValueError(
+                f"patch_size: expected a divisor of image_size ({config.image_size}), "
+                f"got {config.patch_size}"
+            )
+        if config.pool not in ("cls", "mean"):
+            raise ValueError(f"pool: expected 'cls' or 'mean', got {config.pool!r}")
+        self.config = config
+        num_patches = (config.image_size // config.patch_size) ** 2
+        self.patch = nn.Conv2d(
+            config.in_channels, config.n_embd, config.patch_size, stride=config.patch_size
+        )
+        extra = 1 if config.pool == "cls" else 0
+        self.cls = nn.Parameter(torch.zeros(1, 1, config.n_embd)) if extra else None
+        self.pos = nn.Parameter(torch.zeros(1, num_patches + extra, config.n_embd))
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = _blocks(
+            config.n_layer, config.n_head, config.n_embd, config.heads, causal=False,
+            topk=config.topk, dropout=config.dropout, bias=config.bias, qk_norm=config.qk_norm,
+            zero_init=config.zero_init, mlp_ratio=config.mlp_ratio,
+        )  # fmt: skip
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.head = nn.Linear(config.n_embd, config.num_classes)
+        _init_weights(self, config.n_layer)
+        nn.init.normal_(self.pos, std=0.02)
+
+    def forward(self, images: Tensor) -> Tensor:
+        c, s = self.config.in_channels, self.config.image_size
+        if not isinstance(images, Tensor) or tuple(images.shape[1:]) != (c, s, s):
+            got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+            raise ValueError(f"images: expected shape (B, {c}, {s}, {s}), got {got}")
+        x = self.patch(images).flatten(2).transpose(1, 2)  # (B, P, D)
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + P, D)
+        x = self.drop(x + self.pos)
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_f(x)
+        pooled = x[:, 0] if self.cls is not None else x.mean(1)  # (B, D)
+        logits: Tensor = self.head(pooled)
+        return logits
+
+
+class SequenceClassifier(_ConfigModel):
+    """One label per token sequence (e.g. associative recall): embed, blocks, pool, classify.
+
+    Shape:
+        ``forward(idx, key_mask=None)``: ``(B, N)`` -> logits ``(B, num_classes)``;
+        ``key_mask`` ``(B, N)`` bool, ``True`` = real token.
+    """
+
+    config_class = SequenceClassifierConfig
+
+    def __init__(self, config: SequenceClassifierConfig) -> None:
+        super().__init__()
+        if not isinstance(config, SequenceClassifierConfig):
+            raise TypeError(
+                f"config: expected SequenceClassifierConfig, got {type(config).__name__}"
+            )
+        _check_config(config)
+        if config.pool not in ("last", "mean", "cls"):
+            raise ValueError(f"pool: expected 'last', 'mean' or 'cls', got {config.pool!r}")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        extra = 1 if config.pool == "cls" else 0
+        self.pos_emb = nn.Embedding(config.block_size + extra, config.n_embd)
+        self.cls = nn.Parameter(torch.zeros(1, 1, config.n_embd)) if extra else None
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = _blocks(
+            config.n_layer, config.n_head, config.n_embd, config.heads, causal=config.causal,
+            topk=config.topk, dropout=config.dropout, bias=config.bias, qk_norm=config.qk_norm,
+            zero_init=config.zero_init, mlp_ratio=config.mlp_ratio,
+        )  # fmt: skip
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.head = nn.Linear(config.n_embd, config.num_classes)
+        _init_weights(self, config.n_layer)
+
+    def forward(self, idx: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        if not isinstance(idx, Tensor) or idx.dtype != torch.long or idx.dim() != 2:
+            raise TypeError("idx: expected a (B, N) LongTensor of token ids")
+        if idx.shape[1] > self.config.block_size:
+            raise ValueError(
+                f"idx: sequence length {idx.shape[1]} exceeds block_size {self.config.block_size}"
+            )
+        x = self.tok_emb(idx)  # (B, N, D)
+        if self.cls is not None:  # the cls token goes first; it is always a real token
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
+            if key_mask is not None:
+                key_mask = F.pad(key_mask, (1, 0), value=True)
+        x = self.drop(x + self.pos_emb(torch.arange(x.shape[1], device=idx.device)))
+        for block in self.blocks:
+            x = block(x, key_mask)
+        x = self.ln_f(x)
+        if self.config.pool == "cls":
+            pooled = x[:, 0]
+        elif self.config.pool == "mean":
+            if key_mask is None:
+                pooled = x.mean(1)
+            else:
+                w = key_mask.to(x.dtype).unsqueeze(-1)  # (B, N, 1)
+                pooled = (x * w).sum(1) / w.sum(1).clamp_min(1.0)
+        else:
+            if key_mask is None:
+                pooled = x[:, -1]
+            else:  # last real token of each sequence
+                last = (key_mask.long() * torch.arange(x.shape[1], device=x.device)).argmax(1)
+                pooled = x[torch.arange(x.shape[0], device=x.device), last]
+        logits: Tensor = self.head(pooled)
+        return logits
+
+
+# ---- save / load -----------------------------------------------------------------------------
+
+_MODELS: dict[str, type[_ConfigModel]] = {
+    "GPT": GPT,
+    "ViT": ViT,
+    "SequenceClassifier": SequenceClassifier,
+}
+
+
+def _atomic_save(obj: object, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save_model(model: nn.Module, path: str | os.PathLike[str]) -> None:
+    """Save weights and config (atomically: a temp file, then ``os.replace``).
+
+    Args:
+        model: a :class:`GPT`, :class:`ViT` or :class:`SequenceClassifier`.
+        path: destination file.
+    """
+    kind = type(model).__name__
+    if kind not in _MODELS:
+        raise TypeError(f"model: expected one of {sorted(_MODELS)}, got {kind}")
+    config = dataclasses.asdict(model.config)  # type: ignore[call-overload]
+    _atomic_save({"kind": kind, "config": config, "state_dict": model.state_dict()}, Path(path))
+
+
+def load_model(path: str | os.PathLike[str], map_location: str | None = "cpu") -> nn.Module:
+    """Load a model saved by :func:`save_model` (config and weights round-trip)."""
+    payload = torch.load(Path(path), map_location=map_location, weights_only=True)
+    kind = payload.get("kind") if isinstance(payload, dict) else None
+    if kind not in _MODELS:
+        raise ValueError(f"path: {path} is not a heatformer model file (kind={kind!r})")
+    cls = _MODELS[kind]
+    fields = dict(payload["config"])
+    if isinstance(fields.get("heads"), list):
+        fields["heads"] = tuple(fields["heads"])
+    model = cls(cls.config_class(**fields))
+    model.load_state_dict(payload["state_dict"])
+    return model
