@@ -256,21 +256,39 @@ class DiffusionAttention(nn.Module):
             graph = self._graph(q[:, fi], k[:, fi], mask)
             vf = v[:, fi]
             pv = graph.propagate(vf)  # P v for every attention and rw-Laplacian head
-            has = graph.out_degree().unsqueeze(-1)  # (B, Hf, N, 1): 0 on fully masked rows
-            for op, heads in self._groups:
-                if _fused(op):
-                    li = _heads_index([self._fused_heads.index(h) for h in heads])
-                    outs.append((heads, _fused_output(op, pv[:, li], has[:, li] * vf[:, li])))
+            if all(isinstance(op, Attention) for op, _ in self._groups if _fused(op)):
+                outs.append((self._fused_heads, pv))
+            else:  # y = a * P v + b * v: (1, 0) for attention, (-step, step) for Laplacian
+                if mask is not None:  # L = I' - P: zero rows where every key is masked
+                    vf = vf * graph.out_degree().unsqueeze(-1)  # (B, Hf, N, Dh)
+                coef_pv, coef_v = self._fused_coefficients(v)
+                outs.append((self._fused_heads, pv * coef_pv + vf * coef_v))
         for op, heads in self._groups:
             if not _fused(op):
                 idx = _heads_index(heads)
                 outs.append((heads, op(self._graph(q[:, idx], k[:, idx], mask), v[:, idx])))
-        if len(outs) == 1:
-            return outs[0][1]
+        outs.sort(key=lambda item: item[0][0])
+        order = [h for heads, _ in outs for h in heads]
+        if order == list(range(self.num_heads)):  # groups are contiguous and in order
+            return outs[0][1] if len(outs) == 1 else torch.cat([y for _, y in outs], dim=1)
         out = torch.empty_like(v)
         for heads, y in outs:
             out[:, _heads_index(heads)] = y
         return out
+
+    def _fused_coefficients(self, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Per fused head ``(a, b)`` with output ``a * P v + b * v``, each ``(Hf, 1, 1)``."""
+        one, zero = v.new_ones(()), v.new_zeros(())
+        coef: dict[int, tuple[Tensor, Tensor]] = {}
+        for op, heads in self._groups:
+            if isinstance(op, Laplacian):
+                step = op.step.to(v.dtype)
+                coef.update({h: (-step, step) for h in heads})
+            elif _fused(op):
+                coef.update({h: (one, zero) for h in heads})
+        a = [coef[h][0] for h in self._fused_heads]
+        b = [coef[h][1] for h in self._fused_heads]
+        return torch.stack(a)[:, None, None], torch.stack(b)[:, None, None]
 
     def forward(
         self,
