@@ -153,7 +153,7 @@ def check_coeffs(coeffs: object) -> Tensor:
     elif isinstance(coeffs, Sequence) and not isinstance(coeffs, str):
         if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in coeffs):
             raise TypeError(f"coeffs: expected a sequence of numbers, got {coeffs!r}")
-        out = torch.tensor([float(c) for c in coeffs], dtype=torch.get_default_dtype())
+        out = torch.tensor([float(c) for c in coeffs], dtype=torch.float64)
     else:
         raise TypeError(f"coeffs: expected a sequence of floats or a tensor, got {coeffs!r}")
     if out.dim() != 1 or out.numel() == 0:

@@ -117,6 +117,12 @@ def _stable_topk_indices(scores: Tensor, k: int) -> Tensor:
     return torch.topk(key, k, dim=-1, sorted=True).indices
 
 
+def _safe_rsqrt(d: Tensor) -> Tensor:
+    """``1/sqrt(d)`` where ``d > 0`` and 0 elsewhere, with finite gradients at ``d = 0``."""
+    pos = d > 0
+    return torch.where(pos, torch.where(pos, d, torch.ones_like(d)).rsqrt(), torch.zeros_like(d))
+
+
 def _row_normalize(w: Tensor) -> Tensor:
     """Divide each row (last dim) by its sum; rows summing to 0 stay 0."""
     return w * _safe_reciprocal(w.sum(-1, keepdim=True))
@@ -818,23 +824,40 @@ class SparseGraph(Graph):
         return cls(edge_index[0], edge_index[1], edge_weight, num_nodes=num_nodes)
 
     @classmethod
-    def from_networkx(cls, graph: nx.Graph, *, weight: str = "weight") -> SparseGraph:
-        """Build from a NetworkX graph (undirected edges in both directions)."""
+    def from_networkx(
+        cls, graph: nx.Graph, *, weight: str = "weight", dtype: torch.dtype | None = None
+    ) -> SparseGraph:
+        """Build from a NetworkX graph (undirected edges in both directions).
+
+        Args:
+            graph: a :class:`networkx.Graph` or :class:`networkx.DiGraph`.
+            weight: edge attribute holding the weight (missing = 1).
+            dtype: floating dtype (default: torch's default dtype).
+        """
         import networkx as nx
 
-        a = nx.to_scipy_sparse_array(graph, weight=weight, format="coo")
-        idx = torch.as_tensor([a.row, a.col], dtype=torch.long).reshape(2, -1)
-        w = torch.as_tensor(a.data, dtype=torch.get_default_dtype())
-        return cls.from_edge_index(idx, w, graph.number_of_nodes())
+        matrix = nx.to_scipy_sparse_array(graph, weight=weight, format="csr")
+        return cls.from_scipy(matrix, dtype=dtype or torch.get_default_dtype())
 
     @classmethod
-    def from_scipy(cls, matrix: Any) -> SparseGraph:
-        """Build one graph from a square ``scipy.sparse`` matrix or array."""
-        coo = matrix.tocoo()
+    def from_scipy(cls, matrix: Any, *, dtype: torch.dtype | None = None) -> SparseGraph:
+        """Build one graph from a square ``scipy.sparse`` matrix or array.
+
+        Duplicate entries are summed. ``dtype`` defaults to the matrix's floating dtype
+        (torch's default dtype for integer matrices).
+        """
+        import numpy as np
+
+        csr = matrix.tocsr()
+        csr.sum_duplicates()
+        coo = csr.tocoo()
         if coo.shape[0] != coo.shape[1]:
             raise ValueError(f"matrix: expected a square matrix, got shape {coo.shape}")
-        idx = torch.as_tensor([coo.row, coo.col], dtype=torch.long).reshape(2, -1)
-        w = torch.as_tensor(coo.data, dtype=torch.get_default_dtype())
+        if dtype is None:
+            floating = np.issubdtype(coo.data.dtype, np.floating)
+            dtype = torch.from_numpy(coo.data[:0]).dtype if floating else None
+        idx = torch.from_numpy(np.stack([coo.row, coo.col]).astype(np.int64)).reshape(2, -1)
+        w = torch.as_tensor(coo.data, dtype=dtype or torch.get_default_dtype())
         return cls.from_edge_index(idx, w, coo.shape[0])
 
     # ---- properties ------------------------------------------------------------------------

@@ -11,10 +11,12 @@ Conventions: ``W`` is the (directed) weight matrix with rows = out-edges (querie
         \quad W_s = (W + W^T)/2,\ D = \mathrm{diag}(W_s 1) \\
     L_{comb} &= D_{out} - W
 
-where ``I'`` is the identity restricted to nodes with non-zero degree. Hence a node without
-edges (an isolated node, or a fully masked attention row) has a zero Laplacian row in every
-normalization, as in NetworkX. For an attention graph ``P`` (rows sum to 1),
-``L_rw = I - P``: the Laplacian head of Zhang & Papyan (2026) outputs ``L_rw V = V - P V``.
+where ``I'`` is the identity restricted to nodes with non-zero degree (the degree the
+normalization uses). Hence a node without out-edges (an isolated node, or a fully masked
+attention row) has a zero ``"rw"`` and ``"combinatorial"`` Laplacian row, and a node with
+neither in- nor out-edges also has a zero ``"sym"`` row, as in NetworkX. For an attention
+graph ``P`` (rows sum to 1), ``L_rw = I - P``: the Laplacian head of Zhang & Papyan (2026)
+outputs ``L_rw V = V - P V``.
 
 Every normalization is written ``L = c (I - M)`` with ``c = 1`` for ``"rw"``/``"sym"`` and
 ``c = max_i D_out[i, i]`` for ``"combinatorial"``; ``M`` has non-negative entries and
@@ -44,7 +46,7 @@ import torch
 from torch import Tensor
 
 from heatformer.graph_ops import _validation as V
-from heatformer.graph_ops.graphs import Graph, _safe_reciprocal
+from heatformer.graph_ops.graphs import Graph, _safe_reciprocal, _safe_rsqrt
 
 __all__ = ["GraphGenerator", "laplacian", "laplacian_matrix", "spectrum"]
 
@@ -87,11 +89,11 @@ class GraphGenerator:
                 else 0.5 * (graph.out_degree() + graph.in_degree())
             )
             self._has = (d > 0).to(graph.dtype).unsqueeze(-1)
-            self._sqrt_inv = _safe_reciprocal(d.clamp_min(0).sqrt()).unsqueeze(-1)  # D^{+1/2}
+            self._sqrt_inv = _safe_rsqrt(d).unsqueeze(-1)  # D^{+1/2}
         else:
             d = graph.out_degree()
             self._deg = d.unsqueeze(-1)  # (..., N, 1)
-            dmax = d.detach().amax(-1)
+            dmax = d.amax(-1)  # not detached: PPR's A = I - L/c depends on c
             self.scale = torch.where(dmax > 0, dmax, ones)
 
     def adjacency(self, x: Tensor) -> Tensor:
@@ -175,7 +177,7 @@ def laplacian_matrix(graph: Graph, normalization: str = "rw") -> Tensor:
         return torch.diag_embed((d > 0).to(w.dtype)) - _safe_reciprocal(d).unsqueeze(-1) * w
     ws = 0.5 * (w + w.transpose(-1, -2))
     d = ws.sum(-1)
-    s = _safe_reciprocal(d.sqrt())
+    s = _safe_rsqrt(d)
     return eye * (d > 0).to(w.dtype).unsqueeze(-1) - s.unsqueeze(-1) * ws * s.unsqueeze(-2)
 
 

@@ -122,19 +122,22 @@ class Laplacian(DiffusionOperator):
     ) -> None:
         super().__init__()
         self.normalization = V.check_normalization(normalization)
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
-            raise TypeError(f"step: expected a finite float, got {step!r}")
-        value = torch.tensor(float(step))
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            raise TypeError(f"step: expected a float, got {type(step).__name__}")
+        if not math.isfinite(step):
+            raise ValueError(f"step: expected a finite value, got {step}")
         self.step: Tensor
+        self.learnable = bool(learnable)
         if learnable:
-            self.step = nn.Parameter(value)
-        else:
+            self.step = nn.Parameter(torch.tensor(float(step)))
+        else:  # float64, cast to the signal's dtype at use
+            value = torch.tensor(float(step), dtype=torch.float64)
             self.register_buffer("step", value, persistent=False)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
         y = GraphGenerator(graph, self.normalization).laplacian(x)
-        if isinstance(self.step, nn.Parameter) or float(self.step) != 1.0:
+        if self.learnable or float(self.step) != 1.0:
             y = y * self.step.to(y.dtype)
         return y
 
@@ -179,19 +182,24 @@ class HeatKernel(DiffusionOperator):
         learnable: bool = False,
     ) -> None:
         super().__init__()
+        given_tensor = isinstance(t, Tensor)
         if isinstance(t, (list, tuple)):
-            t = torch.tensor([float(v) for v in t])
+            t = torch.tensor([float(v) for v in t], dtype=torch.float64)
         t = V.check_time(t)
         self.normalization = V.check_normalization(normalization)
         if method != "auto" and method not in HEAT_METHODS:
             raise ValueError(f"method: expected one of {['auto', *HEAT_METHODS]}, got {method!r}")
         self.method = method
         self.tol = V.check_tol(tol)
-        t_tensor = torch.as_tensor(t, dtype=torch.get_default_dtype()).detach().clone()
+        # a float or list keeps float64 precision; a tensor keeps its dtype
+        t_tensor = torch.as_tensor(t, dtype=None if given_tensor else torch.float64)
+        t_tensor = t_tensor.detach().clone()
         self.learnable = bool(learnable)
         if self.learnable:
             if bool((t_tensor <= 0).any()):
                 raise ValueError("t: a learnable t is parametrized as exp(log_t); expected t > 0")
+            if not given_tensor:
+                t_tensor = t_tensor.to(torch.get_default_dtype())
             self.log_t = nn.Parameter(t_tensor.log())
         else:
             self.register_buffer("_t", t_tensor, persistent=False)
@@ -204,6 +212,7 @@ class HeatKernel(DiffusionOperator):
         return cast(Tensor, self._t)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
+        self._check(graph, x)
         t: Tensor | float = self.t
         if isinstance(t, Tensor):
             t = float(t) if (t.dim() == 0 and not self.learnable) else t.to(x.dtype)
@@ -266,8 +275,13 @@ class PersonalizedPageRank(DiffusionOperator):
             acc = acc + weight * term
         return acc
 
-    def frequency_response(self, lam: Tensor) -> Tensor:
-        return self.alpha / (1.0 - (1.0 - self.alpha) * (1.0 - lam))
+    def frequency_response(self, lam: Tensor, *, scale: float | Tensor = 1.0) -> Tensor:
+        """Response at eigenvalue ``lam`` of the Laplacian ``L = scale (I - A)``.
+
+        ``scale`` is 1 for ``"rw"``/``"sym"`` and the graph's largest out-degree for
+        ``"combinatorial"`` (``A = I - L / d_max``).
+        """
+        return self.alpha / (1.0 - (1.0 - self.alpha) * (1.0 - lam / scale))
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha:g}, normalization={self.normalization!r}, order={self.order}"

@@ -1,0 +1,162 @@
+"""Heat kernels against ``scipy.linalg.expm`` in float64 (the golden heat kernel)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+import heatformer.graph_ops.heat as heat_module
+from heatformer.graph_ops import (
+    HEAT_METHODS,
+    DenseGraph,
+    HeatKernel,
+    SoftmaxGraph,
+    heat_kernel,
+    select_heat_method,
+)
+from heatformer.graph_ops.heat import poisson_order
+
+TIMES = [0.0, 0.1, 1.0, 5.0, 20.0]
+METHODS = {"series": {"method": "series", "tol": 1e-12}, "exact": {"method": "exact"}}
+# attention graphs in the three kinds, plus general directed weights with an isolated node
+SOURCES = ["dense", "softmax", "sparse", "weights-dense", "weights-sparse"]
+
+
+def build(gh, source: str, dtype: torch.dtype = torch.float64, seed: int = 0):
+    """(graph, x, reference weights) for one source."""
+    if source.startswith("weights-"):
+        w = gh.random_weights(seed, 6, batch=(2,), symmetric=False, isolated=(2,))
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(2, 6, 3, generator=gen, dtype=torch.float64).to(dtype)
+        return gh.graph_from_weights(w, source.removeprefix("weights-"), dtype), x, w
+    case = gh.make_attention(seed, n=6, batch=(2,), masked=True, empty_rows=(4,), dtype=dtype)
+    return case.graph(source), case.x, case.probs()
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("t", TIMES)
+@pytest.mark.parametrize("source", SOURCES)
+def test_heat_equals_expm(gh, source, t, method, normalization) -> None:
+    g, x, w = build(gh, source)
+    xn = gh.to_numpy(x)
+    expected = gh.heat_reference(w, xn, t, normalization)
+    y = heat_kernel(g, x, t, normalization=normalization, **METHODS[method])
+    assert y.shape == x.shape and y.dtype == torch.float64
+    gh.assert_close_np(y, expected, atol=1e-10 * np.abs(xn).max())
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("t", TIMES)
+@pytest.mark.parametrize("source", ["dense", "softmax", "sparse", "weights-sparse"])
+def test_heat_float32_close_to_float64(gh, source, t, method, normalization) -> None:
+    g64, x64, w = build(gh, source, torch.float64, seed=1)
+    g32, x32, _ = build(gh, source, torch.float32, seed=1)
+    kwargs = {"method": method, "tol": 1e-6}
+    y64 = heat_kernel(g64, x64, t, normalization=normalization, **kwargs)
+    y32 = heat_kernel(g32, x32, t, normalization=normalization, **kwargs)
+    assert y32.dtype == torch.float32
+    scale = float(x64.abs().max())
+    gh.assert_close_np(y32, gh.to_numpy(y64), atol=1e-5 * scale)
+    gh.assert_close_np(
+        y64, gh.heat_reference(w, gh.to_numpy(x64), t, normalization), atol=2e-6 * scale
+    )
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_time_per_head_equals_scalar_calls(gh, graph_kind, normalization, method) -> None:
+    b, h = 2, 3
+    case = gh.make_attention(4, n=5, batch=(b, h), masked=True, empty_rows=(1,))
+    t = torch.tensor([0.3, 2.0, 7.0], dtype=torch.float64)
+    kwargs = {"normalization": normalization, **METHODS[method]}
+    y = heat_kernel(case.graph(graph_kind), case.x, t, **kwargs)
+    op = HeatKernel(t=[0.3, 2.0, 7.0], **kwargs)
+    op_y = op(case.graph(graph_kind), case.x)
+    # the operator keeps t in the default dtype (see test_heat_kernel_keeps_float64_time)
+    torch.testing.assert_close(
+        op_y, heat_kernel(case.graph(graph_kind), case.x, op.t.double(), **kwargs)
+    )
+    for head in range(h):
+        sub = gh.make_attention(4, n=5, batch=(b, h), masked=True, empty_rows=(1,))
+        sub = type(sub)(sub.q[:, head], sub.k[:, head], sub.x[:, head], mask=sub.mask[:, head])
+        y_head = heat_kernel(sub.graph(graph_kind), sub.x, float(t[head]), **kwargs)
+        torch.testing.assert_close(y[:, head], y_head, atol=1e-10, rtol=0)
+        torch.testing.assert_close(op_y[:, head], y_head, atol=1e-7, rtol=0)
+    expected = gh.heat_reference(
+        case.probs(), gh.to_numpy(case.x), t.numpy()[None, :], normalization
+    )
+    gh.assert_close_np(y, expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-8])
+@pytest.mark.parametrize("t", [0.5, 3.0, 30.0])
+def test_series_truncation_error_within_tol(gh, normalization, t, tol) -> None:
+    """The documented bound: error <= tol * max|x| (2-norm sense for ``"sym"``)."""
+    g, x, w = build(gh, "weights-dense", seed=5)
+    y = heat_kernel(g, x, t, normalization=normalization, method="series", tol=tol)
+    err = gh.to_numpy(y) - gh.heat_reference(w, gh.to_numpy(x), t, normalization)
+    if normalization == "sym":
+        bound = tol * np.linalg.norm(gh.to_numpy(x), axis=-2).max()
+        assert np.linalg.norm(err, axis=-2).max() <= bound
+    else:
+        assert np.abs(err).max() <= tol * float(x.abs().max())
+
+
+def test_large_time_reaches_stationary_distribution(gh) -> None:
+    """``exp(-t(I - P)) x -> 1 pi^T x`` for an irreducible aperiodic attention graph."""
+    case = gh.make_attention(8, n=6)
+    p = case.probs()
+    vals, vecs = np.linalg.eig(p.T)
+    pi = np.real(vecs[:, np.argmin(np.abs(vals - 1))])
+    pi /= pi.sum()
+    y = heat_kernel(SoftmaxGraph(case.q, case.k), case.x, 200.0, tol=1e-10)
+    expected = np.ones((6, 1)) * (pi @ gh.to_numpy(case.x))
+    gh.assert_close_np(y, expected, atol=1e-8)
+
+
+def test_poisson_order_is_smallest_sufficient() -> None:
+    for tau in [0.01, 0.5, 1.0, 3.7, 8.0]:
+        for tol in [1e-2, 1e-6, 1e-12]:
+            k = poisson_order(tau, tol)
+            assert scipy.stats.poisson.sf(k, tau) <= tol * (1 + 1e-9)
+            assert k == 0 or scipy.stats.poisson.sf(k - 1, tau) > tol
+
+
+def test_auto_prefers_series_then_falls_back(gh, monkeypatch) -> None:
+    g, x, w = build(gh, "softmax")
+    assert select_heat_method(g, 1.0, "rw", 1e-6).name == "series"
+    monkeypatch.setattr(heat_module, "SERIES_MAX_TERMS", 1)
+    assert select_heat_method(g, 1.0, "rw", 1e-6).name == "exact"
+    expected = gh.heat_reference(w, gh.to_numpy(x), 1.0, "rw")
+    gh.assert_close_np(heat_kernel(g, x, 1.0), expected, atol=1e-10)
+    monkeypatch.setattr(heat_module, "EXACT_MAX_NODES", 3)
+    with pytest.raises(ValueError, match="method") as info:
+        heat_kernel(g, x, 1.0)
+    assert "'series'" in str(info.value) and "'exact'" in str(info.value)
+    assert "SERIES_MAX_TERMS" in str(info.value) and "EXACT_MAX_NODES" in str(info.value)
+
+
+def test_registry_declares_methods() -> None:
+    assert set(HEAT_METHODS) == {"series", "exact"}
+    for name, entry in HEAT_METHODS.items():
+        assert entry.name == name and entry.summary
+
+
+def test_heat_on_path_graph_closed_form() -> None:
+    """Two nodes joined by an edge: ``exp(-t L_rw) e_0 = ((1 + e^{-2t}), (1 - e^{-2t})) / 2``."""
+    g = DenseGraph(torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64))
+    x = torch.tensor([[1.0], [0.0]], dtype=torch.float64)
+    for t in TIMES:
+        y = heat_kernel(g, x, t, tol=1e-12).squeeze(-1)
+        e = np.exp(-2 * t)
+        np.testing.assert_allclose(y.numpy(), [(1 + e) / 2, (1 - e) / 2], atol=1e-12)
+
+
+def test_heat_kernel_keeps_float64_time(gh) -> None:
+    case = gh.make_attention(0, n=5)
+    t = torch.tensor(0.3, dtype=torch.float64)
+    op = HeatKernel(t=t, tol=1e-12)
+    assert op.t.dtype == torch.float64
+    expected = heat_kernel(case.graph("softmax"), case.x, 0.3, tol=1e-12)
+    torch.testing.assert_close(op(case.graph("softmax"), case.x), expected, atol=1e-14, rtol=0)

@@ -1,0 +1,297 @@
+"""Diffusion operators against dense numpy references, SDPA and each other."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from heatformer.graph_ops import (
+    OPERATORS,
+    Attention,
+    DenseGraph,
+    HeatKernel,
+    Laplacian,
+    PersonalizedPageRank,
+    Polynomial,
+    heat_kernel,
+    laplacian,
+    resolve_operator,
+)
+
+# attention graphs (three kinds, with a fully masked row) and general directed weights
+SOURCES = ["dense", "softmax", "sparse", "weights-dense", "weights-sparse"]
+
+
+def build(gh, source: str, seed: int = 0, device: str | torch.device = "cpu"):
+    """(graph, x, reference weights)."""
+    if source.startswith("weights-"):
+        w = gh.random_weights(seed, 6, batch=(2,), symmetric=False, isolated=(3,))
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(2, 6, 3, generator=gen, dtype=torch.float64).to(device)
+        return (
+            gh.graph_from_weights(w, source.removeprefix("weights-"), torch.float64, device),
+            x,
+            w,
+        )
+    case = gh.make_attention(seed, n=6, batch=(2,), masked=True, empty_rows=(2,), device=device)
+    return case.graph(source), case.x, case.probs()
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_operator_equals_reference(gh, operator_spec, source, device) -> None:
+    _, spec = operator_spec
+    g, x, w = build(gh, source, device=device)
+    y = spec.make().to(device)(g, x)
+    assert y.shape == x.shape and y.device.type == device.type
+    gh.assert_close_np(y, spec.reference(w, gh.to_numpy(x)), atol=1e-10)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.5, 0.95])
+@pytest.mark.parametrize("source", SOURCES)
+def test_ppr_equals_dense_solve(gh, source, alpha, normalization) -> None:
+    """``alpha (I - (1 - alpha) A)^{-1} x`` with ``A`` from DESIGN.md / GraphGenerator."""
+    g, x, w = build(gh, source, seed=1)
+    op = PersonalizedPageRank(alpha=alpha, normalization=normalization, tol=1e-12)
+    expected = gh.ppr_reference(w, gh.to_numpy(x), alpha, normalization)
+    gh.assert_close_np(op(g, x), expected, atol=1e-10 * float(x.abs().max()))
+
+
+@pytest.mark.parametrize("tol", [1e-2, 1e-5])
+def test_ppr_truncation_within_tol(gh, tol) -> None:
+    g, x, w = build(gh, "softmax", seed=2)
+    y = PersonalizedPageRank(alpha=0.1, tol=tol)(g, x)
+    err = np.abs(gh.to_numpy(y) - gh.ppr_reference(w, gh.to_numpy(x), 0.1, "rw")).max()
+    assert err <= tol * float(x.abs().max())
+
+
+@pytest.mark.parametrize(
+    "coeffs", [[2.0], [0.0, 1.0], [1.0, -1.0], [0.3, -0.2, 0.5, -0.1, 0.05]], ids=str
+)
+@pytest.mark.parametrize("source", SOURCES)
+def test_polynomial_equals_matrix_powers(gh, source, coeffs, normalization) -> None:
+    g, x, w = build(gh, source, seed=3)
+    y = Polynomial(torch.tensor(coeffs, dtype=torch.float64), normalization=normalization)(g, x)
+    expected = gh.polynomial_reference(w, gh.to_numpy(x), coeffs, normalization)
+    gh.assert_close_np(y, expected, atol=1e-11)
+
+
+@pytest.mark.parametrize(
+    "variant", [{}, {"masked": True}, {"causal": True}], ids=["plain", "masked", "causal"]
+)
+def test_polynomial_one_minus_l_is_attention(gh, graph_kind, variant) -> None:
+    """On attention without fully masked rows, ``I - L_rw = P``."""
+    case = gh.make_attention(4, n=6, batch=(2, 2), **variant)
+    g = case.graph(graph_kind)
+    torch.testing.assert_close(Polynomial([1.0, -1.0]).double()(g, case.x), Attention()(g, case.x))
+
+
+def test_polynomial_zero_one_is_laplacian(gh, graph_kind, normalization) -> None:
+    case = gh.make_attention(5, n=6, batch=(2,), masked=True, empty_rows=(0,))
+    g = case.graph(graph_kind)
+    torch.testing.assert_close(
+        Polynomial([0.0, 1.0], normalization=normalization).double()(g, case.x),
+        Laplacian(normalization)(g, case.x),
+    )
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"masked": True}, {"causal": True}, {"masked": True, "causal": True}],
+    ids=["plain", "masked", "causal", "masked-causal"],
+)
+def test_attention_equals_sdpa(gh, graph_kind, variant, dtype, device) -> None:
+    """SDPA is the golden attention (every row keeps at least one key here)."""
+    case = gh.make_attention(6, n=7, batch=(2, 3), dtype=dtype, device=device, **variant)
+    mask = case.mask
+    if case.causal and mask is not None:  # SDPA takes one or the other
+        mask = mask & torch.ones(7, 7, dtype=torch.bool, device=device).tril()
+    expected = F.scaled_dot_product_attention(
+        case.q, case.k, case.x, attn_mask=mask, is_causal=case.causal and mask is None
+    )
+    atol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(
+        Attention()(case.graph(graph_kind), case.x), expected, atol=atol, rtol=0
+    )
+
+
+def test_laplacian_operator_is_x_minus_sdpa(gh, graph_kind) -> None:
+    """The Laplacian head: ``(I - P) V``."""
+    case = gh.make_attention(7, n=6, batch=(2, 3), causal=True)
+    expected = case.x - F.scaled_dot_product_attention(case.q, case.k, case.x, is_causal=True)
+    torch.testing.assert_close(Laplacian()(case.graph(graph_kind), case.x), expected)
+
+
+@pytest.mark.parametrize("step", [0.5, -2.0])
+def test_laplacian_step_scales(gh, graph_kind, normalization, step) -> None:
+    case = gh.make_attention(8, n=5, batch=(2,), masked=True)
+    g = case.graph(graph_kind)
+    y = Laplacian(normalization, step=step).double()(g, case.x)
+    torch.testing.assert_close(y, step * laplacian(g, case.x, normalization))
+
+
+def test_heat_operator_equals_functional(gh, graph_kind, normalization) -> None:
+    case = gh.make_attention(9, n=5, batch=(2, 3), masked=True, empty_rows=(4,))
+    g = case.graph(graph_kind)
+    for t in (0.0, 0.5, 4.0):  # exactly representable in float32
+        op = HeatKernel(t=t, normalization=normalization, tol=1e-10)
+        torch.testing.assert_close(
+            op(g, case.x), heat_kernel(g, case.x, t, normalization=normalization, tol=1e-10)
+        )
+
+
+def test_operator_is_permutation_equivariant(gh, operator_spec, graph_kind) -> None:
+    """Every operator on every kind, one fixed relabelling (hypothesis draws more in
+    test_properties.py)."""
+    _, spec = operator_spec
+    case = gh.make_attention(13, n=6, batch=(2,), masked=True, empty_rows=(1,))
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    gh.assert_permutation_equivariant(spec.make(), case, graph_kind, perm)
+
+
+# ---- fully masked rows -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["dense", "softmax", "sparse", "topk"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fully_masked_rows(gh, operator_spec, kind, causal) -> None:
+    """Zero attention output, zero Laplacian row, and finite values and gradients everywhere."""
+    name, spec = operator_spec
+    case = gh.make_attention(10, n=6, batch=(2,), masked=True, causal=causal, empty_rows=(0, 3))
+    q = case.q.clone().requires_grad_()
+    k = case.k.clone().requires_grad_()
+    x = case.x.clone().requires_grad_()
+    g = gh.differentiable_attention_graph(kind, q, k, mask=case.mask, causal=causal)
+    y = spec.make()(g, x)
+    assert bool(torch.isfinite(y).all())
+    # a node without out-edges has a zero row; under "sym" it still has in-edges (W_s row)
+    if name == "attention" or (name.startswith("laplacian-") and name != "laplacian-sym"):
+        assert not y[:, [0, 3]].any(), "a node without out-edges has a zero row"
+    if name.startswith("heat-") and not name.startswith("heat-sym"):
+        torch.testing.assert_close(y[:, [0, 3]], x[:, [0, 3]])  # exp(0) on a zero row
+    (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape)).sum().backward()
+    for name_, grad in (("q", q.grad), ("k", k.grad), ("x", x.grad)):
+        assert grad is not None and bool(torch.isfinite(grad).all()), name_
+    if kind in ("softmax", "dense", "sparse"):
+        w = case.probs()
+        gh.assert_close_np(y, spec.reference(w, gh.to_numpy(case.x)), atol=1e-10)
+
+
+# ---- frequency response ------------------------------------------------------------------------
+
+
+FREQUENCY_OPERATORS = {
+    "attention": lambda nz: Attention(),
+    "laplacian": lambda nz: Laplacian(nz, step=0.7),
+    "heat": lambda nz: HeatKernel(t=0.8, normalization=nz, tol=1e-12),
+    "heat-per-head": lambda nz: HeatKernel(t=[0.25, 2.0], normalization=nz, tol=1e-12),
+    "ppr": lambda nz: PersonalizedPageRank(alpha=0.3, normalization=nz, tol=1e-12),
+    "polynomial": lambda nz: Polynomial([0.5, -1.0, 0.3], normalization=nz),
+}
+
+
+@pytest.mark.parametrize("nz", ["sym", "rw"])
+@pytest.mark.parametrize("op_name", sorted(FREQUENCY_OPERATORS))
+def test_frequency_response_on_eigenvectors(gh, op_name, nz) -> None:
+    """``op(u) = response(lam) u`` for the eigenvectors ``u`` of a symmetric graph's ``L_sym``.
+
+    For ``"rw"`` the eigenvectors are ``D^{-1/2} u`` (``L_rw = D^{-1/2} L_sym D^{1/2}``), with
+    the same eigenvalues; ``Attention`` is always the rw operator.
+    """
+    if op_name == "attention" and nz == "sym":
+        pytest.skip("Attention has no normalization option")
+    w = gh.random_weights(11, 6, batch=(2,), isolated=())  # symmetric, self-loops, connected
+    lam, u = np.linalg.eigh(np.stack([gh.laplacian_reference(wg, "sym") for wg in w]))
+    vecs = u if nz == "sym" else u / np.sqrt(w.sum(-1))[..., None]
+    g = DenseGraph(torch.as_tensor(w))
+    op = FREQUENCY_OPERATORS[op_name](nz).double()
+    y = op(g, torch.as_tensor(vecs))
+    response = op.frequency_response(torch.as_tensor(lam))  # (2, N) or (H=2, 2, N) per head
+    if op_name == "heat-per-head":
+        response = response.diagonal(dim1=0, dim2=1).T  # head h acts on graph h of the batch
+    gh.assert_close_np(y, vecs * response.numpy()[..., None, :], atol=1e-10)
+
+
+def test_frequency_response_combinatorial_ppr(gh) -> None:
+    w = gh.random_weights(12, 5, isolated=())
+    lam, u = np.linalg.eigh(gh.laplacian_reference(w, "combinatorial"))
+    op = PersonalizedPageRank(alpha=0.3, normalization="combinatorial", tol=1e-12)
+    y = op(DenseGraph(torch.as_tensor(w)), torch.as_tensor(u))
+    dmax = float(w.sum(-1).max())
+    response = op.frequency_response(torch.as_tensor(lam), scale=dmax).numpy()
+    gh.assert_close_np(y, u * response[None, :], atol=1e-8)
+
+
+@pytest.mark.parametrize("op_name", ["heat", "polynomial", "laplacian"])
+def test_frequency_response_combinatorial(gh, op_name) -> None:
+    w = gh.random_weights(12, 5, isolated=())
+    lam, u = np.linalg.eigh(gh.laplacian_reference(w, "combinatorial"))
+    op = FREQUENCY_OPERATORS[op_name]("combinatorial").double()
+    y = op(DenseGraph(torch.as_tensor(w)), torch.as_tensor(u))
+    gh.assert_close_np(y, u * op.frequency_response(torch.as_tensor(lam)).numpy(), atol=1e-10)
+
+
+# ---- registry, parameters ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "cls"),
+    [
+        ("attention", {}, Attention),
+        ("Laplacian", {"normalization": "sym"}, Laplacian),
+        ("heat", {"t": 2.0}, HeatKernel),
+        (" HEAT ", {}, HeatKernel),
+        ("ppr", {"alpha": 0.3}, PersonalizedPageRank),
+        ("pagerank", {}, PersonalizedPageRank),
+        ("personalized_pagerank", {}, PersonalizedPageRank),
+        ("polynomial", {"coeffs": [1.0, 2.0]}, Polynomial),
+        ("poly", {}, Polynomial),
+    ],
+)
+def test_resolve_operator(gh, name, kwargs, cls) -> None:
+    op = resolve_operator(name, **kwargs)
+    assert type(op) is cls
+    direct = cls(**kwargs)
+    g, x, _ = build(gh, "softmax")
+    torch.testing.assert_close(op(g, x), direct(g, x))
+    assert resolve_operator(op) is op
+
+
+def test_registry_lists_every_operator() -> None:
+    assert OPERATORS == {
+        "attention": Attention,
+        "laplacian": Laplacian,
+        "heat": HeatKernel,
+        "ppr": PersonalizedPageRank,
+        "polynomial": Polynomial,
+    }
+    for name, cls in OPERATORS.items():
+        assert cls.name == name
+
+
+def test_learnable_parameters() -> None:
+    assert [n for n, _ in Laplacian(learnable=True).named_parameters()] == ["step"]
+    assert [n for n, _ in Laplacian().named_parameters()] == []
+    heat = HeatKernel(t=[0.5, 2.0], learnable=True)
+    assert [n for n, _ in heat.named_parameters()] == ["log_t"]
+    torch.testing.assert_close(heat.t, torch.tensor([0.5, 2.0]))
+    assert [n for n, _ in Polynomial([1.0, 2.0], learnable=True).named_parameters()] == ["coeffs"]
+    assert list(HeatKernel(t=1.0).parameters()) == []
+    assert list(PersonalizedPageRank().parameters()) == []
+
+
+def test_ppr_order_from_tol() -> None:
+    """The smallest ``K`` with ``(1 - alpha)^{K+1} <= tol``."""
+    for alpha in (0.05, 0.15, 0.5, 0.9):
+        for tol in (1e-2, 1e-6, 1e-12):
+            k = PersonalizedPageRank(alpha=alpha, tol=tol).order
+            assert (1 - alpha) ** (k + 1) <= tol * (1 + 1e-12)
+            assert k == 0 or (1 - alpha) ** k > tol
+
+
+def test_extra_repr() -> None:
+    assert "normalization='sym'" in repr(Laplacian("sym"))
+    assert "t=[0.5, 2.0]" in repr(HeatKernel(t=[0.5, 2.0]))
+    assert "alpha=0.3" in repr(PersonalizedPageRank(alpha=0.3))
+    assert "coeffs=[1.0, -1.0]" in repr(Polynomial())

@@ -1,0 +1,194 @@
+"""Top-k sparsification: exact edge counts, renormalized weights, deterministic ties, grads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from heatformer.graph_ops import DenseGraph, SoftmaxGraph, SparseGraph, topk_graph
+
+
+def reference_topk(scores: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of the ``k`` largest entries of every row, ties to the lower index,
+    returned as a sorted ``(..., N, k)`` array."""
+    n = scores.shape[-1]
+    flat = scores.reshape(-1, n)
+    out = np.empty((flat.shape[0], k), dtype=np.int64)
+    for r, row in enumerate(flat):
+        order = np.lexsort((np.arange(n), -row))  # by descending score, then by index
+        out[r] = np.sort(order[:k])
+    return out.reshape(*scores.shape[:-1], k)
+
+
+def kept_columns(g: SparseGraph, k: int) -> np.ndarray:
+    """The stored columns of every row as a sorted ``(..., N, k)`` array."""
+    n = g.num_nodes
+    rows, cols = g.row.numpy(), g.col.numpy() % n
+    counts = np.bincount(rows, minlength=int(np.prod(g.batch_shape)) * n)
+    assert (counts == k).all(), f"expected exactly {k} edges per row, got {counts}"
+    order = np.lexsort((cols, rows))
+    return cols[order].reshape(*g.batch_shape, n, k)
+
+
+def masked_scores(case) -> np.ndarray:
+    q, k = case.q.numpy(), case.k.numpy()
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    allowed = np.ones(s.shape, bool) if case.mask is None else np.broadcast_to(case.mask, s.shape)
+    if case.causal:
+        allowed = allowed & np.tril(np.ones(s.shape[-2:], bool))
+    return np.where(allowed, s, -np.inf)
+
+
+VARIANTS = {
+    "plain": {},
+    "masked": {"masked": True},
+    "causal": {"causal": True},
+    "empty-rows": {"masked": True, "empty_rows": (1, 4)},
+    "causal-empty-rows": {"masked": True, "causal": True, "empty_rows": (2,)},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("k_top", [1, 2, 4, 6])
+def test_softmax_topk_keeps_k_largest(gh, k_top, variant) -> None:
+    case = gh.make_attention(1, n=6, batch=(2, 2), **VARIANTS[variant])
+    g = SoftmaxGraph(case.q, case.k, mask=case.mask, causal=case.causal).topk(k_top)
+    assert isinstance(g, SparseGraph)
+    assert g.num_edges == 2 * 2 * 6 * k_top
+    scores = masked_scores(case)
+    np.testing.assert_array_equal(kept_columns(g, k_top), reference_topk(scores, k_top))
+    # weights: softmax over the kept allowed scores (= P renormalized over the kept set)
+    p = case.probs()
+    kept = np.zeros_like(p)
+    np.put_along_axis(kept, reference_topk(scores, k_top), 1.0, axis=-1)
+    expected = p * kept
+    d = expected.sum(-1, keepdims=True)
+    expected = np.divide(expected, d, out=np.zeros_like(expected), where=d > 0)
+    gh.assert_close_np(g.to_dense(), expected, atol=1e-12)
+    empty = np.isneginf(scores).all(-1)
+    gh.assert_close_np(g.out_degree(), np.where(empty, 0.0, 1.0), atol=1e-12)
+
+
+def test_topk_of_general_weights(gh) -> None:
+    w = gh.random_weights(2, 7, batch=(3,), symmetric=False, isolated=(5,))
+    for kind in ("dense", "sparse"):
+        g = gh.graph_from_weights(w, kind, torch.float64).topk(3)
+        np.testing.assert_array_equal(kept_columns(g, 3), reference_topk(w, 3))
+        kept = np.take_along_axis(w, reference_topk(w, 3), -1)
+        d = kept.sum(-1, keepdims=True)
+        expected = np.divide(kept, d, out=np.zeros_like(kept), where=d > 0)
+        dense = g.to_dense().numpy()
+        np.testing.assert_allclose(np.take_along_axis(dense, reference_topk(w, 3), -1), expected)
+        np.testing.assert_allclose(g.out_degree().numpy(), (w.sum(-1) > 0).astype(float))
+
+
+def test_ties_go_to_the_lower_index() -> None:
+    w = torch.tensor(
+        [
+            [1.0, 2.0, 2.0, 2.0, 1.0],
+            [3.0, 3.0, 3.0, 3.0, 3.0],
+            [0.0, 0.0, 5.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0, 0.0],
+            [1.0, 1.0, 0.5, 1.0, 4.0],
+        ],
+        dtype=torch.float64,
+    )
+    expected = {
+        1: [[1], [0], [2], [0], [4]],
+        2: [[1, 2], [0, 1], [0, 2], [0, 1], [0, 4]],
+        4: [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 3, 4]],
+    }
+    for k, cols in expected.items():
+        for block_size in (1, 2, 5):
+            g = DenseGraph(w).topk(k, block_size=block_size)
+            np.testing.assert_array_equal(kept_columns(g, k), np.array(cols))
+    # identical keys: every score of a row ties, so the first k keys win
+    q = torch.randn(4, 3, dtype=torch.float64)
+    keys = torch.ones(4, 3, dtype=torch.float64)
+    g = SoftmaxGraph(q, keys).topk(2)
+    np.testing.assert_array_equal(kept_columns(g, 2), np.tile([0, 1], (4, 1)))
+    gh_dense = g.to_dense().numpy()
+    np.testing.assert_allclose(gh_dense[:, :2], 0.5)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 5, 256])
+def test_block_size_does_not_change_topk(gh, graph_kind, block_size) -> None:
+    case = gh.make_attention(3, n=7, batch=(2,), masked=True, causal=True, empty_rows=(3,))
+    g = case.graph(graph_kind)
+    ref = g.topk(3)
+    got = g.topk(3, block_size=block_size)
+    torch.testing.assert_close(got.row, ref.row, atol=0, rtol=0)
+    torch.testing.assert_close(got.col, ref.col, atol=0, rtol=0)
+    torch.testing.assert_close(got.weight, ref.weight, atol=1e-15, rtol=0)
+    via_function = topk_graph(
+        case.q, case.k, k_top=3, mask=case.mask, causal=True, block_size=block_size
+    )
+    torch.testing.assert_close(via_function.to_dense(), ref.to_dense(), atol=1e-15, rtol=0)
+
+
+def test_topk_n_is_the_dense_graph(gh, graph_kind) -> None:
+    case = gh.make_attention(4, n=6, batch=(2,), masked=True, causal=True, empty_rows=(1,))
+    g = case.graph(graph_kind).topk(6)
+    gh.assert_close_np(g.to_dense(), case.probs(), atol=1e-12)
+    x = gh.to_numpy(case.x)
+    gh.assert_close_np(g.propagate(case.x), case.probs() @ x, atol=1e-12)
+
+
+def test_topk_n_of_weights_is_row_normalized(gh) -> None:
+    """``topk`` renormalizes: ``topk(N)`` of explicit weights is ``D_out^+ W``."""
+    w = gh.random_weights(5, 6, batch=(2,), symmetric=False, isolated=(0,))
+    g = gh.graph_from_weights(w, "dense", torch.float64).topk(6)
+    d = w.sum(-1, keepdims=True)
+    gh.assert_close_np(g.to_dense(), np.divide(w, d, out=np.zeros_like(w), where=d > 0), atol=1e-12)
+
+
+@pytest.mark.parametrize("k_top", [0, -1, 7])
+def test_k_out_of_range(gh, k_top) -> None:
+    case = gh.make_attention(0, n=6)
+    for kind in gh.GRAPH_KINDS:
+        with pytest.raises(ValueError, match=r"^k: expected 1 <= k <= 6"):
+            case.graph(kind).topk(k_top)
+    with pytest.raises(ValueError, match="k"):
+        topk_graph(case.q, case.k, k_top=k_top)
+
+
+def test_k_must_be_an_int(gh) -> None:
+    g = gh.make_attention(0, n=6).graph("softmax")
+    with pytest.raises(TypeError, match=r"^k:"):
+        g.topk(2.0)
+    with pytest.raises(TypeError, match=r"^k:"):
+        g.topk(True)
+
+
+@pytest.mark.parametrize(
+    "variant", [{}, {"masked": True, "empty_rows": (2,)}, {"causal": True}], ids=str
+)
+def test_topk_gradcheck_q_k_x(gh, variant) -> None:
+    """Gradients reach q and k through the kept scores (and x through the sparse product)."""
+    case = gh.make_attention(6, n=5, batch=(2,), **variant)
+
+    def f(q, k, x):
+        return topk_graph(q, k, k_top=2, mask=case.mask, causal=case.causal).propagate(x)
+
+    inputs = tuple(t.clone().requires_grad_() for t in (case.q, case.k, case.x))
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_topk_gradient_equals_explicit_reference(gh) -> None:
+    """Grad of the top-k output equals that of an explicit masked softmax over the kept set."""
+    case = gh.make_attention(7, n=6, batch=(2,), masked=True)
+    keep = torch.as_tensor(reference_topk(masked_scores(case), 3))
+    q1, k1 = case.q.clone().requires_grad_(), case.k.clone().requires_grad_()
+    q2, k2 = case.q.clone().requires_grad_(), case.k.clone().requires_grad_()
+    y1 = topk_graph(q1, k1, k_top=3, mask=case.mask).propagate(case.x)
+    kept = torch.zeros(2, 6, 6, dtype=torch.bool).scatter_(-1, keep, True) & case.mask
+    s = (q2 @ k2.transpose(-1, -2)) / np.sqrt(3)
+    p = torch.softmax(s.masked_fill(~kept, float("-inf")), -1)
+    y2 = p @ case.x
+    torch.testing.assert_close(y1, y2)
+    weight = torch.randn_like(y1)
+    (y1 * weight).sum().backward()
+    (y2 * weight).sum().backward()
+    torch.testing.assert_close(q1.grad, q2.grad)
+    torch.testing.assert_close(k1.grad, k2.grad)
