@@ -1,0 +1,62 @@
+"""Plots and teaching demos: attention graphs, heat flow, spectra, frequency responses.
+
+Needs the optional ``viz`` extra (``pip install heatformer[viz]``, i.e. matplotlib; Pillow, a
+matplotlib dependency, writes the GIFs). matplotlib is imported only when a plot is made, and
+every figure is drawn on an Agg canvas without pyplot, so nothing opens a window and no global
+state changes. Every function returns the :class:`matplotlib.figure.Figure` (the path, for a
+GIF) and writes it when given ``save=PATH``.
+
+- :func:`draw_attention_graph`, :func:`plot_attention_matrix`, :func:`plot_topk_pruning` --
+  one attention graph as a graph (layouts in :data:`LAYOUTS`) or a matrix, and top-k pruning.
+- :func:`heat_diffusion_frames`, :func:`plot_heat_diffusion`, :func:`animate_heat_diffusion`
+  -- heat flow ``exp(-tL) x`` of a signal over time.
+- :func:`plot_spectra` -- Laplacian spectra for each normalization.
+- :func:`plot_frequency_responses`, :func:`plot_operator_outputs` -- what each operator does
+  to each frequency, and to a signal.
+- :func:`plot_per_layer` -- a token-geometry metric across layers, one line per model.
+- :func:`build_demo` -- the teaching demo behind ``heatformer demo``.
+"""
+
+from heatformer.viz._common import INSTALL_HINT, require_matplotlib, token_labels
+from heatformer.viz.demo import DemoResult, build_demo, render_demo
+from heatformer.viz.diffusion import (
+    animate_heat_diffusion,
+    heat_diffusion_frames,
+    plot_heat_diffusion,
+)
+from heatformer.viz.graphs import (
+    LAYOUTS,
+    draw_attention_graph,
+    find_collection,
+    plot_attention_matrix,
+    plot_topk_pruning,
+)
+from heatformer.viz.layers import plot_per_layer
+from heatformer.viz.spectra import (
+    default_operators,
+    plot_frequency_responses,
+    plot_operator_outputs,
+    plot_spectra,
+)
+
+__all__ = [
+    "INSTALL_HINT",
+    "LAYOUTS",
+    "DemoResult",
+    "animate_heat_diffusion",
+    "build_demo",
+    "default_operators",
+    "draw_attention_graph",
+    "find_collection",
+    "heat_diffusion_frames",
+    "plot_attention_matrix",
+    "plot_frequency_responses",
+    "plot_heat_diffusion",
+    "plot_operator_outputs",
+    "plot_per_layer",
+    "plot_spectra",
+    "plot_topk_pruning",
+    "render_demo",
+    "require_matplotlib",
+    "token_labels",
+]

@@ -1,0 +1,60 @@
+"""``heatformer demo``: the command-line face of :func:`heatformer.viz.build_demo`.
+
+The only module of :mod:`heatformer.viz` that writes to the terminal (it is command-line code,
+registered in :data:`heatformer.cli.COMMANDS`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEMO_HELP = "teaching demo: attention graphs of a small trained GPT, as pictures and a web page"
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``heatformer demo``."""
+    from heatformer.viz.demo import DEFAULT_TEXT
+
+    parser.add_argument(
+        "--out", default="heatformer-demo", help="output folder (default heatformer-demo)"
+    )
+    parser.add_argument(
+        "--text",
+        default=DEFAULT_TEXT,
+        help=f"sentence to look at, 2-64 bytes (default {DEFAULT_TEXT!r})",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=200, help="training steps per model (default 200)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--layer", type=int, default=0, help="layer shown in the single-head pictures (default 0)"
+    )
+    parser.add_argument(
+        "--no-compare", action="store_true",
+        help="train only the model with Laplacian heads (skips the token-geometry picture)",
+    )  # fmt: skip
+    parser.add_argument("--no-gif", action="store_true", help="skip the animated GIF")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Build the demo; print where the page is. Returns the exit code."""
+    try:
+        from heatformer.viz._common import require_matplotlib
+
+        require_matplotlib()
+    except ImportError as err:
+        print(f"heatformer demo: error: {err}", file=sys.stderr)
+        return 2
+    from heatformer.viz.demo import build_demo
+
+    result = build_demo(
+        args.out, text=args.text, steps=args.steps, seed=args.seed, layer=args.layer,
+        compare=not args.no_compare, gif=not args.no_gif,
+    )  # fmt: skip
+    for name, (first, last) in result.losses.items():
+        print(f"{name:<26} training loss {first:.3f} -> {last:.3f} nats/byte")
+    print(f"wrote {len(result.files)} pictures in {result.seconds:.1f} s")
+    print(f"open {result.index_html.resolve()}")
+    return 0

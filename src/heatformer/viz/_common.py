@@ -1,0 +1,136 @@
+"""Shared plumbing of :mod:`heatformer.viz`: lazy matplotlib, figures, saving, one graph.
+
+matplotlib is the optional ``viz`` extra, so it is imported only when a plot is made, and a
+missing install raises an :class:`ImportError` that says what to install. Figures are built
+with the object-oriented API on an Agg canvas (:class:`matplotlib.figure.Figure` +
+``FigureCanvasAgg``): no pyplot state, no global backend switch, no window; a figure is freed
+as soon as the caller drops it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import torch
+from torch import Tensor
+
+from heatformer.graph_ops import DenseGraph, Graph
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+PathLike = str | os.PathLike[str]
+
+#: What to install when matplotlib is missing.
+INSTALL_HINT = "pip install heatformer[viz]"
+
+#: Glyphs for whitespace and control bytes in token labels.
+_VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+
+
+def require_matplotlib() -> None:
+    """Import matplotlib or raise an :class:`ImportError` naming the extra to install."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            f"heatformer.viz needs matplotlib, which is not installed; run `{INSTALL_HINT}` "
+            f"(or `pip install matplotlib`)"
+        ) from err
+
+
+def new_figure(figsize: tuple[float, float], **kwargs: object) -> Figure:
+    """A :class:`~matplotlib.figure.Figure` on an Agg canvas, constrained layout."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained", **kwargs)  # type: ignore[arg-type]
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def axes_or_new(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
+    """``(figure, axes)``: the given axes and its figure, or a new single-axes figure."""
+    if ax is None:
+        fig = new_figure(figsize)
+        return fig, fig.add_subplot()
+    root = ax.figure.figure  # the root Figure, also for an Axes in a SubFigure
+    return cast("Figure", root), ax
+
+
+def save_figure(fig: Figure, save: PathLike | None, *, dpi: int = 110) -> None:
+    """Write ``fig`` to ``save`` (format from the suffix) when ``save`` is given."""
+    if save is None:
+        return
+    path = Path(save)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+
+
+def single_graph(graph: Graph | Tensor, index: tuple[int, ...] | int | None) -> DenseGraph:
+    """One graph of a batch as an unbatched float64 :class:`DenseGraph` (detached, on CPU).
+
+    Args:
+        graph: any heatformer graph, or a dense ``(..., N, N)`` weight tensor.
+        index: which graph of the batch, e.g. ``(b, h)``; ``None`` for an unbatched graph.
+
+    Raises:
+        TypeError: ``graph`` is neither a Graph nor a tensor.
+        ValueError: ``index`` does not select exactly one graph.
+    """
+    if isinstance(graph, Tensor):
+        graph = DenseGraph(graph.detach().to(torch.float64))
+    if not isinstance(graph, Graph):
+        raise TypeError(
+            f"graph: expected a heatformer Graph or an (N, N) tensor, got {type(graph).__name__}"
+        )
+    if index is None:
+        index = ()
+    if isinstance(index, int):
+        index = (index,)
+    batch = tuple(graph.batch_shape)
+    if len(index) != len(batch):
+        raise ValueError(
+            f"index: the graph has batch shape {batch}; expected an index with {len(batch)} "
+            f"entries selecting one graph, got {index!r}"
+        )
+    for i, (j, size) in enumerate(zip(index, batch)):
+        if not -size <= j < size:
+            raise ValueError(f"index: entry {i} must lie in [0, {size}), got {j}")
+    dense = graph.to_dense().detach()
+    dense = dense[index] if index else dense
+    return DenseGraph(dense.to(device="cpu", dtype=torch.float64))
+
+
+def token_labels(tokens: Sequence[str] | str | bytes | None, num_nodes: int) -> list[str]:
+    """Readable node labels: the given tokens (whitespace made visible) or ``0 ... N-1``.
+
+    Args:
+        tokens: one label per node, or a ``str``/``bytes`` whose characters are the tokens.
+        num_nodes: ``N``.
+
+    Raises:
+        ValueError: the number of tokens is not ``N``.
+
+    Example:
+        >>> token_labels("a b", 3)
+        ['a', '␣', 'b']
+    """
+    if tokens is None:
+        return [str(i) for i in range(num_nodes)]
+    if isinstance(tokens, bytes):
+        tokens = [chr(b) for b in tokens]
+    labels = [_visible(str(t)) for t in tokens]
+    if len(labels) != num_nodes:
+        raise ValueError(f"tokens: expected {num_nodes} labels (one per node), got {len(labels)}")
+    return labels
+
+
+def _visible(token: str) -> str:
+    out = "".join(_VISIBLE.get(c, c if c.isprintable() else "·") for c in token)
+    return out or "∅"
