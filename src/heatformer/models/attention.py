@@ -164,7 +164,15 @@ class DiffusionAttention(nn.Module):
             else:
                 unique.append(op)
                 heads_of.append([h])
-        self.operators = nn.ModuleList(unique)  # registers parameters
+        if self.causal:
+            sym = [op.name for op in unique if getattr(op, "normalization", None) == "sym"]
+            if sym:
+                raise ValueError(
+                    f"operators: the 'sym' normalization symmetrizes the attention graph "
+                    f"(W + W^T)/2, which would let earlier tokens see later ones; heads {sym} "
+                    f"cannot be used with causal=True (use 'rw' or 'combinatorial')"
+                )
+        self.operators = nn.ModuleList(unique).to(**factory)  # registers parameters
         self._groups: list[tuple[DiffusionOperator, list[int]]] = list(zip(unique, heads_of))
         fused_heads = sorted(h for op, hs in self._groups for h in hs if _fused(op))
         self._fused_heads = fused_heads
@@ -228,7 +236,12 @@ class DiffusionAttention(nn.Module):
             raise ValueError(f"key_mask: expected shape ({b}, {n}), got {tuple(key_mask.shape)}")
         return key_mask[:, None, None, :]  # (B, 1, 1, N)
 
-    def _graph(self, q: Tensor, k: Tensor, mask: Tensor | None) -> Graph:
+    def _graph(
+        self, q: Tensor, k: Tensor, mask: Tensor | None, *, symmetric_mask: bool = False
+    ) -> Graph:
+        if mask is not None and symmetric_mask:
+            # padded queries lose their out-edges too, so W^T cannot carry them to real tokens
+            mask = mask & mask.transpose(-1, -2)  # (B, 1, N, N)
         graph = SoftmaxGraph(q, k, mask=mask, causal=self.causal, block_size=self.topk_block_size)
         if self.topk is not None:  # at most N keys per query (short sequences keep them all)
             return graph.topk(min(self.topk, q.shape[-2]), block_size=self.topk_block_size)
@@ -266,7 +279,9 @@ class DiffusionAttention(nn.Module):
         for op, heads in self._groups:
             if not _fused(op):
                 idx = _heads_index(heads)
-                outs.append((heads, op(self._graph(q[:, idx], k[:, idx], mask), v[:, idx])))
+                sym = getattr(op, "normalization", None) == "sym"
+                graph = self._graph(q[:, idx], k[:, idx], mask, symmetric_mask=sym)
+                outs.append((heads, op(graph, v[:, idx])))
         outs.sort(key=lambda item: item[0][0])
         order = [h for heads, _ in outs for h in heads]
         if order == list(range(self.num_heads)):  # groups are contiguous and in order

@@ -202,7 +202,8 @@ class SequenceClassifierConfig:
     heads: str | tuple[str, ...] = "attention"
     topk: int | None = None
     dropout: float = 0.0
-    pool: str = "last"  # "last" token, "mean" over real tokens, or a "cls" token in front
+    pool: str = "last"  # "last" token, "mean" over real tokens, or a "cls" token
+    # (in front; at the end when causal, so that it sees the whole sequence)
     causal: bool = True
     bias: bool = True
     qk_norm: bool = False
@@ -454,16 +455,18 @@ class SequenceClassifier(_ConfigModel):
                 f"idx: sequence length {idx.shape[1]} exceeds block_size {self.config.block_size}"
             )
         x = self.tok_emb(idx)  # (B, N, D)
-        if self.cls is not None:  # the cls token goes first; it is always a real token
-            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
+        cls_last = self.config.causal  # a causal cls token must come last to see the sequence
+        if self.cls is not None:  # the cls token is always a real token
+            cls = self.cls.expand(x.shape[0], -1, -1)
+            x = torch.cat([x, cls] if cls_last else [cls, x], dim=1)  # (B, N + 1, D)
             if key_mask is not None:
-                key_mask = F.pad(key_mask, (1, 0), value=True)
+                key_mask = F.pad(key_mask, (0, 1) if cls_last else (1, 0), value=True)
         x = self.drop(x + self.pos_emb(torch.arange(x.shape[1], device=idx.device)))
         for block in self.blocks:
             x = block(x, key_mask)
         x = self.ln_f(x)
         if self.config.pool == "cls":
-            pooled = x[:, 0]
+            pooled = x[:, -1] if cls_last else x[:, 0]
         elif self.config.pool == "mean":
             if key_mask is None:
                 pooled = x.mean(1)
