@@ -151,15 +151,18 @@ class Graph(ABC):
     def batch_shape(self) -> torch.Size:
         """Leading dims of the batch of graphs, e.g. ``(B, H)``."""
 
-    @property
-    @abstractmethod
-    def dtype(self) -> torch.dtype:
-        """Floating dtype of the weights."""
+    #: a tensor of the graph (weights or queries) that fixes its dtype and device
+    _tensor: Tensor
 
     @property
-    @abstractmethod
+    def dtype(self) -> torch.dtype:
+        """Floating dtype of the weights."""
+        return self._tensor.dtype
+
+    @property
     def device(self) -> torch.device:
         """Device of the weights."""
+        return self._tensor.device
 
     @abstractmethod
     def propagate(self, x: Tensor) -> Tensor:
@@ -259,19 +262,25 @@ class Graph(ABC):
         """
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
             raise ValueError(f"eps: expected a threshold > 0, got {eps!r}")
+        graph = self._select_edges(lambda w: w >= eps, block_size)
+        return graph.row_normalize() if renormalize else graph
+
+    def _select_edges(
+        self, keep: Callable[[Tensor], Tensor], block_size: int | None = None
+    ) -> SparseGraph:
+        """The entries ``w`` with ``keep(w)``, gathered differentiably block by block."""
         n = self.num_nodes
         rows, cols, vals = [], [], []
         for s, e in self._blocks(block_size):
             w = self._weight_rows(s, e)  # (Bf, rows, N)
-            b, i, j = (w.detach() >= eps).nonzero(as_tuple=True)
+            b, i, j = keep(w.detach()).nonzero(as_tuple=True)
             rows.append(b * n + i + s)
             cols.append(b * n + j)
             vals.append(w[b, i, j])
-        row, col, val = torch.cat(rows), torch.cat(cols), torch.cat(vals)
-        graph = SparseGraph(row, col, val, num_nodes=n, batch_shape=self.batch_shape)
-        if renormalize:
-            graph = graph.row_normalize()
-        return graph
+        return SparseGraph(
+            torch.cat(rows), torch.cat(cols), torch.cat(vals), num_nodes=n,
+            batch_shape=self.batch_shape,
+        )  # fmt: skip
 
     def symmetrize(self) -> Graph:
         """The undirected graph ``W_s = (W + W^T) / 2``."""
@@ -325,18 +334,7 @@ class Graph(ABC):
 
     def to_sparse(self) -> SparseGraph:
         """This graph as a :class:`SparseGraph` (keeps the non-zero entries)."""
-        n = self.num_nodes
-        rows, cols, vals = [], [], []
-        for s, e in self._blocks(None):
-            w = self._weight_rows(s, e)
-            b, i, j = (w.detach() != 0).nonzero(as_tuple=True)
-            rows.append(b * n + i + s)
-            cols.append(b * n + j)
-            vals.append(w[b, i, j])
-        return SparseGraph(
-            torch.cat(rows), torch.cat(cols), torch.cat(vals), num_nodes=n,
-            batch_shape=self.batch_shape,
-        )  # fmt: skip
+        return self._select_edges(lambda w: w != 0)
 
     def to_pyg(self, index: tuple[int, ...] | int | None = None) -> Any:
         """One graph as a :class:`torch_geometric.data.Data` with ``edge_index``/``edge_weight``."""
@@ -384,7 +382,7 @@ class DenseGraph(Graph):
                 raise ValueError(
                     f"weight: expected non-negative edge weights, got min {weight.min().item():.3g}"
                 )
-        self.weight = weight
+        self.weight = self._tensor = weight
 
     @property
     def num_nodes(self) -> int:
@@ -393,14 +391,6 @@ class DenseGraph(Graph):
     @property
     def batch_shape(self) -> torch.Size:
         return self.weight.shape[:-2]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.weight.device
 
     def propagate(self, x: Tensor) -> Tensor:
         return self.weight @ self._check_x(x)
@@ -520,7 +510,7 @@ class SoftmaxGraph(Graph):
         n = int(q.shape[-2])
         if mask is not None:
             V.check_mask(mask, batch, n)
-        self.q = q.expand(*batch, *q.shape[-2:])
+        self.q = self._tensor = q.expand(*batch, *q.shape[-2:])
         self.k = k.expand(*batch, *k.shape[-2:])
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         self.mask = mask
@@ -535,14 +525,6 @@ class SoftmaxGraph(Graph):
     @property
     def batch_shape(self) -> torch.Size:
         return self.q.shape[:-2]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.q.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.q.device
 
     def _blocks(self, block_size: int | None) -> list[tuple[int, int]]:
         return super()._blocks(block_size or self.block_size)
@@ -770,7 +752,7 @@ class SparseGraph(Graph):
         crow[1:] = torch.cumsum(counts, 0)
         self._struct = CSRStructure(crow, col, row, size)
         self._transposed: tuple[CSRStructure, Tensor] | None = None
-        self.weight = weight
+        self.weight = self._tensor = weight
 
     # ---- constructors ----------------------------------------------------------------------
 
@@ -869,14 +851,6 @@ class SparseGraph(Graph):
     @property
     def batch_shape(self) -> torch.Size:
         return self._batch_shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.weight.device
 
     @property
     def num_edges(self) -> int:
@@ -1005,6 +979,7 @@ class SymmetrizedGraph(Graph):
         if not isinstance(base, Graph):
             raise TypeError(f"base: expected a Graph, got {type(base).__name__}")
         self.base = base
+        self._tensor = base._tensor
 
     @property
     def num_nodes(self) -> int:
@@ -1013,14 +988,6 @@ class SymmetrizedGraph(Graph):
     @property
     def batch_shape(self) -> torch.Size:
         return self.base.batch_shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.base.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.base.device
 
     def propagate(self, x: Tensor) -> Tensor:
         return 0.5 * (self.base.propagate(x) + self.base.propagate_transpose(x))
