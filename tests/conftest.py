@@ -1,9 +1,25 @@
-"""Fixtures shared by every test folder: the device and the floating dtype."""
+"""Fixtures shared by every test folder: one torch thread, the device and the floating dtype."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> Iterator[None]:
+    """Run the whole suite on one intra-op thread.
+
+    The tensors in tests are tiny: there is nothing to parallelize, and on a busy 2-core
+    machine OpenMP's spinning threads made tiny ops 10-100x slower (e.g. test_heat.py took
+    82 s with the default two threads and 10 s with one). Subprocesses (CLI, DDP) set their own.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 import heatformer
+from heatformer.experiments import commands as _experiments
+from heatformer.viz import _cli as _demo_cli
 
 AddArgs = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -68,6 +70,22 @@ def _ops_run(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, tuple[str, AddArgs, Run]] = {
     "demo-ops": ("operators on a random attention graph (a quick look)", _ops_args, _ops_run),
+    "demo": (_demo_cli.DEMO_HELP, _demo_cli.add_demo_arguments, _demo_cli.run_demo),
+    "train": (
+        "train one head configuration on a built-in task",
+        _experiments.add_train_args,
+        _experiments.run_train,
+    ),
+    "compare": (
+        "compare head configurations x seeds under one budget (the main job)",
+        _experiments.add_compare_args,
+        _experiments.run_compare_command,
+    ),
+    "analyze": (
+        "recompute per-layer token-geometry metrics of a compare run from its checkpoints",
+        _experiments.add_analyze_args,
+        _experiments.run_analyze,
+    ),
 }
 
 

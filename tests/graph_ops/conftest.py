@@ -19,7 +19,7 @@ from the *same* weights, so one reference serves ``DenseGraph``, ``SoftmaxGraph`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -447,20 +447,6 @@ def graph_kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(params=NORMALIZATIONS)
 def normalization(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    """Run the (tiny) graph_ops tests on one intra-op thread.
-
-    With N <= 8 there is nothing to parallelize, and on a shared 2-core machine OpenMP
-    threads spin against each other: measured 82 s with the default threads vs 10 s with one
-    for test_heat.py alone.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(params=sorted(OPERATOR_SPECS))

@@ -200,17 +200,3 @@ def mh() -> SimpleNamespace:
         random_input=random_input,
         padding_mask=padding_mask,
     )
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Run every models test with one intra-op thread (restored afterwards).
-
-    The tensors here are tiny; on a loaded 2-core machine OpenMP's spinning threads made one
-    ``scaled_dot_product_attention`` call on a (2, 4, 6, 4) tensor take ~15 ms instead of
-    ~50 us, a 100x slowdown of the suite with no gain in coverage.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

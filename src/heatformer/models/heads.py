@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from heatformer.graph_ops import DiffusionOperator, resolve_operator
 
-__all__ = ["format_heads", "parse_heads", "parse_layer_heads"]
+__all__ = ["count_heads", "format_heads", "parse_heads", "parse_layer_heads", "split_layers"]
 
 _ENTRY = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\[([^\]]*)\])?\s*(?::\s*(\S+))?\s*$")
 LAYER_SEPARATORS = "|;"
@@ -44,6 +44,47 @@ def _split_entries(spec: str, separators: str = ",") -> list[str]:
             current.append(ch)
     entries.append("".join(current))
     return entries
+
+
+def split_layers(heads: str) -> list[str]:
+    """Split a schedule at ``'|'`` or ``';'`` outside brackets; one stripped spec per layer.
+
+    Example:
+        >>> split_layers("attention:4|heat[t=0.5;tol=1e-8]:4")
+        ['attention:4', 'heat[t=0.5;tol=1e-8]:4']
+    """
+    return [part.strip() for part in _split_entries(heads, LAYER_SEPARATORS)]
+
+
+def count_heads(spec: str) -> int | None:
+    """Number of heads a one-layer spec names: the sum of its counts (None for a bare name).
+
+    Only the syntax is checked here; :func:`parse_heads` checks names and parameters.
+
+    Raises:
+        ValueError: a malformed entry or a count that is not a positive integer.
+
+    Example:
+        >>> count_heads("attention:6,heat[t=2]:2"), count_heads("attention")
+        (8, None)
+    """
+    total = 0
+    for entry in _split_entries(spec):
+        match = _ENTRY.match(entry)
+        if match is None:
+            raise ValueError(
+                f"heads: cannot parse {entry.strip()!r} in {spec!r}; expected entries like "
+                f"'attention:6', 'heat[t=0.5]:2'"
+            )
+        count_text = match.group(3)
+        if count_text is None:
+            return None
+        if not count_text.isdigit() or int(count_text) < 1:
+            raise ValueError(
+                f"heads: expected a positive head count in {entry.strip()!r}, got {count_text!r}"
+            )
+        total += int(count_text)
+    return total
 
 
 def _parse_value(text: str) -> object:
@@ -171,7 +212,7 @@ def parse_layer_heads(heads: str | Sequence[str], n_layer: int) -> list[str]:
         ValueError: if the number of per-layer specs is not ``n_layer``.
     """
     if isinstance(heads, str):
-        layers = _split_entries(heads, LAYER_SEPARATORS)
+        layers = split_layers(heads)
         if len(layers) == 1:
             layers = layers * n_layer
     else:

@@ -1,0 +1,398 @@
+"""The ``train``, ``compare`` and ``analyze`` subcommands of the ``heatformer`` command.
+
+Each subcommand is an ``(add_arguments, run)`` pair registered in
+:data:`heatformer.cli.COMMANDS`. ``run`` prints (this is the command line, not the
+library) and returns the exit code; bad input raises ``ValueError`` /
+``FileNotFoundError``, which :func:`heatformer.cli.main` turns into one line on stderr
+and exit status 2. A stop (Ctrl-C, SIGTERM, ``--stop-at-step``) saves a checkpoint and
+exits with status 130 after printing how to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "add_analyze_args",
+    "add_compare_args",
+    "add_train_args",
+    "run_analyze",
+    "run_compare_command",
+    "run_train",
+]
+
+#: argparse dest -> CompareSpec field, for the flags that define the numbers.
+_SPEC_FLAGS = {
+    "task": "task",
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "lr": "lr",
+    "weight_decay": "weight_decay",
+    "warmup_steps": "warmup_steps",
+    "grad_clip": "grad_clip",
+    "eval_every": "eval_every",
+    "ckpt_every": "ckpt_every",
+    "seq_len": "seq_len",
+    "n_layer": "n_layer",
+    "n_head": "n_head",
+    "n_embd": "n_embd",
+    "topk": "topk",
+    "dropout": "dropout",
+    "patch_size": "patch_size",
+    "text": "text",
+    "npz": "npz",
+    "max_bytes": "max_bytes",
+    "eval_size": "eval_size",
+    "analysis_size": "analysis_size",
+    "bf16": "bf16",
+    "compile": "compile",
+    "name": "name",
+}
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    d = {f.name: f.default for f in dataclasses.fields(_spec_cls())}
+    g = parser.add_argument_group("task and data")
+    g.add_argument("--task", help=f"chars | digits | recall (default {d['task']})")
+    g.add_argument(
+        "--text",
+        metavar="PATH",
+        help="chars: a UTF-8 text file or folder (default: the Python standard library's source)",
+    )
+    g.add_argument(
+        "--npz",
+        metavar="PATH",
+        help="digits: an .npz with 'images' (num, [C,] H, W) "
+        "and 'labels' (num,) (default: scikit-learn's 8x8 digits)",
+    )
+    g.add_argument("--seq-len", type=int, help="sequence length (default 128; chars, recall)")
+    g.add_argument("--max-bytes", type=int, help=f"chars: corpus cap (default {d['max_bytes']})")
+    g.add_argument(
+        "--eval-size",
+        type=int,
+        help=f"chars: validation windows; recall: validation examples (default {d['eval_size']})",
+    )
+
+    g = parser.add_argument_group("model")
+    g.add_argument("--layers", dest="n_layer", type=int, help=f"blocks (default {d['n_layer']})")
+    g.add_argument(
+        "--n-head",
+        "--heads-per-layer",
+        dest="n_head",
+        type=int,
+        help="heads per layer (default: the sum of the --heads counts, else 4)",
+    )
+    g.add_argument("--embd", dest="n_embd", type=int, help=f"width (default {d['n_embd']})")
+    g.add_argument(
+        "--topk",
+        type=int,
+        metavar="K",
+        help="keep the K strongest edges per query in every attention graph",
+    )
+    g.add_argument("--dropout", type=float, help="dropout (default 0)")
+    g.add_argument("--patch-size", type=int, help="digits: ViT patch size (default 2)")
+
+    g = parser.add_argument_group("budget (the same for every configuration)")
+    g.add_argument("--steps", type=int, help=f"optimizer steps per run (default {d['steps']})")
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        help=f"global batch, split across DDP ranks (default {d['batch_size']})",
+    )
+    g.add_argument("--lr", type=float, help=f"peak AdamW learning rate (default {d['lr']})")
+    g.add_argument("--weight-decay", type=float, help=f"(default {d['weight_decay']})")
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        help="linear warm-up (default min(100, steps/10)), then cosine decay to lr/10",
+    )
+    g.add_argument("--grad-clip", type=float, help="max gradient norm, 0 = off (default 1)")
+    g.add_argument("--eval-every", type=int, help="evaluate every N steps (default steps/10)")
+    g.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default: eval-every)")
+    g.add_argument(
+        "--analysis-size",
+        type=int,
+        help="sequences/images in the analysis batch (default: chars 32, digits 512 "
+        "(capped by the test split), recall 256)",
+    )
+    g.add_argument(
+        "--no-analysis", action="store_true", help="skip the per-layer token-geometry analysis"
+    )
+
+    g = parser.add_argument_group("running")
+    g.add_argument("--out", metavar="DIR", help="output folder (default runs/<name>-<time>)")
+    g.add_argument("--name", help="a label for the report and the default --out")
+    g.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        metavar="DIR",
+        help="continue the interrupted job in DIR (or --out): finished runs are "
+        "skipped, the interrupted one continues from its checkpoint",
+    )
+    g.add_argument("--device", help="auto | cpu | cuda[:N] (default auto: CUDA if available)")
+    g.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
+    g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    g.add_argument(
+        "--stop-at-step",
+        type=int,
+        metavar="K",
+        help="stop (saving a checkpoint, as Ctrl-C does) when a run reaches step K",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch CPU threads per process (default: torch's choice; 1 is often "
+        "fastest for small models or on a busy machine)",
+    )
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _spec_cls() -> Any:
+    from heatformer.experiments.spec import CompareSpec
+
+    return CompareSpec
+
+
+def add_train_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``heatformer train``."""
+    parser.add_argument(
+        "--heads",
+        help="head schedule, e.g. 'attention:6,laplacian:2', or one per layer separated by "
+        "';': 'attention:4;attention:2,laplacian:2' (default 'attention')",
+    )
+    parser.add_argument("--seed", type=int, help="seed of the weights and batch order (default 0)")
+    _add_common(parser)
+    parser.epilog = (
+        "examples:\n"
+        "  heatformer train --task chars --heads attention:6,laplacian:2 --steps 500\n"
+        "  torchrun --nproc_per_node 2 -m heatformer train --task digits --batch-size 64"
+    )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def add_compare_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``heatformer compare``."""
+    from heatformer.experiments.spec import PRESETS
+
+    parser.add_argument(
+        "--heads",
+        action="append",
+        help="a head schedule to compare (repeat the flag); 'attention:6,laplacian:2' for "
+        "every layer or 'attention:4;attention:2,laplacian:2' per layer (';' between layers)",
+    )
+    parser.add_argument(
+        "--seeds", help="number of seeds (3 -> 0,1,2) or a comma list (0,5,7); default 1"
+    )
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), help="named settings; explicit flags override them"
+    )
+    _add_common(parser)
+    parser.epilog = (
+        "examples:\n"
+        "  heatformer compare --preset demo\n"
+        "  heatformer compare --task chars --heads attention:8 --heads attention:6,laplacian:2"
+        " \\\n      --heads attention:6,heat:2 --seeds 3 --steps 500\n"
+        "  heatformer compare --resume runs/demo-20260101-120000"
+    )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def add_analyze_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``heatformer analyze``."""
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a folder made by compare or train")
+    parser.add_argument("--device", default="cpu", help="auto | cpu | cuda[:N] (default cpu)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec fields set explicitly on the command line."""
+    values = {
+        field: getattr(args, dest)
+        for dest, field in _SPEC_FLAGS.items()
+        if getattr(args, dest, None) is not None
+    }
+    if args.no_analysis:
+        values["analysis"] = False
+    if args.device is not None:
+        values["device"] = args.device
+    for key in ("text", "npz"):
+        if key in values:
+            values[key] = str(Path(values[key]).expanduser().resolve())
+    return values
+
+
+def _build_spec(args: argparse.Namespace, *, compare: bool) -> Any:
+    from heatformer.experiments.spec import PRESETS, CompareSpec, parse_seeds
+
+    values: dict[str, Any] = {}
+    if compare and args.preset:
+        values.update(PRESETS[args.preset])
+    values.update(_given(args))
+    if compare:
+        if args.heads:
+            values["heads"] = tuple(args.heads)
+        if args.seeds is not None:
+            values["seeds"] = parse_seeds(args.seeds)
+    else:
+        if args.heads is not None:
+            values["heads"] = (args.heads,)
+        if args.seed is not None:
+            values["seeds"] = (args.seed,)
+    return CompareSpec(**values)
+
+
+def _resume_dir(args: argparse.Namespace) -> Path | None:
+    if args.resume is None:
+        return None
+    if args.resume is True:
+        if args.out is None:
+            raise ValueError("--resume: expected a folder (--resume DIR or --out DIR --resume)")
+        return Path(args.out)
+    if args.out is not None and Path(args.out) != Path(args.resume):
+        raise ValueError(f"--resume {args.resume} and --out {args.out}: expected one folder")
+    return Path(args.resume)
+
+
+def _default_out(spec: Any, ctx: Any) -> Path:
+    label = spec.name or spec.task
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if ctx.distributed:  # one folder for every rank: rank 0's clock decides
+        import torch.distributed as dist
+
+        box = [stamp]
+        dist.broadcast_object_list(box, src=0)
+        stamp = box[0]
+    return Path("runs") / f"{label}-{stamp}"
+
+
+def _execute(args: argparse.Namespace, command: str) -> int:
+    from heatformer.experiments.compare import load_spec, run_compare, validate_spec
+    from heatformer.experiments.distributed import setup_distributed
+    from heatformer.experiments.report import format_table
+    from heatformer.experiments.trainer import StopSignal, TrainingInterrupted
+
+    resume_dir = _resume_dir(args)
+    if resume_dir is not None:
+        extra = sorted(set(_given(args)) - {"device"})
+        if command == "compare" and (args.heads or args.seeds or args.preset):
+            extra += ["heads/seeds/preset"]
+        if command == "train" and (args.heads is not None or args.seed is not None):
+            extra += ["heads/seed"]
+        if extra:
+            raise ValueError(
+                f"--resume: continues the spec saved in {resume_dir}; drop the flags {extra}"
+            )
+        spec = load_spec(resume_dir)
+        if args.device is not None:
+            spec = dataclasses.replace(spec, device=args.device)
+    else:
+        spec = _build_spec(args, compare=command == "compare")
+    spec = spec.resolved()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads: expected a positive int, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+    ctx = setup_distributed(spec.device)
+    try:
+        out = resume_dir or (Path(args.out) if args.out else _default_out(spec, ctx))
+        harness = validate_spec(spec)
+        say = print if ctx.is_main else (lambda *a, **k: None)
+        runs = len(spec.heads) * len(spec.seeds)
+        say(
+            f"heatformer {command}: {len(spec.heads)} configuration(s) x {len(spec.seeds)} "
+            f"seed(s) = {runs} run(s) of {spec.steps} steps on {spec.task!r} "
+            f"({ctx.device}, {ctx.world_size} process(es)) -> {out}",
+            flush=True,
+        )
+        stop = StopSignal()
+        launcher = "torchrun ... -m heatformer" if ctx.distributed else "heatformer"
+        hint = f"resume with: {launcher} {command} --resume {out}"
+        try:
+            with stop.installed():
+                report = run_compare(
+                    spec,
+                    out,
+                    resume=resume_dir is not None,
+                    ctx=ctx,
+                    stop=stop,
+                    stop_at_step=args.stop_at_step,
+                    progress=not args.no_progress,
+                    harness=harness,
+                )
+        except TrainingInterrupted as err:
+            if ctx.is_main:
+                where = (
+                    f"stopped at step {err.step}/{err.steps}, checkpoint saved"
+                    if err.step
+                    else "not started"
+                )
+                print(
+                    f"heatformer {command}: {stop.reason or 'stopped'}: run {err.run_dir.name} "
+                    f"{where}; {hint}",
+                    file=sys.stderr,
+                )
+            return 130
+        except KeyboardInterrupt:
+            if ctx.is_main:
+                print(
+                    f"heatformer {command}: interrupted; runs continue from their last "
+                    f"checkpoint; {hint}",
+                    file=sys.stderr,
+                )
+            return 130
+        if ctx.is_main:
+            _print_report(report, format_table)
+        return 0
+    finally:
+        ctx.close()
+
+
+def _print_report(report: Any, format_table: Any) -> None:
+    results = report.results
+    print()
+    print(format_table(report.summary, report.metric_names))
+    print()
+    print(
+        f"mean ± sample std over seeds {results['seeds']}; analysis columns: last layer, "
+        "per-layer values in results.json and plots/"
+    )
+    print(f"report: {report.out_dir / 'results.json'}")
+    print(f"        {report.out_dir / 'results.csv'}")
+    if report.plots:
+        print(f"        {report.out_dir / 'plots'}/ ({len(report.plots)} PNG figures)")
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """``heatformer train``: one head schedule, one seed."""
+    return _execute(args, "train")
+
+
+def run_compare_command(args: argparse.Namespace) -> int:
+    """``heatformer compare``: several head schedules × seeds, same budget."""
+    return _execute(args, "compare")
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    """``heatformer analyze RUN_DIR``: recompute the per-layer analysis from checkpoints."""
+    from heatformer.experiments.compare import analyze
+    from heatformer.experiments.report import format_table
+
+    report = analyze(args.run_dir, device=args.device, progress=not args.no_progress)
+    _print_report(report, format_table)
+    return 0

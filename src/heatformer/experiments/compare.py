@@ -1,0 +1,366 @@
+"""The comparison runner: several head schedules × several seeds under one budget.
+
+Layout of a comparison folder::
+
+    OUT/
+      spec.json            the CompareSpec (written first; --resume reads it)
+      runs/<run>/          one folder per (schedule, seed): checkpoint.pt, result.json
+      results.json         spec, environment, summary (mean ± std), every run record
+      results.csv          one row per run
+      plots/*.png          loss curves, final metrics, per-layer analysis
+
+Runs go seed-major (every schedule with seed 0, then seed 1, ...), so an interrupted
+comparison already holds comparable runs. A run is finished when its ``result.json``
+exists (written atomically, last); ``resume`` skips finished runs, continues the
+interrupted one from its checkpoint, and starts the rest. ``results.json``,
+``results.csv`` and the plots are rewritten from the run records at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from heatformer.experiments.checkpoint import atomic_write_json, load_checkpoint, read_json
+from heatformer.experiments.distributed import DistContext, resolve_device
+from heatformer.experiments.harness import TaskHarness, make_harness
+from heatformer.experiments.report import aggregate, environment, plot_report, write_csv
+from heatformer.experiments.spec import CompareSpec, run_name
+from heatformer.experiments.trainer import (
+    CHECKPOINT_NAME,
+    RESULT_NAME,
+    ModelFactory,
+    StopSignal,
+    TrainingInterrupted,
+    is_finished,
+    train_run,
+)
+
+__all__ = [
+    "RESULTS_NAME",
+    "SPEC_NAME",
+    "CompareReport",
+    "analyze",
+    "load_spec",
+    "prepare_output",
+    "run_compare",
+    "validate_spec",
+]
+
+SPEC_NAME = "spec.json"
+RESULTS_NAME = "results.json"
+
+
+@dataclass
+class CompareReport:
+    """What a finished comparison produced.
+
+    Attributes:
+        out_dir: the comparison folder.
+        results: the content of ``results.json``.
+        metric_names: the task's final metrics (first = headline).
+        analysis_names: the task's per-layer metrics.
+        plots: the PNG files written (empty if matplotlib is missing).
+    """
+
+    out_dir: Path
+    results: dict[str, Any]
+    metric_names: tuple[str, ...]
+    analysis_names: tuple[str, ...]
+    plots: list[Path]
+
+    @property
+    def summary(self) -> list[dict[str, Any]]:
+        """Per-configuration mean ± std (see :func:`~heatformer.experiments.report.aggregate`)."""
+        summary: list[dict[str, Any]] = self.results["summary"]
+        return summary
+
+
+def _agree(flag: bool, ctx: DistContext) -> bool:
+    """``flag`` of any rank (every rank must take the same branch)."""
+    if not ctx.distributed:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    box = torch.tensor(float(flag), device=ctx.device)
+    dist.all_reduce(box)
+    return bool(box > 0)
+
+
+def _runs(spec: CompareSpec) -> Iterator[tuple[str, int, str]]:
+    """``(heads, seed, folder name)`` in run order (seed-major)."""
+    for seed in spec.seeds:
+        for index, heads in enumerate(spec.heads):
+            yield heads, seed, run_name(index, heads, seed)
+
+
+def validate_spec(spec: CompareSpec, task: Any = None) -> TaskHarness:
+    """Load the data and check every head schedule against the model, writing nothing.
+
+    Args:
+        spec: the comparison spec.
+        task: optional prebuilt task object (tests).
+
+    Returns:
+        The task harness, ready to train.
+
+    Raises:
+        ValueError: a schedule or size the model refuses, or data that does not fit.
+        FileNotFoundError: a missing ``--text`` / ``--npz`` path.
+    """
+    import torch
+
+    harness = make_harness(spec, task)
+    for heads in spec.heads:
+        with torch.device("meta"):  # builds the modules without allocating weights
+            harness.build_model(heads)
+    return harness
+
+
+def load_spec(out_dir: str | Path) -> CompareSpec:
+    """Read ``OUT/spec.json``.
+
+    Args:
+        out_dir: a comparison folder.
+
+    Returns:
+        The spec it was started with.
+
+    Raises:
+        FileNotFoundError: no ``spec.json`` (not a comparison folder).
+    """
+    path = Path(out_dir) / SPEC_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{out_dir}: expected a comparison folder holding {SPEC_NAME}, found none"
+        )
+    return CompareSpec.from_dict(read_json(path)["spec"])
+
+
+def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistContext) -> None:
+    """Create ``out_dir`` and write ``spec.json``, or check it when resuming.
+
+    Args:
+        spec: the spec to run.
+        out_dir: the comparison folder.
+        resume: continue the comparison already in ``out_dir``.
+        ctx: DDP context (rank 0 writes).
+
+    Raises:
+        ValueError: ``out_dir`` already holds a comparison (without ``resume``) or a
+            different one (with ``resume``), or is a non-empty folder of something else.
+        FileNotFoundError: ``resume`` and ``out_dir`` holds no comparison.
+    """
+    spec_path = out_dir / SPEC_NAME
+    if resume:
+        saved = load_spec(out_dir)
+        if (
+            saved.fingerprint() != spec.fingerprint()
+            or saved.heads != spec.heads
+            or saved.seeds != spec.seeds
+        ):
+            raise ValueError(
+                f"{out_dir}: expected the spec saved in {SPEC_NAME} when resuming, got a "
+                "different one; resume with `--resume DIR` alone"
+            )
+        return
+    if spec_path.exists():
+        raise ValueError(
+            f"{out_dir}: already holds a comparison; continue it with --resume {out_dir} "
+            "or choose another --out"
+        )
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ValueError(
+            f"{out_dir}: expected a new or empty folder for --out, got a non-empty one"
+        )
+    ctx.barrier()  # every rank checked before rank 0 creates anything
+    if ctx.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(
+            spec_path, {"spec": spec.to_dict(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        )
+    ctx.barrier()
+
+
+def _finish(
+    spec: CompareSpec,
+    harness: TaskHarness,
+    out_dir: Path,
+    records: list[dict[str, Any]],
+    ctx: DistContext,
+    *,
+    wall_time_s: float,
+) -> CompareReport:
+    """Write results.json, results.csv and the plots from the run records."""
+    summary = aggregate(records, spec.heads, harness.metric_names, harness.analysis_names)
+    results = {
+        "spec": spec.to_dict(),
+        "task": spec.task,
+        "metrics": list(harness.metric_names),
+        "analysis_metrics": list(harness.analysis_names),
+        "std": "sample standard deviation over seeds (ddof=1); 0 for one seed",
+        "environment": environment(ctx.world_size, str(ctx.device)),
+        "seeds": list(spec.seeds),
+        "wall_time_s": wall_time_s,
+        "summary": summary,
+        "runs": records,
+    }
+    plots: list[Path] = []
+    if ctx.is_main:
+        write_csv(out_dir / "results.csv", records, harness.metric_names, harness.analysis_names)
+        try:
+            plots = plot_report(
+                out_dir,
+                records,
+                summary,
+                harness.metric_names,
+                harness.eval_loss_name,
+                harness.analysis_names,
+            )
+        except ImportError:  # matplotlib is an optional extra
+            plots = []
+        results["plots"] = [str(p.relative_to(out_dir)) for p in plots]
+        atomic_write_json(out_dir / RESULTS_NAME, results)
+    ctx.barrier()
+    return CompareReport(out_dir, results, harness.metric_names, harness.analysis_names, plots)
+
+
+def run_compare(
+    spec: CompareSpec,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    ctx: DistContext | None = None,
+    stop: StopSignal | None = None,
+    stop_at_step: int | None = None,
+    progress: bool = False,
+    model_factory: ModelFactory | None = None,
+    task: Any = None,
+    harness: TaskHarness | None = None,
+) -> CompareReport:
+    """Train every (head schedule, seed) pair of ``spec`` and write the report.
+
+    Args:
+        spec: what to run.
+        out_dir: the comparison folder (see the module docstring).
+        resume: continue the comparison in ``out_dir`` (same spec required).
+        ctx: device and DDP context; default: one process on ``spec.device``.
+        stop: a stop flag (set by Ctrl-C via :meth:`StopSignal.installed`).
+        stop_at_step: stop every run at this step, as if interrupted (tests).
+        progress: show tqdm bars (overall and per run; rank 0 only).
+        model_factory: builds a model from ``(harness, heads)``; default the reference
+            model of the task.
+        task: a prebuilt task object (tests use tiny ones).
+        harness: a prebuilt harness (skips data loading and validation).
+
+    Returns:
+        The :class:`CompareReport`.
+
+    Raises:
+        TrainingInterrupted: a stop was requested; the current run's checkpoint is saved.
+        ValueError, FileNotFoundError: bad spec, data or output folder (nothing written).
+    """
+    started = time.perf_counter()
+    spec = spec.resolved()
+    out = Path(out_dir)
+    ctx = ctx or DistContext(device=resolve_device(spec.device))
+    harness = harness or validate_spec(spec, task)
+    prepare_output(spec, out, resume=resume, ctx=ctx)
+    stop = stop or StopSignal()
+
+    from tqdm.auto import tqdm
+
+    plan = list(_runs(spec))
+    records: list[dict[str, Any]] = []
+    done = sum(is_finished(out / "runs" / name) for _, _, name in plan)
+    with tqdm(
+        total=len(plan),
+        initial=done,
+        desc="runs",
+        position=0,
+        dynamic_ncols=True,
+        disable=not (progress and ctx.is_main),
+    ) as bar:
+        for heads, seed, name in plan:
+            run_dir = out / "runs" / name
+            finished = is_finished(run_dir)
+            if not finished and _agree(stop.requested, ctx):  # e.g. Ctrl-C during analysis
+                raise TrainingInterrupted(run_dir, 0, spec.steps)
+            record = train_run(
+                harness,
+                heads,
+                seed,
+                run_dir,
+                ctx=ctx,
+                stop=stop,
+                stop_at_step=stop_at_step,
+                progress=progress,
+                model_factory=model_factory,
+            )
+            records.append(record)
+            if not finished:
+                bar.update(1)
+    return _finish(spec, harness, out, records, ctx, wall_time_s=time.perf_counter() - started)
+
+
+def analyze(
+    out_dir: str | Path,
+    *,
+    model_factory: ModelFactory | None = None,
+    task: Any = None,
+    device: str = "cpu",
+    progress: bool = False,
+) -> CompareReport:
+    """Recompute the per-layer analysis of every finished run from its final checkpoint.
+
+    Each run's ``result.json`` gets the new ``analysis`` (rewritten atomically), then
+    ``results.json``, ``results.csv`` and the plots (including the per-layer figures)
+    are rebuilt. Runs that have not finished are left alone.
+
+    Args:
+        out_dir: a comparison folder.
+        model_factory: builds a model from ``(harness, heads)``; default the task's
+            reference model.
+        task: a prebuilt task object (tests).
+        device: where to run the models.
+        progress: show a tqdm bar.
+
+    Returns:
+        The rebuilt :class:`CompareReport`.
+
+    Raises:
+        FileNotFoundError: ``out_dir`` holds no comparison.
+        ValueError: no run has finished yet, or a checkpoint does not match its run.
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    spec = load_spec(out).resolved()
+    harness = make_harness(spec, task)
+    ctx = DistContext(device=resolve_device(device))
+    factory = model_factory or (lambda h, heads: h.build_model(heads))
+    records = []
+    plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[2])]
+    if not plan:
+        raise ValueError(f"{out}: expected at least one finished run to analyze, got none")
+    for heads, _seed, name in tqdm(plan, desc="analyze", disable=not progress):
+        run_dir = out / "runs" / name
+        record = read_json(run_dir / RESULT_NAME)
+        saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
+        if saved is None or int(saved["step"]) != spec.steps:
+            raise ValueError(
+                f"{run_dir}: expected the final checkpoint of a finished run, found none"
+            )
+        model = factory(harness, heads)
+        model.load_state_dict(saved["model"])
+        model.to(ctx.device)
+        record["analysis"] = harness.layer_metrics(model, ctx.device)
+        atomic_write_json(run_dir / RESULT_NAME, record)
+        records.append(record)
+    previous = out / RESULTS_NAME
+    wall = float(read_json(previous).get("wall_time_s", 0.0)) if previous.is_file() else 0.0
+    return _finish(spec, harness, out, records, ctx, wall_time_s=wall)

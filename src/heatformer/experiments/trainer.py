@@ -1,0 +1,384 @@
+"""Train one run (one head schedule, one seed), resumably.
+
+A run lives in its own folder:
+
+- ``checkpoint.pt`` -- model, optimizer, data-generator and torch RNG states, the step
+  and the curves so far; written atomically every ``ckpt_every`` steps, when a stop is
+  requested, and at the end (the final weights, which ``heatformer analyze`` reads).
+- ``result.json`` -- written atomically *last*, after the final checkpoint and the
+  analysis. Its presence is what makes a run finished; nothing else counts.
+
+Resuming restores every piece of state the next step depends on, so on the CPU a
+resumed run produces the same loss curve, bit for bit, as an uninterrupted one.
+
+The seed sets the global torch RNG right before the model is built (the weights) and
+seeds a private CPU :class:`torch.Generator` that draws every training batch (the
+batch order); dropout uses the global RNG, whose state is checkpointed too.
+
+Stops are cooperative: :class:`StopSignal` turns SIGINT/SIGTERM into a flag that the
+loop reads after each optimizer step, so the checkpoint always holds a consistent
+state. A second Ctrl-C (more than 2 s after the first) stops at once (a plain
+:class:`KeyboardInterrupt`); the run then resumes from its last periodic checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from heatformer.experiments.checkpoint import (
+    atomic_write_json,
+    load_checkpoint,
+    read_json,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
+from heatformer.experiments.distributed import DistContext
+from heatformer.experiments.harness import TaskHarness, autocast
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "RESULT_NAME",
+    "ModelFactory",
+    "StopSignal",
+    "TrainingInterrupted",
+    "build_optimizer",
+    "is_finished",
+    "train_run",
+]
+
+#: File names inside a run folder.
+CHECKPOINT_NAME = "checkpoint.pt"
+RESULT_NAME = "result.json"
+
+#: ``factory(harness, heads) -> model``; the default is ``harness.build_model(heads)``.
+ModelFactory = Callable[[TaskHarness, str], nn.Module]
+
+
+class TrainingInterrupted(Exception):
+    """A run stopped on request after saving a checkpoint; resume it later.
+
+    Attributes:
+        run_dir: the run folder.
+        step: the last completed step (saved in the checkpoint).
+        steps: the run's total number of steps.
+    """
+
+    def __init__(self, run_dir: Path, step: int, steps: int) -> None:
+        super().__init__(f"stopped at step {step}/{steps}; checkpoint saved in {run_dir}")
+        self.run_dir = run_dir
+        self.step = step
+        self.steps = steps
+
+
+class StopSignal:
+    """A stop request set by SIGINT/SIGTERM (while :meth:`installed`) or by code.
+
+    Examples:
+        >>> stop = StopSignal()
+        >>> stop.requested
+        False
+        >>> stop.request("test")
+        >>> stop.requested, stop.reason
+        (True, 'test')
+    """
+
+    #: Seconds after the first signal during which repeats are ignored: a Ctrl-C reaches
+    #: a ``torchrun`` worker twice (from the terminal and forwarded by the launcher).
+    grace_s = 2.0
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.reason = ""
+        self._first_signal: float | None = None
+
+    def request(self, reason: str = "stop requested") -> None:
+        """Ask the training loop to stop after the current step."""
+        if not self.requested:
+            self.requested, self.reason = True, reason
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self._first_signal is None:
+            self._first_signal = now
+        elif signum == signal.SIGINT and now - self._first_signal > self.grace_s:
+            raise KeyboardInterrupt  # a second, deliberate Ctrl-C: stop now
+        self.request(signal.Signals(signum).name)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopSignal]:
+        """Route SIGINT and SIGTERM to :meth:`request` inside the ``with`` block.
+
+        Outside the main thread (where Python cannot install handlers) this does
+        nothing and Ctrl-C raises :class:`KeyboardInterrupt` as usual.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for sig in previous:
+                signal.signal(sig, self._handle)
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def is_finished(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` finished (its ``result.json`` exists)."""
+    return (run_dir / RESULT_NAME).is_file()
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (biases, norms and gains are not decayed).
+
+    Args:
+        model: the model.
+        lr: learning rate (the loop overwrites it every step from the schedule).
+        weight_decay: decay of the parameters with 2 or more dimensions.
+
+    Returns:
+        The optimizer, betas ``(0.9, 0.95)``.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+
+def _model_config_dict(model: nn.Module) -> dict[str, Any] | None:
+    config = getattr(model, "config", None)
+    if config is not None and dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return None
+
+
+def _run_key(harness: TaskHarness, heads: str, seed: int) -> dict[str, Any]:
+    return {"spec": harness.spec.fingerprint(), "heads": heads, "seed": seed}
+
+
+def _describe_mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    diffs = []
+    for key in sorted(set(saved) | set(now)):
+        if isinstance(saved.get(key), dict) and isinstance(now.get(key), dict):
+            inner = _describe_mismatch(saved[key], now[key])
+            if inner:
+                diffs.append(inner)
+        elif saved.get(key) != now.get(key):
+            diffs.append(f"{key}: saved {saved.get(key)!r}, now {now.get(key)!r}")
+    return "; ".join(diffs)
+
+
+def train_run(
+    harness: TaskHarness,
+    heads: str,
+    seed: int,
+    run_dir: Path,
+    *,
+    ctx: DistContext | None = None,
+    stop: StopSignal | None = None,
+    stop_at_step: int | None = None,
+    progress: bool = False,
+    model_factory: ModelFactory | None = None,
+) -> dict[str, Any]:
+    """Train (or resume, or just read back) one run and return its record.
+
+    If ``run_dir/result.json`` exists the run is finished and its record is returned
+    as is. Otherwise the run starts from ``run_dir/checkpoint.pt`` if there is one
+    (made by the same spec, head schedule and seed -- else ``ValueError``), or from
+    scratch, trains to ``spec.steps``, evaluates every ``eval_every`` steps and at the
+    end, computes the per-layer analysis (if ``spec.analysis``), and writes
+    ``result.json`` last.
+
+    Args:
+        harness: the task harness (holds the resolved spec and the data).
+        heads: the head schedule of this run.
+        seed: the seed of this run (initial weights and batch order).
+        run_dir: the run folder (created if missing).
+        ctx: device and DDP context; default: single process on ``spec.device``.
+        stop: a stop flag (e.g. set by Ctrl-C); checked after every step.
+        stop_at_step: stop as if interrupted when the run reaches this step (for tests
+            and time-sliced jobs); ignored if ``>= spec.steps``.
+        progress: show a tqdm bar (rank 0 only).
+        model_factory: builds the model; default ``harness.build_model``.
+
+    Returns:
+        The run record: ``heads``, ``seed``, ``steps``, ``num_params``, ``train_loss``
+        (one value per step, the global-batch mean), ``evals`` (a list of
+        ``{"step": s, metric: value}``), ``final`` (metrics at the last step),
+        ``analysis`` (``{metric: [per layer]}``, empty if disabled), ``train_time_s``,
+        ``model_config``, ``world_size``.
+
+    Raises:
+        TrainingInterrupted: a stop was requested; the checkpoint is saved.
+        ValueError: the checkpoint belongs to another configuration.
+    """
+    from heatformer.experiments.distributed import resolve_device
+
+    spec = harness.spec
+    ctx = ctx or DistContext(device=resolve_device(spec.device))
+    stop = stop or StopSignal()
+    run_dir = Path(run_dir)
+    if is_finished(run_dir):
+        record: dict[str, Any] = read_json(run_dir / RESULT_NAME)
+        return record
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(run_dir)
+    ctx.barrier()
+
+    key = _run_key(harness, heads, seed)
+    device = ctx.device
+    torch.manual_seed(seed)  # initial weights
+    factory = model_factory or (lambda h, spec_heads: h.build_model(spec_heads))
+    model = factory(harness, heads).to(device)
+    optimizer = build_optimizer(model, spec.lr, spec.weight_decay)
+    generator = torch.Generator().manual_seed(seed)  # batch order
+    step, train_loss, evals, train_time = 0, [], [], 0.0
+
+    saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
+    if saved is not None:
+        if saved.get("key") != key:
+            mismatch = _describe_mismatch(saved.get("key", {}), key)
+            raise ValueError(
+                f"{run_dir / CHECKPOINT_NAME}: expected a checkpoint of this run, got one "
+                f"written for another configuration ({mismatch})"
+            )
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        generator.set_state(saved["data_generator"])
+        torch.set_rng_state(saved["torch_rng"])
+        if device.type == "cuda" and saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(saved["cuda_rng"], device)
+        step = int(saved["step"])
+        train_loss = list(saved["train_loss"])
+        evals = list(saved["evals"])
+        train_time = float(saved["train_time_s"])
+
+    def checkpoint() -> None:
+        if ctx.is_main:
+            save_checkpoint(
+                run_dir / CHECKPOINT_NAME,
+                {
+                    "key": key,
+                    "step": step,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "data_generator": generator.get_state(),
+                    "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                    "train_loss": train_loss,
+                    "evals": evals,
+                    "train_time_s": train_time,
+                },
+            )
+
+    train_model: nn.Module = model
+    if ctx.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        train_model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    if spec.compile:
+        train_model = torch.compile(train_model)  # type: ignore[assignment]
+
+    if spec.batch_size % ctx.world_size:
+        raise ValueError(
+            f"batch_size: expected a multiple of the world size {ctx.world_size}, "
+            f"got {spec.batch_size}"
+        )
+    local = spec.batch_size // ctx.world_size
+    shard = slice(ctx.rank * local, (ctx.rank + 1) * local)
+    eval_every = spec.eval_every or spec.steps
+    ckpt_every = spec.ckpt_every or eval_every
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(
+        total=spec.steps,
+        initial=step,
+        desc=f"{heads} s{seed}",
+        position=1,
+        leave=False,
+        dynamic_ncols=True,
+        disable=not (progress and ctx.is_main),
+    )
+    smoothed = train_loss[-1] if train_loss else math.nan
+    model.train()
+    try:
+        while step < spec.steps:
+            started = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = spec.lr_at(step)
+            inputs, targets = harness.train_batch(spec.batch_size, generator)  # global batch
+            inputs, targets = inputs[shard].to(device), targets[shard].to(device)
+            with autocast(device, spec.bf16):
+                logits = train_model(inputs)
+            loss = harness.loss(logits, targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if spec.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            optimizer.step()
+            step += 1
+            if stop_at_step is not None and step == stop_at_step < spec.steps:
+                stop.request(f"--stop-at-step {stop_at_step}")
+            status = torch.stack(
+                (loss.detach().float(), torch.tensor(float(stop.requested), device=device))
+            )  # (2,) local loss, local stop flag
+            if ctx.distributed:
+                dist.all_reduce(status)
+                status[0] /= ctx.world_size
+            value = float(status[0])
+            stop_requested = bool(status[1] > 0)
+            train_loss.append(value)
+            train_time += time.perf_counter() - started
+            smoothed = value if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * value
+            bar.update(1)
+            bar.set_postfix(loss=f"{smoothed:.4f}", refresh=False)
+            if step % eval_every == 0 or step == spec.steps:
+                evals.append({"step": step, **harness.evaluate(model, device, bf16=spec.bf16)})
+            if stop_requested and step < spec.steps:
+                checkpoint()
+                ctx.barrier()
+                raise TrainingInterrupted(run_dir, step, spec.steps)
+            if step % ckpt_every == 0 and step < spec.steps:
+                checkpoint()
+    finally:
+        bar.close()
+
+    checkpoint()  # the final weights, read by ``heatformer analyze``
+    record = {
+        "heads": heads,
+        "seed": seed,
+        "run": run_dir.name,
+        "steps": spec.steps,
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "train_loss": train_loss,
+        "evals": evals,
+        "final": {k: v for k, v in evals[-1].items() if k != "step"},
+        "analysis": harness.layer_metrics(model, device) if spec.analysis and ctx.is_main else {},
+        "train_time_s": train_time,
+        "model_config": _model_config_dict(model),
+        "world_size": ctx.world_size,
+    }
+    if ctx.is_main:
+        atomic_write_json(run_dir / RESULT_NAME, record)  # last: marks the run finished
+    ctx.barrier()
+    return record

@@ -1,0 +1,49 @@
+"""Two-process CPU DDP (torchrun, gloo) optimizes like one process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from heatformer.experiments.compare import run_compare
+from heatformer.experiments.spec import CompareSpec
+
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo"),
+]
+
+
+def test_two_process_ddp_matches_one_process(
+    tiny_spec: Callable[..., CompareSpec], corpus: Path, tmp_path: Path
+) -> None:
+    spec = tiny_spec(heads=("attention:1,laplacian:1",), steps=4, eval_every=4, analysis=False)
+    out = tmp_path / "ddp"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "-m", "heatformer", "train", "--task", "chars", "--text", str(corpus),
+        "--heads", spec.heads[0], "--steps", "4", "--batch-size", str(spec.batch_size),
+        "--seq-len", str(spec.seq_len), "--layers", str(spec.n_layer), "--embd", str(spec.n_embd),
+        "--lr", str(spec.lr), "--eval-every", "4", "--ckpt-every", str(spec.ckpt_every),
+        "--eval-size", str(spec.eval_size), "--no-analysis", "--no-progress", "--device", "cpu",
+        "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("report: ") == 1  # only rank 0 prints
+    (ddp,) = json.loads((out / "results.json").read_text())["runs"]
+    assert ddp["world_size"] == 2
+
+    (single,) = run_compare(spec, tmp_path / "single").results["runs"]
+    assert single["world_size"] == 1
+    assert len(ddp["train_loss"]) == len(single["train_loss"]) == 4
+    for a, b in zip(ddp["train_loss"], single["train_loss"], strict=True):
+        assert abs(a - b) < 1e-5
+    assert abs(ddp["final"]["val_loss"] - single["final"]["val_loss"]) < 1e-5

@@ -1,0 +1,311 @@
+"""Training, resuming, interrupting and reporting (heatformer.experiments.compare/trainer)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from heatformer.experiments.checkpoint import load_checkpoint, save_checkpoint
+from heatformer.experiments.compare import analyze, run_compare
+from heatformer.experiments.harness import TaskHarness
+from heatformer.experiments.spec import CompareSpec
+from heatformer.experiments.trainer import (
+    CHECKPOINT_NAME,
+    RESULT_NAME,
+    StopSignal,
+    TrainingInterrupted,
+)
+
+SpecFactory = Callable[..., CompareSpec]
+
+
+def _records(out: Path) -> list[dict]:
+    return json.loads((out / "results.json").read_text())["runs"]
+
+
+# ----------------------------------------------------------------------------- learning
+
+
+def test_short_chars_run_lowers_the_loss(tiny_spec: SpecFactory, tmp_path: Path) -> None:
+    spec = tiny_spec(heads=("attention:1,laplacian:1",), steps=40, eval_every=40, analysis=False)
+    report = run_compare(spec, tmp_path / "out")
+    (record,) = report.results["runs"]
+    first, last = np.mean(record["train_loss"][:3]), np.mean(record["train_loss"][-3:])
+    assert first > math.log(256) - 0.3  # starts near a uniform guess over bytes
+    assert last < first - 1.5
+    assert record["final"]["val_loss"] < first - 1.5
+    assert record["final"]["val_bpc"] == pytest.approx(record["final"]["val_loss"] / math.log(2))
+
+
+def test_short_digits_run_lowers_the_loss_and_beats_chance(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    spec = tiny_spec(
+        task="digits",
+        heads=("attention:1,heat:1",),
+        steps=120,
+        batch_size=32,
+        lr=1e-2,
+        n_embd=32,
+        eval_every=120,
+        analysis_size=64,
+    )
+    report = run_compare(spec, tmp_path / "out")
+    (record,) = report.results["runs"]
+    assert np.mean(record["train_loss"][-5:]) < np.mean(record["train_loss"][:5]) - 0.5
+    assert record["final"]["test_acc"] > 0.3  # chance is 0.1
+    assert record["final"]["test_loss"] < math.log(10) - 0.5
+    assert len(record["analysis"]["nc1"]) == spec.n_layer
+    assert all(v > 0 for v in record["analysis"]["effective_rank"])
+
+
+def test_recall_run_reports_accuracy_and_pooled_nc1(tiny_spec: SpecFactory, tmp_path: Path) -> None:
+    spec = tiny_spec(task="recall", heads=("attention:2",), steps=3, seq_len=40, eval_size=32,
+                     analysis_size=32)  # fmt: skip
+    report = run_compare(spec, tmp_path / "out")
+    (record,) = report.results["runs"]
+    assert set(record["final"]) == {"val_acc", "val_loss"}
+    assert 0.0 <= record["final"]["val_acc"] <= 1.0
+    assert len(record["analysis"]["nc1"]) == 2
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def test_resume_reproduces_the_uninterrupted_run_exactly(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    spec = tiny_spec(seeds=(3,), analysis=False, dropout=0.1)  # dropout: global RNG restored too
+    full = run_compare(spec, tmp_path / "full").results["runs"]
+
+    with pytest.raises(TrainingInterrupted) as info:
+        run_compare(spec, tmp_path / "cut", stop_at_step=7)
+    assert info.value.step == 7
+    first_run = tmp_path / "cut" / "runs" / info.value.run_dir.name
+    assert not (first_run / RESULT_NAME).exists()  # an interrupted run never looks finished
+    assert not (tmp_path / "cut" / "results.json").exists()
+    assert load_checkpoint(first_run / CHECKPOINT_NAME)["step"] == 7
+
+    resumed = run_compare(spec, tmp_path / "cut", resume=True).results["runs"]
+    for a, b in zip(full, resumed, strict=True):
+        assert a["train_loss"] == b["train_loss"]  # bit for bit
+        assert a["evals"] == b["evals"]
+        assert a["final"] == b["final"]
+    for name in (r["run"] for r in full):
+        wa = load_checkpoint(tmp_path / "full" / "runs" / name / CHECKPOINT_NAME)["model"]
+        wb = load_checkpoint(tmp_path / "cut" / "runs" / name / CHECKPOINT_NAME)["model"]
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_resume_skips_finished_runs(tiny_spec: SpecFactory, tmp_path: Path) -> None:
+    spec = tiny_spec(steps=4, eval_every=2, analysis=False)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingInterrupted):
+        run_compare(spec, out, stop_at_step=3)  # the first run stops at step 3 of 4
+    run_compare(spec, out, resume=True)
+    finished = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")}
+    assert len(finished) == 2
+    built = []
+
+    def factory(harness: TaskHarness, heads: str) -> nn.Module:
+        built.append(heads)
+        return harness.build_model(heads)
+
+    run_compare(spec, out, resume=True, model_factory=factory)
+    assert built == []  # nothing retrained
+    assert {p.parent.name: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")} == finished
+
+
+def test_sigint_saves_a_checkpoint_and_resume_matches(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    spec = tiny_spec(heads=("attention:2",), steps=10, ckpt_every=100, analysis=False)
+    reference = run_compare(spec, tmp_path / "ref").results["runs"][0]
+    calls = {"n": 0}
+
+    def factory(harness: TaskHarness, heads: str) -> nn.Module:
+        model = harness.build_model(heads)
+
+        def ctrl_c(module: nn.Module, args: object) -> None:
+            calls["n"] += 1
+            if calls["n"] == 4:  # the 4th training forward pass, i.e. during step 4
+                os.kill(os.getpid(), signal.SIGINT)
+
+        model.blocks[0].register_forward_pre_hook(ctrl_c)
+        return model
+
+    stop = StopSignal()
+    before = signal.getsignal(signal.SIGINT)
+    with stop.installed(), pytest.raises(TrainingInterrupted) as info:
+        run_compare(spec, tmp_path / "cut", stop=stop, model_factory=factory)
+    assert signal.getsignal(signal.SIGINT) is before  # handler restored
+    assert stop.reason == "SIGINT" and info.value.step == 4  # the step finished, then stopped
+    resumed = run_compare(spec, tmp_path / "cut", resume=True).results["runs"][0]
+    assert resumed["train_loss"] == reference["train_loss"]
+
+
+def test_checkpoint_of_another_configuration_is_refused(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    spec = tiny_spec(heads=("attention:2",), analysis=False)
+    with pytest.raises(TrainingInterrupted) as info:
+        run_compare(spec, tmp_path / "out", stop_at_step=2)
+    run_dir = info.value.run_dir
+    state = load_checkpoint(run_dir / CHECKPOINT_NAME)
+    state["key"]["spec"]["lr"] = 123.0
+    save_checkpoint(run_dir / CHECKPOINT_NAME, {k: v for k, v in state.items() if k != "format"})
+    with pytest.raises(ValueError, match=r"lr: saved 123\.0"):
+        run_compare(spec, tmp_path / "out", resume=True)
+
+
+def test_resume_with_a_different_spec_is_refused(tiny_spec: SpecFactory, tmp_path: Path) -> None:
+    spec = tiny_spec(heads=("attention:2",), steps=2, analysis=False)
+    run_compare(spec, tmp_path / "out")
+    with pytest.raises(ValueError, match="different"):
+        run_compare(tiny_spec(heads=("attention:2",), steps=3), tmp_path / "out", resume=True)
+    with pytest.raises(ValueError, match="already holds a comparison"):
+        run_compare(spec, tmp_path / "out")
+
+
+# ----------------------------------------------------------------------------- atomicity
+
+
+def test_leftover_temporary_checkpoint_is_ignored(tiny_spec: SpecFactory, tmp_path: Path) -> None:
+    spec = tiny_spec(heads=("attention:2",), analysis=False)
+    reference = run_compare(spec, tmp_path / "ref").results["runs"][0]
+    with pytest.raises(TrainingInterrupted) as info:
+        run_compare(spec, tmp_path / "out", stop_at_step=5)
+    run_dir = info.value.run_dir
+    stale = run_dir / f".{CHECKPOINT_NAME}.tmp-99999"
+    stale.write_bytes(b"half a checkpoint")  # a crash in the middle of a save
+    (run_dir / f".{RESULT_NAME}.tmp-99999").write_text('{"finished": tru')
+    resumed = run_compare(spec, tmp_path / "out", resume=True).results["runs"][0]
+    assert resumed["train_loss"] == reference["train_loss"]
+    assert not stale.exists()  # tidied up
+
+
+def test_failed_save_keeps_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
+
+    def broken_save(obj: object, handle: object) -> None:
+        handle.write(b"partial")  # type: ignore[attr-defined]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, {"step": 2, "w": torch.zeros(3)})
+    monkeypatch.undo()
+    state = load_checkpoint(path)
+    assert state["step"] == 1 and torch.equal(state["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def test_results_json_and_csv_hold_mean_and_sample_std(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    spec = tiny_spec(seeds=(0, 1, 2), steps=3, eval_every=3)
+    out = tmp_path / "out"
+    report = run_compare(spec, out)
+    results = json.loads((out / "results.json").read_text())
+    assert results["seeds"] == [0, 1, 2]
+    assert results["environment"]["torch"] == torch.__version__
+    assert results["spec"]["heads"] == list(spec.heads)
+    runs = results["runs"]
+    assert len(runs) == 6 and {(r["heads"], r["seed"]) for r in runs} == {
+        (h, s) for h in spec.heads for s in (0, 1, 2)
+    }
+    for row in results["summary"]:
+        mine = [r for r in runs if r["heads"] == row["heads"]]
+        for metric in ("val_loss", "val_bpc"):
+            values = np.array([r["final"][metric] for r in mine])
+            assert row["final"][metric]["mean"] == pytest.approx(values.mean(), rel=1e-12)
+            assert row["final"][metric]["std"] == pytest.approx(values.std(ddof=1), rel=1e-9)
+        layers = np.array([r["analysis"]["effective_rank"] for r in mine])  # (seeds, layers)
+        assert row["analysis"]["effective_rank"]["mean"] == pytest.approx(layers.mean(0).tolist())
+        assert row["analysis"]["effective_rank"]["std"] == pytest.approx(
+            layers.std(0, ddof=1).tolist()
+        )
+        assert len(mine[0]["train_loss"]) == 3 and [e["step"] for e in mine[0]["evals"]] == [3]
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 6
+    by_key = {(r["heads"], int(r["seed"])): r for r in rows}
+    for run in runs:
+        row = by_key[(run["heads"], run["seed"])]
+        assert float(row["val_loss"]) == pytest.approx(run["final"]["val_loss"])
+        assert float(row["nc1@L1"]) == pytest.approx(run["analysis"]["nc1"][1])
+    names = {p.name for p in (out / "plots").iterdir()}
+    assert {"loss_curves.png", "final_val_bpc.png", "layers_nc1.png"} <= names
+    assert [str(p.relative_to(out)) for p in report.plots] == results["plots"]
+
+
+def test_analyze_recomputes_the_analysis_from_checkpoints(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    first = run_compare(tiny_spec(steps=3, analysis=False), out)
+    assert first.summary[0]["analysis"] == {}
+    assert not (out / "plots" / "layers_nc1.png").exists()
+    report = analyze(out)
+    reference = run_compare(tiny_spec(steps=3), tmp_path / "ref")
+    for got, want in zip(report.results["runs"], reference.results["runs"], strict=True):
+        for name, values in want["analysis"].items():
+            assert got["analysis"][name] == pytest.approx(values, rel=1e-9, nan_ok=True)
+    assert (out / "plots" / "layers_nc1.png").exists()
+    saved = json.loads((out / "runs" / report.results["runs"][0]["run"] / RESULT_NAME).read_text())
+    assert saved["analysis"]["effective_rank"]
+
+
+def test_same_seed_gives_every_configuration_the_same_batches(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def factory(harness: TaskHarness, heads: str) -> nn.Module:
+        model = harness.build_model(heads)
+        batches = seen.setdefault(heads, [])
+        model.register_forward_pre_hook(
+            lambda m, args: batches.append(args[0].clone()) if m.training else None
+        )
+        return model
+
+    run_compare(tiny_spec(steps=3, analysis=False), tmp_path / "out", model_factory=factory)
+    a, b = seen.values()
+    assert len(a) == 3 and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_repeated_signal_within_the_grace_period_is_one_request() -> None:
+    stop = StopSignal()
+    stop._handle(signal.SIGINT, None)
+    stop._handle(signal.SIGINT, None)  # torchrun forwards the terminal's Ctrl-C: no abort
+    assert stop.requested and stop.reason == "SIGINT"
+    stop._first_signal -= 2 * stop.grace_s  # type: ignore[operator]
+    with pytest.raises(KeyboardInterrupt):  # a deliberate second Ctrl-C stops at once
+        stop._handle(signal.SIGINT, None)
+
+
+def test_stop_requested_between_runs_starts_no_new_run(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    stop = StopSignal()
+    stop.request("SIGINT")  # e.g. Ctrl-C while the previous run was being analyzed
+    with pytest.raises(TrainingInterrupted) as info:
+        run_compare(tiny_spec(), tmp_path / "out", stop=stop)
+    assert info.value.step == 0
+    assert not (tmp_path / "out" / "runs").exists()
