@@ -1,231 +1,238 @@
 """Benchmark DiffusionAttention layers and GPT training throughput, side by side in one run.
 
-Prints forward+backward time and peak extra memory of a DiffusionAttention layer with
-8 attention heads, 4 attention + 4 Laplacian, 4 attention + 4 heat (t = 1), the same mixed
-layer written the obvious way (materialized softmax), and top-k(32), at several N; then GPT
-training throughput with 0, 2 and 4 Laplacian heads of 8. Configurations are timed in
-interleaved rounds (median reported), so machine noise hits them alike; the ratios are the
-point. Peak memory: on CUDA ``torch.cuda.max_memory_allocated``; on CPU the process's peak
-resident set (``VmHWM``, reset through ``/proc/self/clear_refs``) minus the resident set
-before the step.
+Forward+backward time and peak extra memory of a DiffusionAttention layer with 8 attention
+heads, 4 attention + 4 Laplacian, 4 attention + 4 heat (t = 1), the same mixed layer written
+the obvious way (materialized softmax), and top-k(32), at N in {1024, 4096, 16384}; then GPT
+training throughput with 0, 2 and 4 Laplacian heads of 8.
 
-    python benchmarks/bench_layers.py             # full run (several minutes on 2 cores)
-    python benchmarks/bench_layers.py --quick     # a tiny configuration (seconds)
+Times are taken round-robin in one process (``_common.compare``), so a load spike hits every
+layer alike and the ratios stay meaningful. Peak memory of each layer is measured in a fresh
+child process (``_common.run_child`` + ``PeakRSS``: growth of the resident set over its level
+before the step, after a warm-up at a tiny size); on CUDA, ``torch.cuda.max_memory_allocated``.
+
+    python benchmarks/bench_layers.py             # full run (~10 minutes on 2 cores)
+    python benchmarks/bench_layers.py --quick     # tiny sizes (well under a minute)
+    python benchmarks/bench_layers.py --device cuda
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
 import math
-import platform
-import statistics
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+try:
+    from benchmarks._common import (
+        PeakRSS,
+        compare,
+        fmt_bytes,
+        fmt_ratio,
+        fmt_time,
+        print_machine,
+        print_table,
+        run_child,
+        target,
+    )
+except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from _common import (
+        PeakRSS,
+        compare,
+        fmt_bytes,
+        fmt_ratio,
+        fmt_time,
+        print_machine,
+        print_table,
+        run_child,
+        target,
+    )
+
 from heatformer.models import GPT, DiffusionAttention, GPTConfig
 
-# ---- measurement ---------------------------------------------------------------------------
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int:
-    """Peak memory above the level before ``fn()`` (CUDA allocator or CPU resident set)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return int(torch.cuda.max_memory_allocated() - base)
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    base = _status_kib("VmRSS")
-    fn()
-    return (_status_kib("VmHWM") - base) * 1024
-
-
-def interleaved_median(
-    fns: dict[str, Callable[[], object]], rounds: int, device: torch.device
-) -> dict[str, float]:
-    """Median seconds per call of each function, timed in interleaved rounds (1 warm-up)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for r in range(rounds + 1):
-        for name, fn in fns.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if r > 0:
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def machine(device: torch.device) -> str:
-    """One line describing the machine and torch."""
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    desc = f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    if device.type == "cuda":
-        desc += f", {torch.cuda.get_device_name(device)}"
-    return desc
-
-
-# ---- layers ----------------------------------------------------------------------------------
+HEADS = 8
 
 
 class MaterializedMixed(nn.Module):
     """The mixed layer written the obvious way: softmax materialized, ``(I - P) V`` by hand."""
 
-    def __init__(self, layer: DiffusionAttention) -> None:
+    def __init__(self, dim: int) -> None:
         super().__init__()
-        self.layer = layer
-        self.num_lap = sum(op.name == "laplacian" for op in layer.head_operators)
+        self.layer = DiffusionAttention(dim, HEADS, "attention:4,laplacian:4")
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self.layer.project_qkv(x)  # (B, H, N, Dh)
         scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, N, N)
-        p = torch.softmax(scores, dim=-1)
-        pv = p @ v
-        h = self.layer.num_heads - self.num_lap
-        y = torch.cat([pv[:, :h], v[:, h:] - pv[:, h:]], dim=1)
+        pv = torch.softmax(scores, dim=-1) @ v
+        y = torch.cat([pv[:, :4], v[:, 4:] - pv[:, 4:]], dim=1)
         return self.layer.merge_heads(y)
 
 
-def layer_table(
-    ns: list[int], batch: int, dim: int, heads: int, rounds: int, device: torch.device,
-    big_batch_n: int,
-) -> list[tuple[int, str, float, int]]:  # fmt: skip
-    """Rows ``(N, name, seconds, peak bytes)`` for every layer kind at every N."""
-    rows = []
+#: layer name -> constructor (dim) ; dense layers only up to N = 4096
+LAYERS: dict[str, Callable[[int], nn.Module]] = {
+    "attention:8": lambda d: DiffusionAttention(d, HEADS, "attention:8"),
+    "attention:4,laplacian:4": lambda d: DiffusionAttention(d, HEADS, "attention:4,laplacian:4"),
+    "attention:4,heat:4": lambda d: DiffusionAttention(d, HEADS, "attention:4,heat:4"),
+    "materialized 4+4": MaterializedMixed,
+    "topk32 attention:4,laplacian:4": lambda d: DiffusionAttention(
+        d, HEADS, "attention:4,laplacian:4", topk=32
+    ),
+}
+DENSE_MAX_N = 4096
+
+
+def fwd_bwd(layer: nn.Module, x: Tensor) -> Callable[[], None]:
+    """One forward+backward of ``layer`` on ``x`` (grads reset each call)."""
+
+    def run() -> None:
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        layer(x).sum().backward()
+        if x.is_cuda:
+            torch.cuda.synchronize()
+
+    return run
+
+
+def child_peak(name: str, n: int, batch: int, dim: int, device: str) -> dict[str, object]:
+    """Peak extra memory of one forward+backward (run in a fresh process)."""
+    torch.manual_seed(0)
+    layer = LAYERS[name](dim).to(device)
+    fwd_bwd(layer, torch.randn(1, 64, dim, device=device, requires_grad=True))()  # warm-up
+    x = torch.randn(batch, n, dim, device=device, requires_grad=True)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fwd_bwd(layer, x)()
+        return {"peak": torch.cuda.max_memory_allocated() - base, "method": "cuda allocator"}
+    with PeakRSS() as p:
+        fwd_bwd(layer, x)()
+    return {"peak": p.extra, "method": p.method}
+
+
+def layer_rows(
+    ns: list[int], dim: int, batch_for: Callable[[int], int], repeats: int, device: str
+) -> list[dict[str, object]]:
+    """Time (round-robin) and peak memory (child processes) of every layer at every N."""
+    rows: list[dict[str, object]] = []
     for n in ns:
-        b = batch if n <= big_batch_n else 1
-        half = heads // 2
-        kinds: dict[str, nn.Module] = {}
-        if n <= 4096:
-            kinds["attention:8"] = DiffusionAttention(dim, heads, f"attention:{heads}")
-            kinds["attn:4+lap:4"] = DiffusionAttention(
-                dim, heads, f"attention:{half},laplacian:{half}"
-            )
-            kinds["attn:4+heat:4"] = DiffusionAttention(dim, heads, f"attention:{half},heat:{half}")
-            kinds["materialized 4+4"] = MaterializedMixed(kinds["attn:4+lap:4"])  # type: ignore[arg-type]
-        kinds["topk32 attn:4+lap:4"] = DiffusionAttention(
-            dim, heads, f"attention:{half},laplacian:{half}", topk=32
-        )
-        for mod in kinds.values():
-            mod.to(device)
+        b = batch_for(n)
+        names = [m for m in LAYERS if n <= DENSE_MAX_N or m.startswith("topk")]
+        torch.manual_seed(0)
         x = torch.randn(b, n, dim, device=device, requires_grad=True)
-
-        def step(mod: nn.Module, x: Tensor = x) -> Callable[[], object]:
-            def run() -> None:
-                x.grad = None
-                mod.zero_grad(set_to_none=True)
-                mod(x).sum().backward()
-
-            return run
-
-        fns = {name: step(mod) for name, mod in kinds.items()}
-        times = interleaved_median(fns, rounds if n <= 4096 else 1, device)
-        for name, fn in fns.items():
-            rows.append((n, f"B={b} " + name, times[name], peak_extra_bytes(fn, device)))
-        del kinds, fns, x
-        gc.collect()
+        fns = {m: fwd_bwd(LAYERS[m](dim).to(device), x) for m in names}
+        timings = compare(fns, repeats=repeats, warmup=1, budget_s=60.0)
+        del fns, x
+        for m in names:
+            args = ["--child", m, "--n", str(n), "--batch", str(b), "--dim", str(dim)]
+            mem = run_child(__file__, [*args, "--device", device])
+            rows.append(
+                {"n": n, "batch": b, "layer": m, "time": timings[m].median,
+                 "runs": timings[m].n, "peak": mem.get("peak"), "error": mem.get("error")}
+            )  # fmt: skip
     return rows
 
 
 def gpt_throughput(
-    lap_counts: list[int], steps: int, batch: int, seq: int, device: torch.device
+    lap_counts: list[int], repeats: int, batch: int, seq: int, device: str
 ) -> dict[int, float]:
-    """Training tokens/s of a small GPT with ``c`` Laplacian heads of 8 (interleaved)."""
-    models, opts, data = {}, {}, {}
+    """Training tokens/s of a 4-layer GPT with ``c`` Laplacian heads of 8 (round-robin)."""
     gen = torch.Generator().manual_seed(0)
+    fns = {}
     for c in lap_counts:
         heads = "attention:8" if c == 0 else f"attention:{8 - c},laplacian:{c}"
-        cfg = GPTConfig(block_size=seq, n_layer=4, n_head=8, n_embd=256, heads=heads)
         torch.manual_seed(0)
-        models[c] = GPT(cfg).to(device)
-        opts[c] = torch.optim.AdamW(models[c].parameters(), lr=3e-4)
-        data[c] = torch.randint(0, 256, (batch, seq + 1), generator=gen).to(device)
+        model = GPT(GPTConfig(block_size=seq, n_layer=4, n_head=8, n_embd=256, heads=heads))
+        model.to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        idx = torch.randint(0, 256, (batch, seq + 1), generator=gen).to(device)
 
-    def step(c: int) -> Callable[[], object]:
-        def run() -> None:
-            idx = data[c]
-            logits = models[c](idx[:, :-1])
+        def step(model: GPT = model, opt: torch.optim.Optimizer = opt, idx: Tensor = idx) -> None:
+            logits = model(idx[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
-            opts[c].zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=True)
             loss.backward()
-            opts[c].step()
+            opt.step()
+            if idx.is_cuda:
+                torch.cuda.synchronize()
 
-        return run
-
-    times = interleaved_median({str(c): step(c) for c in lap_counts}, steps, device)
-    return {c: batch * seq / times[str(c)] for c in lap_counts}
+        fns[str(c)] = step
+    timings = compare(fns, repeats=repeats, warmup=2, budget_s=120.0)
+    return {c: batch * seq / (timings[str(c)].median or math.inf) for c in lap_counts}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per configuration")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per layer")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--dim", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    torch.manual_seed(0)
+    if args.child:
+        print(json.dumps(child_peak(args.child, args.n, args.batch, args.dim, args.device)))
+        return
+
+    print_machine()
     if args.quick:
-        ns, batch, dim, rounds, big = [128, 256], 2, 64, 2, 256
-        gpt = {"steps": 2, "batch": 2, "seq": 64}
+        ns, dim, repeats, gpt = [128, 256], 64, 2, {"batch": 2, "seq": 64}
+        batch_for: Callable[[int], int] = lambda n: 2  # noqa: E731
     else:
-        ns, batch, dim, rounds, big = [1024, 4096, 16384], 4, 512, args.rounds, 1024
-        gpt = {"steps": args.rounds, "batch": 16, "seq": 256}
-    print(f"machine: {machine(device)}")
-    print(f"\nDiffusionAttention forward+backward (D={dim}, H=8, Dh={dim // 8}, median of rounds)")
-    print(f"{'N':>6}  {'layer':<32}{'time (s)':>10}{'peak extra (MB)':>17}{'time ratio':>12}")
-    rows = layer_table(ns, batch, dim, 8, rounds, device, big)
-    base: dict[int, tuple[float, int]] = {}
-    for n, name, sec, peak in rows:
-        if name.endswith("attention:8"):
-            base[n] = (sec, peak)
-        ratio = f"{sec / base[n][0]:.2f}x" if n in base else "-"
-        print(f"{n:>6}  {name:<32}{sec:>10.3f}{peak / 2**20:>17.1f}{ratio:>12}")
-    n0 = ns[0]
-    by = {name.split(" ", 1)[1]: (sec, peak) for n, name, sec, peak in rows if n == n0}
-    mixed, attn, mat = by["attn:4+lap:4"], by["attention:8"], by["materialized 4+4"]
-    print(f"\ntargets at N={n0}:")
-    _report("4+4 Laplacian time <= 1.10x all-attention", mixed[0] / attn[0], 1.10)
-    _report("4+4 Laplacian time <= 0.5x materialized", mixed[0] / mat[0], 0.5)
-    _report("4+4 Laplacian peak memory <= 1.2x all-attention", mixed[1] / max(attn[1], 1), 1.2)
-    nmax = ns[-1]
-    topk_peak = next(peak for n, name, _, peak in rows if n == nmax and "topk" in name)
-    _report(f"top-k(32) layer at N={nmax} peak memory (GB) <= 4", topk_peak / 2**30, 4.0)
+        ns, dim, repeats, gpt = [1024, 4096, 16384], 512, args.repeats, {"batch": 16, "seq": 256}
+        batch_for = lambda n: 4 if n <= 1024 else 1  # noqa: E731
+    rows = layer_rows(ns, dim, batch_for, repeats, args.device)
+    base = {r["n"]: r for r in rows if r["layer"] == "attention:8"}
+    table = []
+    for r in rows:
+        ref = base.get(r["n"])
+        t_ratio = r["time"] / ref["time"] if ref and r["time"] else None
+        m_ratio = r["peak"] / ref["peak"] if ref and r["peak"] and ref["peak"] else None
+        table.append(
+            [r["n"], r["batch"], r["layer"], fmt_time(r["time"]), r["runs"],
+             fmt_ratio(t_ratio), fmt_bytes(r["peak"]), fmt_ratio(m_ratio)]
+        )  # fmt: skip
+    print_table(
+        [
+            "N",
+            "B",
+            "layer",
+            "fwd+bwd",
+            "runs",
+            "time vs attention",
+            "peak extra",
+            "mem vs attention",
+        ],
+        table,
+        title=f"## DiffusionAttention forward+backward (D={dim}, H={HEADS}, Dh={dim // HEADS})",
+    )
+    n0, nmax = ns[0], ns[-1]
+    at = {r["layer"]: r for r in rows if r["n"] == n0}
+    mixed, attn, mat = at["attention:4,laplacian:4"], at["attention:8"], at["materialized 4+4"]
+    print(f"## targets (N={n0})")
+    target("4+4 Laplacian time / all-attention", mixed["time"] / attn["time"], 1.10,
+           higher_is_better=False)  # fmt: skip
+    target("4+4 Laplacian time / materialized softmax", mixed["time"] / mat["time"], 0.5,
+           higher_is_better=False)  # fmt: skip
+    if mixed["peak"] and attn["peak"]:
+        target("4+4 Laplacian peak memory / all-attention", mixed["peak"] / attn["peak"], 1.2,
+               higher_is_better=False)  # fmt: skip
+    topk = next(r for r in rows if r["n"] == nmax and str(r["layer"]).startswith("topk"))
+    gb = topk["peak"] / 1e9 if topk["peak"] else None
+    target(f"top-k(32) layer at N={nmax}: peak GB", gb, 4.0, higher_is_better=False)
 
-    print(f"\nGPT training throughput (4 layers, D=256, 8 heads, B={gpt['batch']}, N={gpt['seq']})")
-    tps = gpt_throughput([0, 2, 4], gpt["steps"], gpt["batch"], gpt["seq"], device)
-    for c, v in tps.items():
-        print(f"  {c} Laplacian heads of 8: {v:10.0f} tokens/s  ({v / tps[0]:.3f}x)")
-    _report("2 Laplacian heads throughput >= 0.95x all-attention", tps[2] / tps[0], 0.95, ge=True)
-
-
-def _report(what: str, value: float, bound: float, *, ge: bool = False) -> None:
-    ok = value >= bound if ge else value <= bound
-    print(f"  [{'PASS' if ok else 'FAIL'}] {what}: {value:.3f}")
+    print(f"\n## GPT training throughput (4 layers, D=256, 8 heads, B={gpt['batch']}, "
+          f"N={gpt['seq']})")  # fmt: skip
+    tps = gpt_throughput([0, 2, 4], repeats, gpt["batch"], gpt["seq"], args.device)
+    print_table(
+        ["Laplacian heads of 8", "tokens/s", "vs all-attention"],
+        [[c, f"{v:.0f}", fmt_ratio(v / tps[0])] for c, v in tps.items()],
+    )
+    target("GPT throughput with 2 Laplacian heads / all-attention", tps[2] / tps[0], 0.95)
 
 
 if __name__ == "__main__":

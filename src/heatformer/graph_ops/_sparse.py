@@ -14,6 +14,7 @@ Neither direction forms a dense ``R x R`` matrix or an ``(E, C)`` gather (measur
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,11 +78,10 @@ class _CSRMatmul(torch.autograd.Function):
         values: Tensor,
         x: Tensor,
         struct: CSRStructure,
-        struct_t: CSRStructure,
-        perm: Tensor,
+        transpose: Callable[[], tuple[CSRStructure, Tensor]],
     ) -> Tensor:
         ctx.save_for_backward(values, x)
-        ctx.struct, ctx.struct_t, ctx.perm = struct, struct_t, perm
+        ctx.struct, ctx.transpose = struct, transpose
         return _csr(struct, values) @ x
 
     @staticmethod
@@ -91,12 +91,16 @@ class _CSRMatmul(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_values = _sampled_dot(ctx.struct, grad, x)
         if ctx.needs_input_grad[1]:
-            grad_x = _csr(ctx.struct_t, values[ctx.perm]) @ grad
-        return grad_values, grad_x, None, None, None
+            struct_t, perm = ctx.transpose()  # computed once per graph, on first need
+            grad_x = _csr(struct_t, values[perm]) @ grad
+        return grad_values, grad_x, None, None
 
 
 def csr_matmul(
-    values: Tensor, x: Tensor, struct: CSRStructure, struct_t: CSRStructure, perm: Tensor
+    values: Tensor,
+    x: Tensor,
+    struct: CSRStructure,
+    transpose: Callable[[], tuple[CSRStructure, Tensor]],
 ) -> Tensor:
     """Differentiable ``A @ x`` for the CSR matrix ``A = (struct, values)``.
 
@@ -104,10 +108,10 @@ def csr_matmul(
         values: ``(E,)`` entries of ``A`` in ``struct`` order.
         x: ``(size, C)`` dense right-hand side.
         struct: structure of ``A``.
-        struct_t: structure of ``A^T`` and ``perm`` from :meth:`CSRStructure.transpose`.
-        perm: permutation with ``values_T = values[perm]``.
+        transpose: returns the structure of ``A^T`` and the permutation ``perm`` with
+            ``values_T = values[perm]`` (called only when the gradient of ``x`` is needed).
 
     Returns:
         ``(size, C)`` product.
     """
-    return _CSRMatmul.apply(values, x, struct, struct_t, perm)
+    return _CSRMatmul.apply(values, x, struct, transpose)

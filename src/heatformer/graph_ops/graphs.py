@@ -54,8 +54,13 @@ __all__ = [
     "topk_graph",
 ]
 
-#: Rows per query block in chunked computations (top-k, transpose products, dense slabs).
+#: Most query rows per block in chunked computations (top-k, transpose products, slabs).
 DEFAULT_BLOCK_SIZE = 256
+#: Fewest query rows per block when the batch is large.
+MIN_BLOCK_SIZE = 16
+#: Target entries of one ``(Bf, rows, N)`` slab (2^22 floats = 16 MiB in float32): small
+#: enough to stay cache- and allocator-friendly, large enough to amortize the loop.
+SLAB_ELEMENTS = 1 << 22
 
 
 def _numel(shape: torch.Size | tuple[int, ...]) -> int:
@@ -107,7 +112,23 @@ def _stable_topk_indices(scores: Tensor, k: int) -> Tensor:
         ``(..., R, k)`` long tensor.
     """
     n = scores.shape[-1]
-    kth = torch.topk(scores, k, dim=-1, sorted=False).values.amin(-1, keepdim=True)  # (..., R, 1)
+    if k == n:
+        return torch.arange(n, device=scores.device).expand(*scores.shape[:-1], n)
+    values, idx = torch.topk(scores, k + 1, dim=-1, sorted=True)  # (..., R, k + 1)
+    kth = values[..., k - 1 : k]  # (..., R, 1)
+    # a row is ambiguous only when an entry ties with its k-th largest value across the cut
+    ambiguous = values[..., k] == kth[..., 0]  # (..., R)
+    idx = idx[..., :k].sort(-1).values
+    if bool(ambiguous.any()):
+        rows = ambiguous.nonzero(as_tuple=True)
+        idx[rows] = _tie_broken_topk(scores[rows], kth[rows], k)
+    return idx
+
+
+def _tie_broken_topk(scores: Tensor, kth: Tensor, k: int) -> Tensor:
+    """Rows ``(M, N)`` with ties at their k-th value ``kth`` ``(M, 1)``: keep every entry above
+    it and the lowest-index tied ones; ascending column indices ``(M, k)``."""
+    n = scores.shape[-1]
     above = scores > kth
     tied = scores == kth
     need = k - above.sum(-1, keepdim=True)  # ties to keep, in index order
@@ -200,7 +221,10 @@ class Graph(ABC):
         return V.check_signal(x, self.num_nodes, self.batch_shape, self.dtype)
 
     def _blocks(self, block_size: int | None) -> list[tuple[int, int]]:
-        b = block_size or DEFAULT_BLOCK_SIZE
+        if block_size is None:  # keep a (Bf, rows, N) slab near SLAB_ELEMENTS entries
+            slab_row = max(1, _numel(self.batch_shape) * self.num_nodes)
+            block_size = min(DEFAULT_BLOCK_SIZE, max(MIN_BLOCK_SIZE, SLAB_ELEMENTS // slab_row))
+        b = block_size
         V.check_positive_int("block_size", b)
         n = self.num_nodes
         return [(s, min(s + b, n)) for s in range(0, n, b)]
@@ -226,7 +250,8 @@ class Graph(ABC):
 
         Args:
             k: edges kept per row, ``1 <= k <= N``.
-            block_size: query rows per block (default 256).
+            block_size: query rows per block (default: slabs of about ``SLAB_ELEMENTS`` entries,
+                at most 256 rows).
 
         Returns:
             A :class:`SparseGraph` with the same ``batch_shape``.
@@ -447,7 +472,8 @@ class SoftmaxGraph(Graph):
         scale: logit scale; default ``1 / sqrt(E)`` as in SDPA.
         mask: bool, broadcastable to ``(..., N, N)``; ``True`` = may attend (SDPA polarity).
         causal: also forbid attending to later positions (``j > i``).
-        block_size: query rows per block in chunked methods (default 256).
+        block_size: query rows per block in chunked methods (default: slabs of about
+            ``SLAB_ELEMENTS`` entries, at most 256 rows).
 
     Shape:
         ``propagate(x)``: ``x`` ``(..., N, C)`` -> ``(..., N, C)``.
@@ -744,8 +770,9 @@ class SparseGraph(Graph):
                     raise ValueError("row, col: an edge joins two different graphs of the batch")
                 if not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
                     raise ValueError("weight: expected finite, non-negative edge weights")
-        order = torch.argsort(row * size + col, stable=True)
-        if not bool((order == torch.arange(order.numel(), device=order.device)).all()):
+        key = row * size + col
+        if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):  # sort to row-major
+            order = torch.argsort(key, stable=True)
             row, col, weight = row[order], col[order], weight[order]
         counts = torch.bincount(row, minlength=size)
         crow = torch.zeros(size + 1, dtype=torch.long, device=row.device)
@@ -877,17 +904,18 @@ class SparseGraph(Graph):
     def propagate(self, x: Tensor) -> Tensor:
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
         bf, n, c = xf.shape
-        struct_t, perm = self._transpose()
-        y = csr_matmul(self.weight, xf.reshape(bf * n, c), self._struct, struct_t, perm)
+        y = csr_matmul(self.weight, xf.reshape(bf * n, c), self._struct, self._transpose)
         return unfold(y.reshape(bf, n, c))
 
     def propagate_transpose(self, x: Tensor) -> Tensor:
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
         bf, n, c = xf.shape
         struct_t, perm = self._transpose()
-        y = csr_matmul(
-            self.weight[perm], xf.reshape(bf * n, c), struct_t, self._struct, _inverse(perm)
-        )
+
+        def back() -> tuple[CSRStructure, Tensor]:  # (A^T)^T = A
+            return self._struct, _inverse(perm)
+
+        y = csr_matmul(self.weight[perm], xf.reshape(bf * n, c), struct_t, back)
         return unfold(y.reshape(bf, n, c))
 
     def _degree(self, index: Tensor) -> Tensor:
@@ -1038,7 +1066,8 @@ def topk_graph(
         k: ``(..., N, E)`` keys.
         k_top: edges per query, ``1 <= k_top <= N``.
         scale, mask, causal: as in :class:`SoftmaxGraph`.
-        block_size: query rows per block (default 256).
+        block_size: query rows per block (default: slabs of about ``SLAB_ELEMENTS`` entries,
+                at most 256 rows).
 
     Returns:
         :class:`SparseGraph` with ``N * k_top`` edges per graph.
