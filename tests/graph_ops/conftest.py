@@ -40,6 +40,7 @@ from heatformer.graph_ops import (
     Polynomial,
     SoftmaxGraph,
 )
+from references import adjacency_reference, laplacian_reference
 
 GRAPH_KINDS = ("dense", "softmax", "sparse")
 NORMALIZATIONS = ("rw", "sym", "combinatorial")
@@ -76,41 +77,6 @@ def softmax_reference(
     ex = np.where(allowed, np.exp(s - top), 0.0)
     z = ex.sum(-1, keepdims=True)
     return np.divide(ex, z, out=np.zeros_like(ex), where=z > 0)
-
-
-def _pinv(d: np.ndarray) -> np.ndarray:
-    return np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
-
-
-def laplacian_reference(w: np.ndarray, normalization: str) -> np.ndarray:
-    """The Laplacian of one graph ``w`` (N, N), self-loops kept, from DESIGN.md's formulas."""
-    n = w.shape[-1]
-    if normalization == "combinatorial":
-        return np.diag(w.sum(1)) - w
-    if normalization == "rw":
-        d = w.sum(1)
-        return np.diag((d > 0).astype(float)) - _pinv(d)[:, None] * w
-    if normalization == "sym":
-        ws = 0.5 * (w + w.T)
-        d = ws.sum(1)
-        s = np.sqrt(_pinv(d))
-        return np.eye(n) * (d > 0) - s[:, None] * ws * s[None, :]
-    raise ValueError(normalization)
-
-
-def adjacency_reference(w: np.ndarray, normalization: str) -> np.ndarray:
-    """The normalized adjacency ``A`` of one graph: ``D^+ W``, ``D^{+1/2} W_s D^{+1/2}``, or
-    ``I - L/dmax`` (combinatorial; ``dmax`` = the largest out-degree, 1 for an empty graph)."""
-    n = w.shape[-1]
-    if normalization == "rw":
-        return _pinv(w.sum(1))[:, None] * w
-    if normalization == "sym":
-        ws = 0.5 * (w + w.T)
-        s = np.sqrt(_pinv(ws.sum(1)))
-        return s[:, None] * ws * s[None, :]
-    dmax = w.sum(1).max()
-    dmax = dmax if dmax > 0 else 1.0
-    return np.eye(n) - laplacian_reference(w, "combinatorial") / dmax
 
 
 def _batched(fn: Callable[..., np.ndarray], w: np.ndarray, x: np.ndarray, *args) -> np.ndarray:

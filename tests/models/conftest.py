@@ -34,6 +34,7 @@ from heatformer.graph_ops import (
     Polynomial,
 )
 from heatformer.models import DiffusionAttention
+from references import adjacency_reference, laplacian_reference
 
 
 def to_numpy(x: Tensor) -> np.ndarray:
@@ -62,46 +63,13 @@ def softmax_probs(q: np.ndarray, k: np.ndarray, allowed: np.ndarray) -> np.ndarr
     return np.divide(ex, z, out=np.zeros_like(ex), where=z > 0)
 
 
-def _pinv(d: np.ndarray) -> np.ndarray:
-    return np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
-
-
-def laplacian_ref(w: np.ndarray, normalization: str) -> np.ndarray:
-    """The Laplacian of one graph ``w`` (N, N), self-loops kept (DESIGN.md's formulas)."""
-    n = w.shape[-1]
-    if normalization == "combinatorial":
-        return np.diag(w.sum(1)) - w
-    if normalization == "rw":
-        d = w.sum(1)
-        return np.diag((d > 0).astype(float)) - _pinv(d)[:, None] * w
-    if normalization == "sym":
-        ws = 0.5 * (w + w.T)
-        d = ws.sum(1)
-        s = np.sqrt(_pinv(d))
-        return np.eye(n) * (d > 0) - s[:, None] * ws * s[None, :]
-    raise ValueError(normalization)
-
-
-def adjacency_ref(w: np.ndarray, normalization: str) -> np.ndarray:
-    """``D^+ W``, ``D^{+1/2} W_s D^{+1/2}`` or ``I - L / dmax`` (combinatorial)."""
-    n = w.shape[-1]
-    if normalization == "rw":
-        return _pinv(w.sum(1))[:, None] * w
-    if normalization == "sym":
-        ws = 0.5 * (w + w.T)
-        s = np.sqrt(_pinv(ws.sum(1)))
-        return s[:, None] * ws * s[None, :]
-    dmax = w.sum(1).max()
-    return np.eye(n) - laplacian_ref(w, "combinatorial") / (dmax if dmax > 0 else 1.0)
-
-
 def operator_ref(op: DiffusionOperator, p: np.ndarray, v: np.ndarray, head: int) -> np.ndarray:
     """One head's output ``op(P, v)`` in float64; ``head`` is the head's index inside its
     operator's group (for a per-head heat time)."""
     if isinstance(op, Attention):
-        return adjacency_ref(p, "rw") @ v
+        return adjacency_reference(p, "rw") @ v
     norm = op.normalization
-    lap = laplacian_ref(p, norm)
+    lap = laplacian_reference(p, norm)
     if isinstance(op, Laplacian):
         return float(op.step) * lap @ v
     if isinstance(op, HeatKernel):
@@ -109,7 +77,7 @@ def operator_ref(op: DiffusionOperator, p: np.ndarray, v: np.ndarray, head: int)
         t_h = float(t) if t.ndim == 0 else float(t[head])
         return scipy.linalg.expm(-t_h * lap) @ v
     if isinstance(op, PersonalizedPageRank):
-        a = adjacency_ref(p, norm)
+        a = adjacency_reference(p, norm)
         return op.alpha * np.linalg.solve(np.eye(len(p)) - (1 - op.alpha) * a, v)
     if isinstance(op, Polynomial):
         coeffs = to_numpy(op.coeffs)
@@ -193,7 +161,7 @@ def mh() -> SimpleNamespace:
         to_numpy=to_numpy,
         allowed_matrix=allowed_matrix,
         softmax_probs=softmax_probs,
-        laplacian_ref=laplacian_ref,
+        laplacian_ref=laplacian_reference,
         operator_ref=operator_ref,
         diffuse_ref=diffuse_ref,
         random_layer=random_layer,
