@@ -12,7 +12,6 @@ import dataclasses
 import math
 import os
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -117,24 +116,22 @@ def _init_weights(model: nn.Module, n_layer: int) -> None:
             nn.init.zeros_(module.out_proj.weight)
 
 
-def _blocks(
-    n_layer: int, n_head: int, n_embd: int, heads: str | Sequence[str], *, causal: bool,
-    topk: int | None, dropout: float, bias: bool, qk_norm: bool, zero_init: bool, mlp_ratio: int,
-) -> nn.ModuleList:  # fmt: skip
+def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
+    """The ``n_layer`` blocks a config describes (one head spec per layer)."""
     return nn.ModuleList(
         TransformerBlock(
-            n_embd,
-            n_head,
+            config.n_embd,
+            config.n_head,
             spec,
-            topk=topk,
+            topk=config.topk,
             causal=causal,
-            dropout=dropout,
-            bias=bias,
-            qk_norm=qk_norm,
-            zero_init=zero_init,
-            mlp_ratio=mlp_ratio,
+            dropout=config.dropout,
+            bias=config.bias,
+            qk_norm=config.qk_norm,
+            zero_init=config.zero_init,
+            mlp_ratio=config.mlp_ratio,
         )
-        for spec in parse_layer_heads(heads, n_layer)
+        for spec in parse_layer_heads(config.heads, config.n_layer)
     )
 
 
@@ -150,12 +147,10 @@ def _check_config(cfg: Any) -> None:
 # ---- configs ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GPTConfig:
-    """Configuration of :class:`GPT` (a causal byte/char/token language model)."""
+@dataclass(frozen=True, kw_only=True)
+class _StackConfig:
+    """Fields every model's stack of blocks shares; configs are built with keywords."""
 
-    vocab_size: int = 256  # byte-level by default
-    block_size: int = 256  # longest context (learned absolute positions)
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
@@ -168,47 +163,36 @@ class GPTConfig:
     mlp_ratio: int = 4
 
 
-@dataclass(frozen=True)
-class ViTConfig:
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig(_StackConfig):
+    """Configuration of :class:`GPT` (a causal byte/char/token language model)."""
+
+    vocab_size: int = 256  # byte-level by default
+    block_size: int = 256  # longest context (learned absolute positions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViTConfig(_StackConfig):
     """Configuration of :class:`ViT` (image classification from patches)."""
 
     image_size: int = 8
     patch_size: int = 2
     in_channels: int = 1
     num_classes: int = 10
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    heads: str | tuple[str, ...] = "attention"
-    topk: int | None = None
-    dropout: float = 0.0
     pool: str = "cls"  # "cls" token or "mean" of the patch tokens
-    bias: bool = True
-    qk_norm: bool = False
-    zero_init: bool = False
-    mlp_ratio: int = 4
 
 
-@dataclass(frozen=True)
-class SequenceClassifierConfig:
+@dataclass(frozen=True, kw_only=True)
+class SequenceClassifierConfig(_StackConfig):
     """Configuration of :class:`SequenceClassifier` (one label per token sequence)."""
 
     vocab_size: int = 256
     num_classes: int = 2
     block_size: int = 256
     n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 128
-    heads: str | tuple[str, ...] = "attention"
-    topk: int | None = None
-    dropout: float = 0.0
     pool: str = "last"  # "last" token, "mean" over real tokens, or a "cls" token
     # (in front; at the end when causal, so that it sees the whole sequence)
     causal: bool = True
-    bias: bool = True
-    qk_norm: bool = False
-    zero_init: bool = False
-    mlp_ratio: int = 4
 
 
 # ---- models ----------------------------------------------------------------------------------
@@ -253,11 +237,7 @@ class GPT(_ConfigModel):
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = _blocks(
-            config.n_layer, config.n_head, config.n_embd, config.heads, causal=True,
-            topk=config.topk, dropout=config.dropout, bias=config.bias, qk_norm=config.qk_norm,
-            zero_init=config.zero_init, mlp_ratio=config.mlp_ratio,
-        )  # fmt: skip
+        self.blocks = _blocks(config, causal=True)
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         _init_weights(self, config.n_layer)
@@ -386,11 +366,7 @@ class ViT(_ConfigModel):
         self.cls = nn.Parameter(torch.zeros(1, 1, config.n_embd)) if extra else None
         self.pos = nn.Parameter(torch.zeros(1, num_patches + extra, config.n_embd))
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = _blocks(
-            config.n_layer, config.n_head, config.n_embd, config.heads, causal=False,
-            topk=config.topk, dropout=config.dropout, bias=config.bias, qk_norm=config.qk_norm,
-            zero_init=config.zero_init, mlp_ratio=config.mlp_ratio,
-        )  # fmt: skip
+        self.blocks = _blocks(config, causal=False)
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.head = nn.Linear(config.n_embd, config.num_classes)
         _init_weights(self, config.n_layer)
@@ -438,11 +414,7 @@ class SequenceClassifier(_ConfigModel):
         self.pos_emb = nn.Embedding(config.block_size + extra, config.n_embd)
         self.cls = nn.Parameter(torch.zeros(1, 1, config.n_embd)) if extra else None
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = _blocks(
-            config.n_layer, config.n_head, config.n_embd, config.heads, causal=config.causal,
-            topk=config.topk, dropout=config.dropout, bias=config.bias, qk_norm=config.qk_norm,
-            zero_init=config.zero_init, mlp_ratio=config.mlp_ratio,
-        )  # fmt: skip
+        self.blocks = _blocks(config, causal=config.causal)
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.head = nn.Linear(config.n_embd, config.num_classes)
         _init_weights(self, config.n_layer)
