@@ -8,7 +8,8 @@ flattened rows. ``y = A @ x`` is a ``torch.sparse`` CSR product; the backward pa
   evaluates ``dL/dy @ x^T`` only at the stored entries.
 
 Neither direction forms a dense ``R x R`` matrix or an ``(E, C)`` gather (measured in
-``docs/benchmarks.md``: ~35x faster than gather/scatter message passing on the CPU).
+``docs/benchmarks.md``: about 20x faster than gather/scatter message passing on the CPU,
+forward and backward).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class CSRStructure:
-    """Index structure of a CSR matrix of shape ``(size, size)``.
+    """Index structure of a CSR matrix of shape ``(size, size)``, entries in row-major order.
 
     Attributes:
         crow: ``(size + 1,)`` row pointers.
@@ -40,8 +41,9 @@ class CSRStructure:
 
     def transpose(self) -> tuple[CSRStructure, Tensor]:
         """Structure of ``A^T`` and the permutation ``perm`` with ``vals_T = vals[perm]``."""
-        key = self.col * self.size + self.row
-        perm = torch.argsort(key, stable=True)
+        # entries are in row-major order, so a stable sort by column gives (col, row) order
+        col = self.col.to(torch.int32) if self.size < 2**31 else self.col
+        perm = torch.sort(col, stable=True).indices
         row_t = self.col[perm]
         col_t = self.row[perm]
         counts = torch.bincount(row_t, minlength=self.size)

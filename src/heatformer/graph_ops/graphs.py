@@ -58,9 +58,9 @@ __all__ = [
 DEFAULT_BLOCK_SIZE = 256
 #: Fewest query rows per block when the batch is large.
 MIN_BLOCK_SIZE = 16
-#: Target entries of one ``(Bf, rows, N)`` slab (2^22 floats = 16 MiB in float32): small
+#: Target entries of one ``(Bf, rows, N)`` slab (2^24 floats = 64 MiB in float32): large
 #: enough to stay cache- and allocator-friendly, large enough to amortize the loop.
-SLAB_ELEMENTS = 1 << 22
+SLAB_ELEMENTS = 1 << 24
 
 
 def _numel(shape: torch.Size | tuple[int, ...]) -> int:
