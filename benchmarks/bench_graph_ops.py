@@ -30,6 +30,7 @@ import argparse
 import gc
 import json
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -45,36 +46,22 @@ from torch import Tensor
 from heatformer.graph_ops import SoftmaxGraph, SparseGraph, heat_kernel
 from heatformer.graph_ops.heat import poisson_order
 
-try:  # imported as benchmarks.bench_graph_ops (from the repository root)
-    from benchmarks._common import (
-        PeakRSS,
-        Timing,
-        compare,
-        cpu_busy_fraction,
-        fmt_bytes,
-        fmt_ratio,
-        fmt_time,
-        print_machine,
-        print_table,
-        run_child,
-        target,
-        wait_for_quiet,
-    )
-except ImportError:  # run as a script: benchmarks/ is sys.path[0]
-    from _common import (  # type: ignore[no-redef]
-        PeakRSS,
-        Timing,
-        compare,
-        cpu_busy_fraction,
-        fmt_bytes,
-        fmt_ratio,
-        fmt_time,
-        print_machine,
-        print_table,
-        run_child,
-        target,
-        wait_for_quiet,
-    )
+# benchmarks/ on the path, whether this runs as a script or is imported as a module
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (
+    PeakRSS,
+    Timing,
+    compare,
+    cpu_busy_fraction,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_time,
+    print_machine,
+    print_table,
+    run_child,
+    target,
+    wait_for_quiet,
+)
 
 SCRIPT = Path(__file__).resolve()
 T = 1.0  # diffusion time

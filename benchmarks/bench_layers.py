@@ -20,36 +20,27 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-try:
-    from benchmarks._common import (
-        PeakRSS,
-        compare,
-        fmt_bytes,
-        fmt_ratio,
-        fmt_time,
-        print_machine,
-        print_table,
-        run_child,
-        target,
-    )
-except ImportError:  # run as a script: benchmarks/ is sys.path[0]
-    from _common import (
-        PeakRSS,
-        compare,
-        fmt_bytes,
-        fmt_ratio,
-        fmt_time,
-        print_machine,
-        print_table,
-        run_child,
-        target,
-    )
+# benchmarks/ on the path, whether this runs as a script or is imported as a module
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (
+    PeakRSS,
+    compare,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_time,
+    print_machine,
+    print_table,
+    run_child,
+    target,
+)
 
 from heatformer.models import GPT, DiffusionAttention, GPTConfig
 
