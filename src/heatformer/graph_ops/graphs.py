@@ -583,8 +583,13 @@ class SoftmaxGraph(Graph):
         return s
 
     def _weight_rows(self, start: int, stop: int) -> Tensor:
-        s = self._score_rows(start, stop)
-        return _safe_softmax(s)
+        return self._softmax(self._score_rows(start, stop))
+
+    def _softmax(self, s: Tensor) -> Tensor:
+        """Row softmax of masked scores. Only a key mask can leave a row without any allowed
+        key (a causal row always keeps its diagonal), so without one the plain softmax is
+        exact and three passes over the ``(Bf, rows, N)`` slab cheaper."""
+        return torch.softmax(s, dim=-1) if self.mask is None else _safe_softmax(s)
 
     def _kept_weights(self, start: int, stop: int, idx: Tensor) -> Tensor:
         def kept(q: Tensor, k: Tensor) -> Tensor:
@@ -595,7 +600,7 @@ class SoftmaxGraph(Graph):
             if allowed is not None:
                 allowed = allowed.expand(k.shape[0], -1, -1).gather(-1, idx)
                 s = s.masked_fill(~allowed, float("-inf"))
-            return _safe_softmax(s)
+            return self._softmax(s)
 
         q, k = self._flat()
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
@@ -661,7 +666,7 @@ class SoftmaxGraph(Graph):
         allowed = self._allowed_rows(start, stop)
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
-        return _safe_softmax(s)
+        return self._softmax(s)
 
     def row_has_edge(self) -> Tensor:
         """Bool ``(..., N)``: which rows have at least one allowed key."""
