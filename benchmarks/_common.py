@@ -37,6 +37,7 @@ __all__ = [
     "fmt_ratio",
     "fmt_time",
     "machine_info",
+    "matmul_rate",
     "print_machine",
     "print_table",
     "rss_bytes",
@@ -228,6 +229,29 @@ def compare(
             if r < planned[name]:
                 result[name].times.append(time_call(fn))
     return result
+
+
+def matmul_rate(n: int = 1024, calls: int = 7, device: str = "cpu") -> float:
+    """Best float32 rate (flop/s) of a square ``n x n`` matrix product on this machine.
+
+    Large square products are what the BLAS does best, so this is the practical peak against
+    which the flop count of an algorithm gives a floor on its time (a *ceiling* on a speed-up).
+    Uses torch's current intra-op thread count; the fastest of ``calls`` calls is kept.
+    """
+    import torch
+
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    best = float("inf")
+    for _ in range(calls + 1):  # the first call warms up
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ b
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
 
 
 def cpu_busy_fraction(interval: float = 1.0) -> float | None:

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from heatformer.graph_ops import SoftmaxGraph, SparseGraph, heat_kernel
+from heatformer.graph_ops import DenseGraph, SoftmaxGraph, SparseGraph, heat_kernel
 from heatformer.graph_ops.heat import poisson_order
 
 # benchmarks/ on the path, whether this runs as a script or is imported as a module
@@ -56,6 +56,7 @@ from _common import (
     fmt_bytes,
     fmt_ratio,
     fmt_time,
+    matmul_rate,
     print_machine,
     print_table,
     run_child,
@@ -152,6 +153,11 @@ def heat_heatformer(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return heat_kernel(SoftmaxGraph(q, k), v, T, method="series", tol=TOL)
 
 
+def heat_heatformer_dense(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The same series on ``P`` materialized once (``B*H*N^2`` memory): the opt-in recipe."""
+    return heat_kernel(DenseGraph(SoftmaxGraph(q, k).to_dense()), v, T, method="series", tol=TOL)
+
+
 def heat_matrix_exp(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     p = _dense_p(q, k)  # (B, H, N, N)
     lap = torch.eye(p.shape[-1], dtype=p.dtype) - p  # L = I - P
@@ -236,12 +242,18 @@ def bench_heat(cfg: Config, args: argparse.Namespace, results: dict) -> list[str
     out: dict[str, Any] = {"configs": []}
     prev: dict[str, tuple[int, int, float]] = {}  # method -> (N, H, seconds) of last run
     gdc = make_gdc(gdc_eps)
+    rate = matmul_rate()
+    notes_ceiling: list[str] = []
+    out["matmul_rate_flops"] = rate
     for idx, (n, h) in enumerate(cfg.heat_sizes):
         q, k, v = _qkv(n, h, cfg.head_dim)
         edge_index = _all_pairs(n)
         gdc_stats: dict[str, float] = {}
         fns: dict[str, Callable[[], Any]] = {
             "heatformer series": lambda q=q, k=k, v=v: heat_heatformer(q, k, v),
+            "heatformer series, P materialized": lambda q=q, k=k, v=v: heat_heatformer_dense(
+                q, k, v
+            ),
             "one propagate (SDPA)": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v),
             "materialize P": lambda q=q, k=k: _dense_p(q, k),
             "torch.linalg.matrix_exp": lambda q=q, k=k, v=v: heat_matrix_exp(q, k, v),
@@ -290,6 +302,7 @@ def bench_heat(cfg: Config, args: argparse.Namespace, results: dict) -> list[str
             err_rows, out["errors"] = _heat_errors(q, k, v, gdc, edge_index)
         if n == 1024 and not args.quick:
             m = conf["methods"]
+            notes_ceiling.append(_heat_ceiling(n, h, cfg.head_dim, n_terms, m, rate))
             for other, goal in (
                 ("scipy expm_multiply f64", 5.0),
                 ("torch.linalg.matrix_exp", 10.0),
@@ -321,9 +334,42 @@ def bench_heat(cfg: Config, args: argparse.Namespace, results: dict) -> list[str
         f"H = {cfg.heat_sizes[0][1]} (max |reference| = {out['errors']['ref_max']:.3g})",
     )
     results["heat"] = out
+    if notes_ceiling:
+        print(
+            f"Ceilings from flop counts (exponentials and memory traffic free), at this "
+            f"machine's best float32 matmul rate measured in this run, {rate / 1e9:.0f} "
+            f"GFLOP/s (1024 x 1024 product):"
+        )
+        for note_line in notes_ceiling:
+            print("  " + note_line)
+        print()
     printed = [target(name, r, goal) for name, r, goal in lines]
     print()
     return printed
+
+
+def _heat_ceiling(n: int, h: int, d: int, terms: int, m: dict[str, Any], rate: float) -> str:
+    """How fast ``matrix_exp`` could be made to look, given the flops of each series.
+
+    Without ``P`` stored, every one of the ``terms`` propagations recomputes ``q k^T`` and
+    multiplies by ``v``: ``4 N^2 d`` flops per head. With ``P`` materialized once, ``2 N^2 d``
+    for the scores plus ``2 N^2 d`` per term.
+    """
+    implicit = h * terms * 4 * n * n * d
+    materialized = h * (terms + 1) * 2 * n * n * d
+    t_exp = m.get("torch.linalg.matrix_exp", {}).get("median_s")
+    if t_exp is None:
+        return f"N={n}, H={h}: matrix_exp not timed"
+    best_implicit = t_exp / (implicit / rate)
+    best_mat = t_exp / (materialized / rate)
+    sdpa = m.get("one propagate (SDPA)", {}).get("median_s")
+    sdpa_rate = f"{h * 4 * n * n * d / sdpa / 1e9:.0f} GFLOP/s" if sdpa else "not timed"
+    return (
+        f"N={n}, H={h}: the series without P stored needs {implicit / 1e9:.1f} GFLOP "
+        f"(>= {fmt_time(implicit / rate)}), so matrix_exp ({fmt_time(t_exp)}) can be at most "
+        f"{best_implicit:.1f}x slower; with P materialized {materialized / 1e9:.1f} GFLOP, at "
+        f"most {best_mat:.1f}x. One SDPA propagate ran at {sdpa_rate}."
+    )
 
 
 def _heat_errors(q: Tensor, k: Tensor, v: Tensor, gdc: Any, edge_index: Tensor) -> tuple:
@@ -334,6 +380,7 @@ def _heat_errors(q: Tensor, k: Tensor, v: Tensor, gdc: Any, edge_index: Tensor) 
         ("heatformer series on float64 inputs", "float64"): heat_heatformer(
             q.double(), k.double(), v.double()
         ),
+        ("heatformer series, P materialized", "float32"): heat_heatformer_dense(q, k, v),
         ("torch.linalg.matrix_exp", "float32"): heat_matrix_exp(q, k, v),
         ("scipy expm_multiply", "float64"): heat_expm_multiply(q, k, v, np.float64),
         ("scipy expm_multiply", "float32"): heat_expm_multiply(q, k, v, np.float32),

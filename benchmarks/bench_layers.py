@@ -23,6 +23,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,7 @@ from _common import (
     fmt_bytes,
     fmt_ratio,
     fmt_time,
+    matmul_rate,
     print_machine,
     print_table,
     run_child,
@@ -155,6 +157,34 @@ def gpt_throughput(
     return {c: batch * seq / (timings[str(c)].median or math.inf) for c in lap_counts}
 
 
+def layer_flops(batch: int, n: int, dim: int, heads: int = HEADS) -> float:
+    """Matmul flops of one forward+backward of a dense layer that stores no ``N x N`` tensor.
+
+    Projections (q, k, v and out; forward, grad of input, grad of weight): ``3 * 8 B N D^2``.
+    Attention core: forward ``q k^T`` and ``P v`` (``4 B H N^2 Dh``); a backward that does
+    not keep ``P`` recomputes ``q k^T`` and forms ``dV, dP, dQ, dK`` (``10 B H N^2 Dh``).
+    Laplacian heads add element-wise work only.
+    """
+    dh = dim // heads
+    return 24.0 * batch * n * dim**2 + 14.0 * batch * heads * n * n * dh
+
+
+def _layer_ceiling(
+    mixed: dict[str, Any], mat: dict[str, Any], attn: dict[str, Any], dim: int, rate: float
+) -> None:
+    """Print what the ``<= 0.5x materialized`` target asks of the machine's matmul rate."""
+    flops = layer_flops(mixed["batch"], mixed["n"], dim)
+    goal = 0.5 * mat["time"]
+    print(
+        f"ceiling: the fused layer does >= {flops / 1e9:.1f} GFLOP of matmuls; reaching 0.5x "
+        f"the materialized layer ({fmt_time(goal)}) needs {flops / goal / 1e9:.0f} GFLOP/s "
+        f"with exponentials and element-wise work free. This machine's best float32 matmul "
+        f"in this run: {rate / 1e9:.0f} GFLOP/s; the all-attention layer ran at "
+        f"{flops / attn['time'] / 1e9:.0f} GFLOP/s and the mixed one at "
+        f"{flops / mixed['time'] / 1e9:.0f} GFLOP/s."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
@@ -212,6 +242,7 @@ def main() -> None:
     if mixed["peak"] and attn["peak"]:
         target("4+4 Laplacian peak memory / all-attention", mixed["peak"] / attn["peak"], 1.2,
                higher_is_better=False)  # fmt: skip
+    _layer_ceiling(mixed, mat, attn, dim, matmul_rate(device=args.device))
     topk = next(r for r in rows if r["n"] == nmax and str(r["layer"]).startswith("topk"))
     gb = topk["peak"] / 1e9 if topk["peak"] else None
     target(f"top-k(32) layer at N={nmax}: peak GB", gb, 4.0, higher_is_better=False)
