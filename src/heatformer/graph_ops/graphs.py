@@ -161,6 +161,9 @@ class Graph(ABC):
     row_stochastic: bool = False
     #: ``W == W^T`` by construction.
     symmetric: bool = False
+    #: every row has an out-edge, known without reading the weights (e.g. attention without a
+    #: key mask); lets the Laplacians skip masking isolated nodes. False means "unknown".
+    _rows_nonempty: bool = False
 
     @property
     @abstractmethod
@@ -543,6 +546,7 @@ class SoftmaxGraph(Graph):
         self.causal = causal
         self.block_size = block_size
         self._row_has_edge: Tensor | None = None
+        self._rows_nonempty = mask is None  # a causal row keeps its diagonal
 
     @property
     def num_nodes(self) -> int:

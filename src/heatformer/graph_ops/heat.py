@@ -101,7 +101,7 @@ def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol:
         for k in range(1, order + 1):
             term = gen.markov(term)
             weight = weight * step / k
-            acc = acc + weight * term
+            acc = torch.addcmul(acc, weight, term)  # acc + weight * term, one pass
         y = acc
     return y
 

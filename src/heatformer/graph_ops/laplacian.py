@@ -115,11 +115,15 @@ class GraphGenerator:
         """``L x``, shape ``(..., N, C)``."""
         if self.normalization == "combinatorial":
             return self._deg * x - self.graph.propagate(x)
+        if self.graph._rows_nonempty:  # no isolated node to mask: skip a pass over x
+            return x - self.adjacency(x)
         return self._has * x - self.adjacency(x)
 
     def markov(self, x: Tensor) -> Tensor:
         """``M x = x - L x / c``: non-negative, ``||M|| <= 1`` (the heat-series step)."""
         if self.normalization == "combinatorial":
+            return self.adjacency(x)
+        if self.graph._rows_nonempty:
             return self.adjacency(x)
         return self.adjacency(x) + (1.0 - self._has) * x
 
