@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from heatformer.cli import build_parser, main
+from heatformer.cli import _build_parsers, _name_the_option, build_parser, main
 from heatformer.experiments import commands
 from heatformer.experiments.spec import PRESETS
 
@@ -43,7 +44,7 @@ def tiny(text: Path, out: Path, *extra: str) -> list[str]:
             "task: expected one of ['chars', 'digits', 'recall'], got 'nope'",
         ),
         (["compare", "--heads", "laplacain:2"], "unknown operator 'laplacain'"),
-        (["compare", "--heads", "attention:3,laplacian:2"], "n_embd: expected a multiple of the 5"),
+        (["compare", "--heads", "attention:3,laplacian:2"], "--embd: expected a multiple of the 5"),
         (["compare", "--heads", "attention:2", "--heads", "attention:2"], "distinct schedules"),
         (["compare", "--heads", "attention;laplacian"], "expected 4 layer specs"),
         (["train", "--text", "/no/such/file.txt"], "no such file or directory: /no/such/file.txt"),
@@ -53,7 +54,34 @@ def tiny(text: Path, out: Path, *extra: str) -> list[str]:
         (["train", "--steps", "0"], "steps: expected a positive int, got 0"),
         (["train", "--resume", "/no/such/run"], "expected a comparison folder"),
         (["train", "--resume"], "--resume: expected a folder"),
-        (["train", "--device", "tpu"], "device: expected 'auto', 'cpu' or 'cuda[:N]'"),
+        (["train", "--device", "tpu"], "--device: expected 'auto', 'cpu' or 'cuda[:N]'"),
+        # NaN passes `< 0` checks; it used to train on and report nan silently
+        (
+            ["train", "--weight-decay", "nan"],
+            "--weight-decay: expected a finite float >= 0, got nan",
+        ),
+        (["train", "--grad-clip", "nan"], "--grad-clip: expected a finite float >= 0, got nan"),
+        (["train", "--lr", "inf"], "--lr: expected a positive float, got inf"),
+        # used to end in a ZeroDivisionError / RuntimeError traceback
+        (
+            ["train", "--task", "digits", "--patch-size", "0"],
+            "--patch-size: expected a positive int",
+        ),
+        # used to be ignored silently
+        (["train", "--stop-at-step", "0"], "--stop-at-step: expected a positive int, got 0"),
+        (["compare", "--stop-at-step", "-3"], "--stop-at-step: expected a positive int, got -3"),
+        (["train", "--threads", "0"], "--threads: expected a positive int, got 0"),
+        (
+            ["train", "--task", "digits", "--seq-len", "8"],
+            "--seq-len: only the 'chars' and 'recall' tasks use it, got task 'digits'",
+        ),
+        (["train", "--task", "recall", "--max-bytes", "99"], "--max-bytes: only the 'chars' task"),
+        (["train", "--task", "chars", "--patch-size", "4"], "--patch-size: only the 'digits' task"),
+        # library names (seeds, n_layer) become the option the user typed
+        (["train", "--seed", "-1"], "--seed: expected distinct non-negative ints, got [-1]"),
+        (["compare", "--seeds", "0"], "--seeds: expected a count >= 1, got 0"),
+        (["compare", "--layers", "0"], "--layers: expected a positive int, got 0"),
+        (["compare", "--heads", "attention:2", "--n-head", "4"], "--heads: expected head counts"),
     ],
 )
 def test_bad_input_gives_one_clear_line_and_exit_2(
@@ -67,6 +95,55 @@ def test_bad_input_gives_one_clear_line_and_exit_2(
     assert message in err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists()  # nothing written, so nothing can look finished
+
+
+@pytest.mark.parametrize(
+    ("message", "command", "expected"),
+    [
+        ("n_embd: expected 8, got 6", "train", "--embd: expected 8, got 6"),
+        ("text_path: no such file: x", "train", "--text: no such file: x"),
+        ("out_dir: expected a folder", "demo", "--out: expected a folder"),
+        ("seeds: bad", "train", "--seed: bad"),
+        ("seeds: bad", "compare", "--seeds: bad"),
+        ("layer: expected an index", "demo", "--layer: expected an index"),
+        ("layer: expected an index", "train", "layer: expected an index"),  # no such option
+        ("corpus at /x: expected text", "train", "corpus at /x: expected text"),
+        ("run_dir: nothing", "analyze", "run_dir: nothing"),  # a positional keeps its name
+        ("no colon at all", "train", "no colon at all"),
+    ],
+)
+def test_errors_name_the_option_the_user_typed(message: str, command: str, expected: str) -> None:
+    _, subparsers = _build_parsers()
+    assert _name_the_option(message, subparsers[command]) == expected
+
+
+def test_unwritable_output_folder_is_refused_before_training(
+    text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    out = blocker / "out"  # mkdir fails with NotADirectoryError, even as root
+    code = main(["train", *tiny(text, out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("heatformer train: error: --out: expected a folder that can be created")
+    assert f"got {out} (" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert blocker.read_text() == "not a folder"
+
+
+def test_diverging_run_stops_with_a_clear_error_not_a_nan_report(
+    text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    code = main(["train", *tiny(text, out), "--lr", "1e30", "--grad-clip", "0", "--no-analysis"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("heatformer train: error: run c00-attention-s0: expected a finite ")
+    assert re.search(r"got (nan|inf|-inf) at step [1-4]/4", err)
+    assert f"kept in {out}" in err and len(err.strip().splitlines()) == 1
+    # nothing looks finished and no NaN table was written
+    assert not list(out.glob("runs/*/result.json")) and not (out / "results.json").exists()
 
 
 def test_cuda_request_without_cuda_is_refused(

@@ -1,8 +1,9 @@
 """The ``heatformer`` command.
 
 Subcommands are registered in :data:`COMMANDS` (name -> (help, add_arguments, run)); each
-``run`` returns the process exit code. Errors in user input print one clear line to stderr
-and exit with status 2.
+``run`` returns the process exit code. Errors in user input (``ValueError``, ``TypeError``,
+``FileNotFoundError``) print one clear line to stderr, naming the option, and exit with
+status 2; other file-system errors print one line and exit with status 1.
 """
 
 from __future__ import annotations
@@ -89,8 +90,7 @@ COMMANDS: dict[str, tuple[str, AddArgs, Run]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every registered subcommand."""
+def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="heatformer",
         description="Attention matrices as graphs: diffusion heads for transformers.",
@@ -99,14 +99,44 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"heatformer {heatformer.__version__}"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = {}
     for name, (help_text, add_args, _) in COMMANDS.items():
-        add_args(sub.add_parser(name, help=help_text, description=help_text))
-    return parser
+        subparsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+        add_args(subparsers[name])
+    return parser, subparsers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every registered subcommand."""
+    return _build_parsers()[0]
+
+
+#: Argument names used by the library that differ from the option's dest.
+_ALIASES = {"text_path": "text", "npz_path": "npz", "out_dir": "out", "seeds": "seed"}
+
+
+def _name_the_option(message: str, parser: argparse.ArgumentParser) -> str:
+    """``"n_embd: expected ..."`` -> ``"--embd: expected ..."`` for the subcommand's options.
+
+    Library errors name the argument (``steps``, ``n_embd``, ``text_path``); on the command
+    line the user typed an option, so the message should name that. Messages that do not
+    start with the name of one of the subcommand's options are returned unchanged.
+    """
+    name, sep, rest = message.partition(": ")
+    if not sep or not name.isidentifier():
+        return message
+    flags = {
+        action.dest: next(o for o in action.option_strings if o.startswith("--"))
+        for action in parser._actions
+        if any(o.startswith("--") for o in action.option_strings)
+    }
+    dest = name if name in flags else _ALIASES.get(name, "")
+    return f"{flags[dest]}: {rest}" if dest in flags else message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``heatformer`` console script."""
-    parser = build_parser()
+    parser, subparsers = _build_parsers()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -114,8 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command][2](args)
     except (ValueError, TypeError, FileNotFoundError) as err:
-        print(f"heatformer {args.command}: error: {err}", file=sys.stderr)
+        message = _name_the_option(str(err), subparsers[args.command])
+        print(f"heatformer {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except OSError as err:  # the file system refused (disk full, permissions): no traceback
+        print(f"heatformer {args.command}: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"heatformer {args.command}: interrupted", file=sys.stderr)
         return 130

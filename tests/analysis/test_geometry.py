@@ -262,12 +262,51 @@ def test_neural_collapse_equinorm_and_angles() -> None:
     cos = np.array([0, -1, 0, 0, 0, -1, -1, 0, 0, 0, -1, 0], dtype=float)
     assert stats.equiangularity.item() == pytest.approx(cos.std(), rel=1e-12)
     assert stats.max_angle.item() == pytest.approx(np.abs(cos + 1 / 3).mean(), rel=1e-12)
-    assert stats.etf_distance.item() > 0.1
+    # G: 1 on the diagonal, -1 for opposite corners; E: 1 and -1/3. <G, E> = 16/3,
+    # |G| = sqrt(8), |E| = sqrt(16/3), so the distance is sqrt(2 - 2 sqrt(2/3)).
+    assert stats.etf_distance.item() == pytest.approx(
+        math.sqrt(2 - 2 * math.sqrt(2 / 3)), rel=1e-12
+    )
 
     unequal = square * torch.tensor([[1.0], [2.0], [1.0], [2.0]], dtype=torch.float64)
     stats = neural_collapse(unequal, torch.arange(4))
     norms = np.array([1.0, 2.0, 1.0, 2.0])
     assert stats.equinorm.item() == pytest.approx(norms.std() / norms.mean(), rel=1e-12)
+
+
+def _np_nc2(h: np.ndarray, y: np.ndarray) -> list[float]:
+    """equinorm, equiangularity, max_angle, etf_distance straight from the definitions."""
+    classes = np.unique(y)
+    c = len(classes)
+    means = np.stack([h[y == k].mean(0) for k in classes])
+    centred = means - means.mean(0)
+    norms = np.sqrt((centred**2).sum(1))
+    cos = np.array(
+        [[centred[i] @ centred[j] / (norms[i] * norms[j]) for j in range(c)] for i in range(c)]
+    )
+    off = np.array([cos[i, j] for i in range(c) for j in range(c) if i != j])
+    etf = c / (c - 1) * (np.eye(c) - np.ones((c, c)) / c)
+    distance = np.sqrt(((cos / np.sqrt((cos**2).sum()) - etf / np.sqrt((etf**2).sum())) ** 2).sum())
+    return [
+        norms.std() / norms.mean(),
+        off.std(),
+        np.abs(off + 1 / (c - 1)).mean(),
+        distance,
+    ]
+
+
+@pytest.mark.parametrize(("num_classes", "dim"), [(3, 2), (5, 8), (7, 4)])
+def test_neural_collapse_nc2_statistics_match_numpy(num_classes: int, dim: int) -> None:
+    # Imbalanced classes with random, unequal means: every statistic is well away from 0.
+    labels = torch.randint(num_classes, (80,), generator=_gen(40 + dim))
+    labels[:num_classes] = torch.arange(num_classes)  # every class present
+    centres = torch.randn(num_classes, dim, generator=_gen(41), dtype=torch.float64) * 3
+    features = centres[labels] + torch.randn(80, dim, generator=_gen(42), dtype=torch.float64)
+    stats = neural_collapse(features, labels)
+    expected = _np_nc2(features.numpy(), labels.numpy())
+    got = [stats.equinorm, stats.equiangularity, stats.max_angle, stats.etf_distance]
+    np.testing.assert_allclose([v.item() for v in got], expected, rtol=1e-10)
+    assert min(expected) > 1e-3  # a non-trivial case
 
 
 def test_neural_collapse_with_coinciding_class_means_is_inf() -> None:
@@ -328,6 +367,58 @@ def test_next_token_separability_skips_small_groups_masked_and_ignored_tokens() 
     assert result.probe_accuracy.item() == 1.0
     with pytest.raises(ValueError, match=r"next_tokens: expected at least 2 .* >= 5"):
         next_token_separability(x, next_tokens, mask, min_count=5)
+
+
+def _np_separability(
+    x: np.ndarray, tokens: np.ndarray, mask: np.ndarray, min_count: int, ridge: float
+) -> tuple[float, float, int, int]:
+    """The documented recipe, step by step, in NumPy."""
+    keep = mask & (tokens >= 0)
+    h, y = x[keep], tokens[keep]  # flattened (B, N) order
+    groups, counts = np.unique(y, return_counts=True)
+    big = set(groups[counts >= min_count].tolist())
+    sel = np.array([v in big for v in y])
+    h, y = h[sel], y[sel]
+    groups = np.unique(y)
+    # nc1 = tr(S_W S_B^+) / K
+    means = np.stack([h[y == g].mean(0) for g in groups])
+    centred = means - means.mean(0)
+    resid = h - means[np.searchsorted(groups, y)]
+    sigma_w = resid.T @ resid / len(h)
+    sigma_b = centred.T @ centred / len(groups)
+    nc1 = np.trace(sigma_w @ np.linalg.pinv(sigma_b)) / len(groups)
+    # even-ranked members of each group train, odd-ranked test
+    rank = np.zeros(len(y), dtype=int)
+    for g in groups:
+        rank[y == g] = np.arange((y == g).sum())
+    train = rank % 2 == 0
+    onehot = (y[:, None] == groups[None, :]).astype(float)
+    xt, yt = h[train], onehot[train]
+    xm, ym = xt.mean(0), yt.mean(0)
+    xc = xt - xm
+    lam = ridge * (xc**2).sum() / xc.shape[1]
+    weight = np.linalg.solve(xc.T @ xc + lam * np.eye(xc.shape[1]), xc.T @ (yt - ym))
+    scores = (h[~train] - xm) @ weight + ym
+    accuracy = (scores.argmax(1) == onehot[~train].argmax(1)).mean()
+    return nc1, accuracy, len(groups), len(y)
+
+
+@pytest.mark.parametrize("dim", [6, 48])  # about 40 training tokens: primal and dual ridge
+def test_next_token_separability_matches_numpy(dim: int) -> None:
+    next_tokens = torch.randint(5, (6, 16), generator=_gen(50))
+    next_tokens[0, :3] = torch.tensor([-100, 9, -100])  # ignored ids and a singleton group
+    centres = torch.randn(10, dim, generator=_gen(51), dtype=torch.float64)
+    noise = torch.randn(6, 16, dim, generator=_gen(52), dtype=torch.float64)
+    x = centres[next_tokens.clamp_min(0)] + 1.5 * noise  # overlapping groups
+    mask = _random_mask(6, 16, seed=53)
+    result = next_token_separability(x, next_tokens, mask, ridge=0.05)
+    nc1, accuracy, groups, tokens = _np_separability(
+        x.numpy(), next_tokens.numpy(), mask.numpy(), 2, 0.05
+    )
+    assert (result.num_groups, result.num_tokens) == (groups, tokens) == (5, tokens)
+    assert result.nc1.item() == pytest.approx(nc1, rel=1e-9)
+    assert result.probe_accuracy.item() == pytest.approx(accuracy, abs=1e-12)
+    assert 0.3 < accuracy < 1.0  # neither chance nor perfect: the oracle is discriminating
 
 
 def test_next_token_separability_bad_inputs() -> None:
@@ -405,6 +496,26 @@ def test_decay_rate_recovers_power_laws_and_orders_them() -> None:
     flat = spectral_decay(_with_spectrum(torch.ones(6, dtype=torch.float64), 10, 24), center=False)
     assert flat.decay_rate.item() == pytest.approx(0.0, abs=1e-10)
     assert flat.effective_rank.item() == pytest.approx(6.0, rel=1e-12)
+
+
+def test_effective_rank_and_decay_rate_match_numpy_with_mask() -> None:
+    x = torch.randn(3, 12, 5, generator=_gen(60), dtype=torch.float64)
+    x = x * torch.tensor([4.0, 2.0, 1.0, 0.5, 0.1], dtype=torch.float64)  # anisotropic
+    mask = _random_mask(3, 12, seed=61)
+    mask[2, :3], mask[2, 3:] = True, False  # 3 real tokens: centred rank 2, the rest ~0
+    result = spectral_decay(x, mask=mask)
+    for b in range(3):
+        tokens = x[b][mask[b]].numpy()
+        s = np.linalg.svd(tokens - tokens.mean(0), compute_uv=False)
+        p = s / s.sum()
+        p = p[p > 0]
+        assert result.effective_rank[b].item() == pytest.approx(
+            np.exp(-(p * np.log(p)).sum()), rel=1e-10
+        )
+        s = s[s > max(12, 5) * np.finfo(np.float64).eps * s[0]]
+        slope = np.polyfit(np.log(np.arange(1, len(s) + 1)), np.log(s), 1)[0]
+        assert result.decay_rate[b].item() == pytest.approx(-slope, rel=1e-9)
+    assert result.effective_rank[2].item() < 2.0 + 1e-12  # rank two at most
 
 
 def test_spectral_bad_inputs() -> None:

@@ -17,12 +17,14 @@ from torch import nn
 
 from heatformer.experiments.checkpoint import load_checkpoint, save_checkpoint
 from heatformer.experiments.compare import analyze, run_compare
-from heatformer.experiments.harness import TaskHarness
+from heatformer.experiments.data import RecallTask
+from heatformer.experiments.harness import TaskHarness, make_harness
 from heatformer.experiments.spec import CompareSpec
 from heatformer.experiments.trainer import (
     CHECKPOINT_NAME,
     RESULT_NAME,
     StopSignal,
+    TrainingDiverged,
     TrainingInterrupted,
 )
 
@@ -72,11 +74,29 @@ def test_short_digits_run_lowers_the_loss_and_beats_chance(
 def test_recall_run_reports_accuracy_and_pooled_nc1(tiny_spec: SpecFactory, tmp_path: Path) -> None:
     spec = tiny_spec(task="recall", heads=("attention:2",), steps=3, seq_len=40, eval_size=32,
                      analysis_size=32)  # fmt: skip
-    report = run_compare(spec, tmp_path / "out")
+    out = tmp_path / "out"
+    report = run_compare(spec, out)
     (record,) = report.results["runs"]
     assert set(record["final"]) == {"val_acc", "val_loss"}
-    assert 0.0 <= record["final"]["val_acc"] <= 1.0
+    # the reported metrics are those of the final weights on the fixed validation set,
+    # recomputed here with a plain forward pass and F.cross_entropy
+    resolved = spec.resolved()
+    harness = make_harness(resolved)
+    model = harness.build_model("attention:2")
+    model.load_state_dict(load_checkpoint(out / "runs" / record["run"] / CHECKPOINT_NAME)["model"])
+    model.eval()
+    val = RecallTask(seq_len=resolved.seq_len, val_size=resolved.eval_size)
+    inputs = torch.cat([x for x, _ in val.eval_batches(1000)])  # (32, 40)
+    targets = torch.cat([t for _, t in val.eval_batches(1000)])  # (32,)
+    assert inputs.shape == (32, 40)
+    with torch.no_grad():
+        logits = model(inputs)  # (32, num_classes)
+    want_loss = torch.nn.functional.cross_entropy(logits, targets).item()
+    want_acc = (logits.argmax(-1) == targets).double().mean().item()
+    assert record["final"]["val_loss"] == pytest.approx(want_loss, rel=1e-5)
+    assert record["final"]["val_acc"] == pytest.approx(want_acc, abs=1e-12)
     assert len(record["analysis"]["nc1"]) == 2
+    assert all(math.isfinite(v) and v > 0 for v in record["analysis"]["nc1"])
 
 
 # ----------------------------------------------------------------------------- resume
@@ -175,6 +195,61 @@ def test_resume_with_a_different_spec_is_refused(tiny_spec: SpecFactory, tmp_pat
         run_compare(tiny_spec(heads=("attention:2",), steps=3), tmp_path / "out", resume=True)
     with pytest.raises(ValueError, match="already holds a comparison"):
         run_compare(spec, tmp_path / "out")
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_finished_runs(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    spec = tiny_spec(analysis=False)  # ckpt_every=5; the second configuration breaks
+    forwards = {"n": 0}
+
+    def factory(harness: TaskHarness, heads: str) -> nn.Module:
+        model = harness.build_model(heads)
+        if heads == spec.heads[1]:
+
+            def poison(module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
+                if module.training:
+                    forwards["n"] += 1
+                    if forwards["n"] >= 7:  # from step 7 on: the weights "blew up"
+                        return output * math.nan
+                return output
+
+            model.register_forward_hook(poison)
+        return model
+
+    out = tmp_path / "out"
+    with pytest.raises(TrainingDiverged) as info:
+        run_compare(spec, out, model_factory=factory)
+    assert isinstance(info.value, ValueError)  # the CLI prints it as one line
+    assert info.value.step == 7 and math.isnan(info.value.loss)
+    assert "expected a finite training loss, got nan at step 7/12" in str(info.value)
+    broken = out / "runs" / info.value.run_dir.name
+    assert info.value.run_dir.name.startswith("c01-")
+    assert not (broken / RESULT_NAME).exists()  # never looks finished
+    assert load_checkpoint(broken / CHECKPOINT_NAME)["step"] == 5  # the last good one
+    (finished,) = out.glob("runs/*/result.json")  # the first configuration is kept
+    record = json.loads(finished.read_text())
+    assert record["heads"] == spec.heads[0] and len(record["train_loss"]) == spec.steps
+    assert all(math.isfinite(v) for v in record["train_loss"])
+
+
+def test_unwritable_output_folder_is_a_value_error_before_training(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    built: list[str] = []
+
+    def factory(harness: TaskHarness, heads: str) -> nn.Module:
+        built.append(heads)
+        return harness.build_model(heads)
+
+    with pytest.raises(ValueError, match=r"out_dir: expected a folder that can be created"):
+        run_compare(tiny_spec(), blocker / "out", model_factory=factory)
+    assert built == []  # refused before any model was trained
 
 
 # ----------------------------------------------------------------------------- atomicity

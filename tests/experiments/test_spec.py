@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -109,6 +110,24 @@ def test_spec_validation_and_round_trip() -> None:
         CompareSpec(lr=math.nan)
     with pytest.raises(ValueError, match="npz: only the 'digits' task"):
         CompareSpec(task="chars", npz="x.npz")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("weight_decay", math.nan, "weight_decay: expected a finite float >= 0, got nan"),
+        ("weight_decay", math.inf, "weight_decay: expected a finite float >= 0, got inf"),
+        ("weight_decay", -0.1, "weight_decay: expected a finite float >= 0, got -0.1"),
+        ("grad_clip", math.nan, "grad_clip: expected a finite float >= 0, got nan"),
+        ("patch_size", 0, "patch_size: expected a positive int, got 0"),
+        ("patch_size", -2, "patch_size: expected a positive int, got -2"),
+    ],
+)
+def test_spec_refuses_nan_and_non_positive_values(field: str, value: float, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CompareSpec(**{field: value})
+    edge = 1 if field == "patch_size" else 0.0  # the smallest valid value is accepted
+    assert getattr(CompareSpec(**{field: edge}), field) == edge
 
 
 def test_fingerprint_ignores_runtime_fields_only() -> None:

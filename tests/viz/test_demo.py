@@ -104,3 +104,36 @@ def test_cli_demo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ]  # fmt: skip
     assert main(["demo", "--out", str(out), "--text", "x"]) == 2
     assert "text: expected 2 to 64 bytes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--layer", "2"], "--layer: expected an index into 2 layers, got 2"),
+        (["--layer", "-3"], "--layer: expected an index into 2 layers, got -3"),
+        (["--steps", "0"], "--steps: expected a positive int, got 0"),
+        (["--out", "{blocker}/out"], "--out: expected a folder that can be created and written"),
+    ],
+)
+def test_cli_demo_refuses_bad_input_before_training(
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import heatformer.viz.demo as demo_module
+
+    trained: list[str] = []
+    monkeypatch.setattr(demo_module, "train_tiny_gpt", lambda *a, **k: trained.append("x"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = tmp_path / "out"
+    argv = [a.format(blocker=blocker) for a in argv]
+    code = main(["demo", "--out", str(out), *argv] if "--out" not in argv else ["demo", *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"heatformer demo: error: {message}")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert trained == []  # refused before minutes of training, so nothing is lost
+    assert not out.exists()

@@ -17,7 +17,7 @@ The runner (``heatformer train`` / ``compare`` / ``analyze`` on the command line
   ``results.json``, ``results.csv`` and plots; returns a :class:`CompareReport`.
 - :func:`analyze` -- recompute the per-layer token-geometry analysis from checkpoints.
 - :func:`train_run` -- one run; :class:`StopSignal` / :class:`TrainingInterrupted` for
-  cooperative Ctrl-C handling.
+  cooperative Ctrl-C handling; :class:`TrainingDiverged` when the loss stops being finite.
 """
 
 from heatformer.experiments.compare import CompareReport, analyze, run_compare
@@ -34,7 +34,12 @@ from heatformer.experiments.data import (
     stdlib_source_root,
 )
 from heatformer.experiments.spec import PRESETS, CompareSpec
-from heatformer.experiments.trainer import StopSignal, TrainingInterrupted, train_run
+from heatformer.experiments.trainer import (
+    StopSignal,
+    TrainingDiverged,
+    TrainingInterrupted,
+    train_run,
+)
 
 __all__ = [
     "PRESETS",
@@ -46,6 +51,7 @@ __all__ = [
     "RecallTask",
     "StopSignal",
     "Task",
+    "TrainingDiverged",
     "TrainingInterrupted",
     "analyze",
     "bits_per_char",

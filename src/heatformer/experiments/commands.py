@@ -55,6 +55,15 @@ _SPEC_FLAGS = {
 }
 
 
+#: argparse dest -> the tasks that read the flag; any other task refuses it.
+_TASK_FLAGS = {
+    "seq_len": ("chars", "recall"),
+    "max_bytes": ("chars",),
+    "eval_size": ("chars", "recall"),
+    "patch_size": ("digits",),
+}
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     d = {f.name: f.default for f in dataclasses.fields(_spec_cls())}
     g = parser.add_argument_group("task and data")
@@ -248,7 +257,13 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> Any:
             values["heads"] = (args.heads,)
         if args.seed is not None:
             values["seeds"] = (args.seed,)
-    return CompareSpec(**values)
+    spec = CompareSpec(**values)
+    for dest, tasks in _TASK_FLAGS.items():  # a flag the task ignores is a user mistake
+        if getattr(args, dest, None) is not None and spec.task not in tasks:
+            used_by = " and ".join(repr(task) for task in tasks)
+            verb = "task uses" if len(tasks) == 1 else "tasks use"
+            raise ValueError(f"{dest}: only the {used_by} {verb} it, got task {spec.task!r}")
+    return spec
 
 
 def _resume_dir(args: argparse.Namespace) -> Path | None:
@@ -279,8 +294,12 @@ def _execute(args: argparse.Namespace, command: str) -> int:
     from heatformer.experiments.compare import load_spec, run_compare, validate_spec
     from heatformer.experiments.distributed import setup_distributed
     from heatformer.experiments.report import format_table
-    from heatformer.experiments.trainer import StopSignal, TrainingInterrupted
+    from heatformer.experiments.trainer import StopSignal, TrainingDiverged, TrainingInterrupted
 
+    for dest in ("threads", "stop_at_step"):
+        value = getattr(args, dest)
+        if value is not None and value < 1:
+            raise ValueError(f"{dest}: expected a positive int, got {value}")
     resume_dir = _resume_dir(args)
     if resume_dir is not None:
         extra = sorted(set(_given(args)) - {"device"})
@@ -299,8 +318,6 @@ def _execute(args: argparse.Namespace, command: str) -> int:
         spec = _build_spec(args, compare=command == "compare")
     spec = spec.resolved()
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads: expected a positive int, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
@@ -345,6 +362,8 @@ def _execute(args: argparse.Namespace, command: str) -> int:
                     file=sys.stderr,
                 )
             return 130
+        except TrainingDiverged as err:  # main() prints a ValueError as one line, status 2
+            raise ValueError(f"{err}; the runs finished before it are kept in {out}") from None
         except KeyboardInterrupt:
             if ctx.is_main:
                 print(

@@ -152,7 +152,8 @@ def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistC
 
     Raises:
         ValueError: ``out_dir`` already holds a comparison (without ``resume``) or a
-            different one (with ``resume``), or is a non-empty folder of something else.
+            different one (with ``resume``), is a non-empty folder of something else,
+            or cannot be created or written.
         FileNotFoundError: ``resume`` and ``out_dir`` holds no comparison.
     """
     spec_path = out_dir / SPEC_NAME
@@ -178,12 +179,20 @@ def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistC
             f"{out_dir}: expected a new or empty folder for --out, got a non-empty one"
         )
     ctx.barrier()  # every rank checked before rank 0 creates anything
+    reason = ""
     if ctx.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(
-            spec_path, {"spec": spec.to_dict(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(
+                spec_path, {"spec": spec.to_dict(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            )
+        except OSError as err:  # before any training, so nothing is lost
+            reason = err.strerror or str(err)
+    if _agree(bool(reason), ctx):  # every rank raises, none waits for the others
+        raise ValueError(
+            f"out_dir: expected a folder that can be created and written, got {out_dir}"
+            + (f" ({reason})" if reason else "")
         )
-    ctx.barrier()
 
 
 def _finish(

@@ -123,7 +123,7 @@ class CompareSpec:
             raise ValueError("seeds: expected at least one seed, got none")
         if len(set(self.seeds)) != len(self.seeds) or any(s < 0 for s in self.seeds):
             raise ValueError(f"seeds: expected distinct non-negative ints, got {list(self.seeds)}")
-        for name in ("steps", "batch_size", "n_layer", "n_embd", "eval_size"):
+        for name in ("steps", "batch_size", "n_layer", "n_embd", "eval_size", "patch_size"):
             _positive_int(name, getattr(self, name))
         for name in ("eval_every", "ckpt_every", "seq_len", "n_head", "topk", "analysis_size"):
             if getattr(self, name) is not None:
@@ -136,11 +136,10 @@ class CompareSpec:
             raise ValueError(f"min_lr_ratio: expected a float in [0, 1], got {self.min_lr_ratio}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout: expected a float in [0, 1), got {self.dropout}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError(
-                "weight_decay, grad_clip: expected floats >= 0, got "
-                f"{self.weight_decay}, {self.grad_clip}"
-            )
+        for name in ("weight_decay", "grad_clip"):  # NaN fails both comparisons
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name}: expected a finite float >= 0, got {value}")
         if self.text is not None and self.task != "chars":
             raise ValueError(
                 f"text: only the 'chars' task reads a text corpus, got task {self.task!r}"

@@ -53,6 +53,7 @@ __all__ = [
     "RESULT_NAME",
     "ModelFactory",
     "StopSignal",
+    "TrainingDiverged",
     "TrainingInterrupted",
     "build_optimizer",
     "is_finished",
@@ -81,6 +82,30 @@ class TrainingInterrupted(Exception):
         self.run_dir = run_dir
         self.step = step
         self.steps = steps
+
+
+class TrainingDiverged(ValueError):
+    """The training loss of a run became NaN or infinite; the run stopped there.
+
+    Raised at the first non-finite loss instead of training on with NaN weights. The
+    bad step is not checkpointed: the run folder keeps its last periodic checkpoint,
+    and the runs that finished before it keep their results.
+
+    Attributes:
+        run_dir: the run folder.
+        step: the step whose loss was not finite (1-based).
+        loss: that loss.
+    """
+
+    def __init__(self, run_dir: Path, step: int, steps: int, loss: float, lr: float) -> None:
+        super().__init__(
+            f"run {run_dir.name}: expected a finite training loss, got {loss} at step "
+            f"{step}/{steps} (learning rate {lr:g}); training diverged: lower lr, keep "
+            "grad_clip > 0, or turn bf16 off"
+        )
+        self.run_dir = run_dir
+        self.step = step
+        self.loss = loss
 
 
 class StopSignal:
@@ -226,6 +251,7 @@ def train_run(
 
     Raises:
         TrainingInterrupted: a stop was requested; the checkpoint is saved.
+        TrainingDiverged: the training loss became NaN or infinite (a ``ValueError``).
         ValueError: the checkpoint belongs to another configuration.
     """
     from heatformer.experiments.distributed import resolve_device
@@ -346,6 +372,8 @@ def train_run(
                 dist.all_reduce(status)
                 status[0] /= ctx.world_size
             value = float(status[0])
+            if not math.isfinite(value):  # the same on every rank (all-reduced)
+                raise TrainingDiverged(run_dir, step, spec.steps, value, spec.lr_at(step - 1))
             stop_requested = bool(status[1] > 0)
             train_loss.append(value)
             train_time += time.perf_counter() - started

@@ -21,6 +21,7 @@ from __future__ import annotations
 import html
 import importlib
 import inspect
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from heatformer.viz.spectra import plot_frequency_responses, plot_operator_outpu
 
 __all__ = [
     "DEFAULT_TEXT",
+    "DEMO_LAYERS",
     "DemoResult",
     "LayerSnapshot",
     "build_demo",
@@ -67,6 +69,9 @@ CORPUS_MODULES = (
 
 #: The two model configurations trained by the demo: name -> head spec.
 DEMO_HEADS = {"attention:4": "attention:4", "attention:2,laplacian:2": "attention:2,laplacian:2"}
+
+#: Layers of the demo GPTs (the ``layer`` of :func:`build_demo` indexes them).
+DEMO_LAYERS = 2
 
 
 def demo_corpus(modules: Sequence[str] = CORPUS_MODULES, max_bytes: int = 400_000) -> bytes:
@@ -549,6 +554,19 @@ def _within_share(model: nn.Module, corpus: bytes, block_size: int) -> list[floa
     return shares
 
 
+def _check_writable(out: Path) -> None:
+    """Create ``out`` and write a scratch file there, or raise ``ValueError``."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise ValueError(
+            f"out_dir: expected a folder that can be created and written, got {out} "
+            f"({err.strerror or err})"
+        ) from None
+
+
 def build_demo(
     out_dir: PathLike,
     *,
@@ -579,12 +597,24 @@ def build_demo(
 
     Returns:
         The :class:`DemoResult`.
+
+    Raises:
+        ValueError: ``text`` of the wrong length, ``layer`` not an index into the
+            :data:`DEMO_LAYERS` layers, ``steps`` not positive, or an ``out_dir`` that
+            cannot be created or written (all checked before any training).
     """
     require_matplotlib()
     start = time.perf_counter()
     raw = text.encode("utf-8")
     if not 2 <= len(raw) <= 64:
         raise ValueError(f"text: expected 2 to 64 bytes of UTF-8, got {len(raw)}")
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise TypeError(f"layer: expected an int, got {type(layer).__name__}")
+    if not -DEMO_LAYERS <= layer < DEMO_LAYERS:
+        raise ValueError(f"layer: expected an index into {DEMO_LAYERS} layers, got {layer}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: expected a positive int, got {steps!r}")
+    _check_writable(Path(out_dir))
     labels = [chr(b) if b < 128 else "·" for b in raw]
     data = demo_corpus() if corpus is None else corpus
     data_bytes = data.encode("utf-8") if isinstance(data, str) else bytes(data)
@@ -598,8 +628,9 @@ def build_demo(
         done = steps
         for name, heads in configs.items():
             model, curve = train_tiny_gpt(
-                data_bytes, heads=heads, steps=steps, seed=seed, max_seconds=max_train_seconds
-            )
+                data_bytes, heads=heads, steps=steps, seed=seed, n_layer=DEMO_LAYERS,
+                max_seconds=max_train_seconds,
+            )  # fmt: skip
             models[name] = model
             losses[name] = (curve[0], float(sum(curve[-10:]) / len(curve[-10:])))
             done = min(done, len(curve))
