@@ -108,6 +108,21 @@ def _padding_cases():
             yield pytest.param(name, variant, id=f"{name}-{variant}")
 
 
+def _isolated_response(name: str) -> float:
+    """What ``GRAD_OPERATORS[name]`` does to a node with no edges at all: attention and the
+    Laplacians give 0, the heat kernel ``exp(0) = 1``, PPR ``alpha`` (``A``'s row is 0;
+    for "combinatorial" ``A = I - L/c`` has a unit diagonal there, so it sums the whole series:
+    ``1`` up to its tolerance), the polynomial ``c_0``."""
+    if name == "attention" or name.startswith("laplacian-"):
+        return 0.0
+    if name.startswith("heat-") or name == "ppr-combinatorial":
+        return 1.0
+    if name.startswith("ppr-"):
+        return 0.5
+    assert name.startswith("polynomial-"), name
+    return 0.5
+
+
 @pytest.mark.parametrize(("name", "variant"), list(_padding_cases()))
 def test_padding_token_has_finite_gradients(name, variant) -> None:
     """A node of degree 0 (padding: masked as a query *and* as a key; or an isolated node):
@@ -117,9 +132,12 @@ def test_padding_token_has_finite_gradients(name, variant) -> None:
     pattern[3, :] = False
     pattern[:, 3] = False
     graph_inputs, make_graph = graph_function(variant, pattern)
-    leaves = _leaves((*graph_inputs, torch.randn(N, 2, dtype=torch.float64)))
+    x = torch.randn(N, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    leaves = _leaves((*graph_inputs, x))
     y = GRAD_OPERATORS[name]().double()(make_graph(*leaves[:-1]), leaves[-1])
     assert bool(torch.isfinite(y).all())
+    # the isolated node's row of every Laplacian is 0, so its output is response(0) * x[3]
+    torch.testing.assert_close(y[3], _isolated_response(name) * x[3], atol=1e-7, rtol=0)
     y.square().sum().backward()
     for leaf in leaves:
         assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())

@@ -186,9 +186,15 @@ def test_symmetrized_graph_rows_blockwise(gh) -> None:
     case = gh.make_attention(4, n=7, batch=(2,), masked=True)
     g = SymmetrizedGraph(SoftmaxGraph(case.q, case.k, mask=case.mask, block_size=3))
     p = case.probs()
+    ws = 0.5 * (p + np.swapaxes(p, -1, -2))
     rows = g._weight_rows(2, 5).reshape(2, 3, 7)
-    gh.assert_close_np(rows, 0.5 * (p + np.swapaxes(p, -1, -2))[:, 2:5], atol=1e-12)
+    gh.assert_close_np(rows, ws[:, 2:5], atol=1e-12)
     assert g.symmetrize() is g
+    # every block size, through the public methods built on the row blocks
+    for block_size in (1, 2, 7):
+        kept = g.threshold(1e-300, block_size=block_size)
+        assert kept.num_edges == int((ws > 0).sum())
+        gh.assert_close_np(kept.to_dense(), ws, atol=1e-12)
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
@@ -204,6 +210,22 @@ def test_threshold_keeps_heavy_edges(gh, graph_kind, renormalize) -> None:
     assert isinstance(g, SparseGraph)
     assert g.num_edges == int((p >= eps).sum())
     gh.assert_close_np(g.to_dense(), kept, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse", "softmax"])
+def test_threshold_keeps_edges_equal_to_eps(gh, kind) -> None:
+    """``weight >= eps`` is kept, on the boundary too (weights exact in binary)."""
+    if kind == "softmax":  # uniform causal attention: row i is 1/(i+1) on keys 0..i
+        z = torch.zeros(4, 2, dtype=torch.float64)
+        g = SoftmaxGraph(z, z, causal=True)
+        w = np.tril(np.ones((4, 4))) / np.arange(1, 5)[:, None]
+    else:
+        w = np.array([[0.5, 0.25, 0.0], [0.25, 0.125, 0.625], [0.0, 0.0, 0.25]])
+        g = gh.graph_from_weights(w, kind, torch.float64)
+    for eps in (0.25, 0.5):
+        kept = g.threshold(eps)
+        assert kept.num_edges == int((w >= eps).sum())
+        gh.assert_close_np(kept.to_dense(), np.where(w >= eps, w, 0.0), atol=0)
 
 
 def test_to_sparse_keeps_nonzeros_only(gh) -> None:

@@ -115,6 +115,34 @@ def test_large_time_reaches_stationary_distribution(gh) -> None:
     gh.assert_close_np(y, expected, atol=1e-8)
 
 
+def test_float32_large_time_is_split(gh, graph_kind, normalization) -> None:
+    """DESIGN: large t is split, ``exp(-tL) = exp(-(t/s)L)^s``. Unsplit, the series' leading
+    weight ``e^{-tau}`` underflows in float32 for ``tau`` beyond ~100 and the result is 0."""
+    case = gh.make_attention(3, n=6, batch=(2,), masked=True, empty_rows=(4,), dtype=torch.float32)
+    t = 200.0
+    y = heat_kernel(case.graph(graph_kind), case.x, t, normalization=normalization, method="series")
+    assert y.dtype == torch.float32 and bool(torch.isfinite(y).all())
+    xn = gh.to_numpy(case.x)
+    expected = gh.heat_reference(case.probs(), xn, t, normalization)
+    gh.assert_close_np(y, expected, atol=1e-4 * np.abs(xn).max())
+
+
+def test_series_refusal_counts_every_split(gh, monkeypatch) -> None:
+    """``SERIES_MAX_TERMS`` bounds the total number of propagations ``s * K`` (``s`` splits of
+    order ``K``), not the order of one split. Expected plan computed here with scipy."""
+    g, x, _ = build(gh, "softmax")
+    t, tol = 100.0, 1e-6  # "rw" on attention: tau = t
+    s = int(np.ceil(t / heat_module.SERIES_MAX_STEP))
+    assert s > 1
+    order = next(k for k in range(1000) if scipy.stats.poisson.sf(k, t / s) <= tol / s)
+    total = s * order
+    monkeypatch.setattr(heat_module, "SERIES_MAX_TERMS", total - 1)
+    with pytest.raises(ValueError, match=rf"^method: 'series' refused: needs {total} propagations"):
+        heat_kernel(g, x, t, method="series", tol=tol)
+    monkeypatch.setattr(heat_module, "SERIES_MAX_TERMS", total)
+    assert select_heat_method(g, t, "rw", tol).name == "series"
+
+
 def test_poisson_order_is_smallest_sufficient() -> None:
     for tau in [0.01, 0.5, 1.0, 3.7, 8.0]:
         for tol in [1e-2, 1e-6, 1e-12]:

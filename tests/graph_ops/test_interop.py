@@ -122,6 +122,17 @@ def test_to_pyg_returns_data(gh, graph_kind) -> None:
     gh.assert_close_np(dense, case.probs()[1], atol=1e-15)
 
 
+def test_to_pyg_keeps_isolated_trailing_nodes(gh) -> None:
+    """PyG infers ``num_nodes`` from ``edge_index`` when it is missing, which would drop an
+    isolated last node: the count must be stored explicitly."""
+    w = gh.random_weights(2, 6, symmetric=False, isolated=(4, 5))
+    data = DenseGraph(torch.as_tensor(w)).to_pyg()
+    assert int(data.edge_index.max()) < 4
+    assert data.num_nodes == 6
+    dense = to_dense_adj(data.edge_index, edge_attr=data.edge_weight, max_num_nodes=6)[0]
+    np.testing.assert_array_equal(dense.numpy(), w)
+
+
 @pytest.mark.parametrize("normalization", ["combinatorial", "sym", "rw"])
 def test_laplacian_matches_pyg_without_self_loops(gh, normalization) -> None:
     """PyG's ``get_laplacian`` drops self-loops and puts 1 on isolated nodes; on a graph with
@@ -168,6 +179,7 @@ def test_scipy_round_trip(gh, graph_kind) -> None:
     np.testing.assert_array_equal(mat.toarray(), dense)
     assert mat.nnz == int((dense != 0).sum())
     back = SparseGraph.from_scipy(mat)
+    assert back.dtype == torch.float32  # the matrix's floating dtype
     np.testing.assert_array_equal(back.to_dense().numpy(), dense)
     np.testing.assert_array_equal(SparseGraph.from_scipy(mat.tocoo()).to_dense().numpy(), dense)
 
@@ -177,6 +189,19 @@ def test_from_scipy_with_duplicates_sums_them() -> None:
     g = SparseGraph.from_scipy(coo)
     np.testing.assert_array_equal(g.to_dense().numpy(), coo.toarray())
     assert g.num_nodes == 3
+    assert g.dtype == torch.float64  # float64 data keeps its precision
+
+
+def test_from_scipy_dtype_rules() -> None:
+    """A floating matrix keeps its dtype, an integer one gets torch's default, ``dtype=``
+    overrides both."""
+    ints = scipy.sparse.csr_array(np.array([[0, 2], [1, 0]]))
+    assert SparseGraph.from_scipy(ints).dtype == torch.get_default_dtype()
+    fine = scipy.sparse.csr_array(np.array([[0.0, 1 + 2**-40], [0.5, 0.0]]))
+    g = SparseGraph.from_scipy(fine)
+    assert g.dtype == torch.float64
+    np.testing.assert_array_equal(g.to_dense().numpy(), fine.toarray())  # no float32 rounding
+    assert SparseGraph.from_scipy(fine, dtype=torch.float32).dtype == torch.float32
 
 
 def test_from_scipy_non_square() -> None:

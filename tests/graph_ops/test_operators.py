@@ -15,6 +15,7 @@ from heatformer.graph_ops import (
     Laplacian,
     PersonalizedPageRank,
     Polynomial,
+    SymmetrizedGraph,
     heat_kernel,
     laplacian,
     resolve_operator,
@@ -134,11 +135,31 @@ def test_laplacian_step_scales(gh, graph_kind, normalization, step) -> None:
 def test_heat_operator_equals_functional(gh, graph_kind, normalization) -> None:
     case = gh.make_attention(9, n=5, batch=(2, 3), masked=True, empty_rows=(4,))
     g = case.graph(graph_kind)
+    xn = gh.to_numpy(case.x)
     for t in (0.0, 0.5, 4.0):  # exactly representable in float32
         op = HeatKernel(t=t, normalization=normalization, tol=1e-10)
+        y = op(g, case.x)
         torch.testing.assert_close(
-            op(g, case.x), heat_kernel(g, case.x, t, normalization=normalization, tol=1e-10)
+            y, heat_kernel(g, case.x, t, normalization=normalization, tol=1e-10)
         )
+        # and both are the golden heat kernel, not just each other
+        expected = gh.heat_reference(case.probs(), xn, t, normalization)
+        gh.assert_close_np(y, expected, atol=1e-9 * np.abs(xn).max())
+
+
+@pytest.mark.parametrize("kind", ["dense", "softmax", "sparse"])
+def test_operator_on_symmetrized_graph(gh, operator_spec, kind) -> None:
+    """A ``SymmetrizedGraph`` declares ``symmetric = True``, which lets the Laplacians skip
+    the transpose product and take the out-degree as ``W_s``'s degree: every operator on it
+    must still equal the reference on ``W_s = (W + W^T) / 2``."""
+    _, spec = operator_spec
+    case = gh.make_attention(14, n=6, batch=(2,), masked=True, causal=True, empty_rows=(2,))
+    g = SymmetrizedGraph(case.graph(kind))
+    assert g.symmetric
+    p = case.probs()
+    ws = 0.5 * (p + np.swapaxes(p, -1, -2))
+    y = spec.make()(g, case.x)
+    gh.assert_close_np(y, spec.reference(ws, gh.to_numpy(case.x)), atol=1e-10)
 
 
 def test_operator_is_permutation_equivariant(gh, operator_spec, graph_kind) -> None:

@@ -16,7 +16,7 @@ import scipy.linalg
 import torch
 from torch import nn
 
-from heatformer.graph_ops import Attention, HeatKernel, Laplacian
+from heatformer.graph_ops import Attention, HeatKernel, Laplacian, SoftmaxGraph
 from heatformer.models import DiffusionAttention, KVCache
 
 F64 = torch.float64
@@ -542,6 +542,78 @@ def test_gradcheck_mixed_heads(mh, causal, topk) -> None:
     assert torch.autograd.gradcheck(fn, (log_t,), **check)
 
 
+def test_graphs_are_each_heads_attention_graph(mh) -> None:
+    """``graphs(x, key_mask)``: the per-head graph (B, H) the layer diffuses on, dense or top-k."""
+    layer = mh.random_layer("attention:2,laplacian:2", causal=True)
+    x = mh.random_input(30)
+    key_mask = mh.padding_mask(2, 6, [6, 3])
+    g = layer.graphs(x, key_mask)
+    assert tuple(g.batch_shape) == (2, 4) and g.num_nodes == 6
+    q, k, _ = (mh.to_numpy(t) for t in layer.project_qkv(x))
+    for b in range(2):
+        allowed = mh.allowed_matrix(6, key_mask[b].numpy(), True)
+        for h in range(4):
+            expected = mh.softmax_probs(q[b, h], k[b, h], allowed)
+            np.testing.assert_allclose(mh.to_numpy(g.to_dense()[b, h]), expected, atol=1e-12)
+    sparse = clone_layer(layer, topk=2).graphs(x, key_mask)
+    assert sparse.num_edges == 2 * 4 * 6 * 2
+    dense = mh.to_numpy(sparse.to_dense())
+    assert ((dense > 0).sum(-1) <= 2).all()
+    np.testing.assert_allclose(dense[:, :, 1:].sum(-1), 1.0, atol=1e-12)  # renormalized
+
+
+def test_initialization_follows_multihead_attention() -> None:
+    """``reset_parameters``: Xavier-uniform projections and zero biases, as in
+    ``nn.MultiheadAttention`` (so ``from_mha``/``to_mha`` users see the same init)."""
+    torch.manual_seed(0)
+    layer = DiffusionAttention(32, 4, "attention:2,laplacian:2", dtype=F64)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.fill_(7.0)
+    layer.reset_parameters()
+    for lin in (layer.in_proj, layer.out_proj):
+        fan_out, fan_in = lin.weight.shape
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+        w = lin.weight.detach()
+        assert float(w.abs().max()) <= bound
+        assert float(w.std()) == pytest.approx(bound / math.sqrt(3.0), rel=0.1)  # U(-a, a)
+        assert torch.equal(lin.bias, torch.zeros_like(lin.bias))
+
+
+def test_heads_sharing_an_operator_run_as_one_batched_call(mh, monkeypatch) -> None:
+    """DESIGN: heads sharing an operator run as one call; attention and rw-Laplacian heads
+    share one fused SDPA propagation."""
+    calls: list[tuple] = []
+    heat_forward = HeatKernel.forward
+    propagate = SoftmaxGraph.propagate
+
+    def heat_spy(self, graph, x):
+        calls.append(("heat", tuple(graph.batch_shape)))
+        return heat_forward(self, graph, x)
+
+    def propagate_spy(self, x):
+        calls.append(("propagate", tuple(self.batch_shape)))
+        return propagate(self, x)
+
+    monkeypatch.setattr(HeatKernel, "forward", heat_spy)
+    monkeypatch.setattr(SoftmaxGraph, "propagate", propagate_spy)
+    layer = mh.random_layer("laplacian:1,heat[t=0.5;method=exact]:2,attention:1")
+    layer(mh.random_input(31))
+    assert calls == [("propagate", (2, 2)), ("heat", (2, 2))]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="library bug: DiffusionAttention.forward lets F.linear raise a RuntimeError for an "
+    "x of another dtype instead of a TypeError naming x",
+)
+@pytest.mark.parametrize("bad_dtype", [torch.float32, torch.int64])
+def test_input_of_the_wrong_dtype_is_a_type_error_naming_x(mh, bad_dtype) -> None:
+    layer = mh.random_layer("attention:2,laplacian:2")  # float64
+    with pytest.raises(TypeError, match=r"^x:"):
+        layer(torch.ones(2, 6, 16, dtype=bad_dtype))
+
+
 def test_factory_dtype_reaches_operator_parameters() -> None:
     layer = DiffusionAttention(
         16, 4, "heat[learnable=true]:2,laplacian[learnable=true]:2", dtype=F64
@@ -567,7 +639,14 @@ def test_dropout_only_in_training(mh) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["attention:4", "attention:2,laplacian:2", "laplacian:1,attention:3"]
+    "spec",
+    [
+        "attention:4",
+        "attention:2,laplacian:2",
+        "laplacian:1,attention:3",
+        # a Laplacian step other than 1 (fixed, and learnable) must reach the cached path too
+        "laplacian[step=0.5]:2,attention:1,laplacian[step=-1.5;learnable=true]:1",
+    ],
 )
 def test_kv_cache_chunks_equal_the_full_forward(mh, spec) -> None:
     layer = mh.random_layer(spec, causal=True)

@@ -65,6 +65,25 @@ def test_zero_init_block_leaves_x_plus_mlp(mh) -> None:
     assert plain.blocks[0].attn.out_proj.weight.abs().sum() > 0
 
 
+def test_gpt2_initialization() -> None:
+    """GPT-2 init: N(0, 0.02) weights, zero biases, and the residual projections (attention
+    ``out_proj``, MLP ``proj``) at std ``0.02 / sqrt(2 n_layer)``."""
+    torch.manual_seed(0)
+    n_layer = 8
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=n_layer, n_head=4, n_embd=64))
+    residual = 0.02 / (2 * n_layer) ** 0.5
+    n_residual = 0
+    for name, p in model.state_dict().items():
+        if name.endswith("attn.out_proj.weight") or name.endswith("mlp.proj.weight"):
+            assert float(p.std()) == pytest.approx(residual, rel=0.1), name
+            n_residual += 1
+        elif name.endswith(("in_proj.weight", "mlp.fc.weight", "tok_emb.weight", "head.weight")):
+            assert float(p.std()) == pytest.approx(0.02, rel=0.1), name
+        elif name.endswith("proj.bias") or name.endswith("fc.bias"):
+            assert not p.any(), name
+    assert n_residual == 2 * n_layer
+
+
 @pytest.mark.parametrize(
     "heads",
     [
@@ -312,6 +331,30 @@ def test_classifier_pooling_reads_the_right_token(mh) -> None:
             x = block(x)
         expected = model.head(pick(model.ln_f(x)))
         torch.testing.assert_close(model(idx), expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("pool", ["last", "mean"])
+def test_classifier_pooling_with_padding_reads_the_real_tokens(pool) -> None:
+    """With a key mask: "last" reads the last *real* token (not position ``#real - 1``, which
+    differs under left padding or holes) and "mean" averages the real tokens only."""
+    idx = tokens(10, 3, 6)
+    key_mask = torch.tensor(
+        [
+            [False, False, True, True, True, True],  # left padding: last real token at 5
+            [True, True, True, True, False, False],  # right padding: at 3
+            [True, False, True, True, False, True],  # holes: at 5, four real tokens
+        ]
+    )
+    model = tiny_classifier(pool, causal=True)
+    x = model.tok_emb(idx) + model.pos_emb(torch.arange(6))
+    for block in model.blocks:
+        x = block(x, key_mask)
+    x = model.ln_f(x)
+    if pool == "last":
+        pooled = x[torch.arange(3), torch.tensor([5, 3, 5])]
+    else:
+        pooled = torch.stack([x[b, key_mask[b]].mean(0) for b in range(3)])
+    torch.testing.assert_close(model(idx, key_mask), model.head(pooled), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("causal", [False, True])
