@@ -151,10 +151,6 @@ def test_k_out_of_range(gh, k_top) -> None:
             case.graph(kind).topk(k_top)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: topk_graph's errors say 'k:' (its keys argument), not 'k_top:'",
-)
 @pytest.mark.parametrize(("k_top", "error"), [(0, ValueError), (7, ValueError), (2.0, TypeError)])
 def test_topk_graph_errors_name_k_top(gh, k_top, error) -> None:
     """DESIGN: a bad-input error names the argument; ``topk_graph(q, k, k_top=...)`` has a
@@ -164,10 +160,6 @@ def test_topk_graph_errors_name_k_top(gh, k_top, error) -> None:
         topk_graph(case.q, case.k, k_top=k_top)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: SoftmaxGraph.topk/_blocks read block_size=0 as 'not given' (falsy)",
-)
 def test_softmax_topk_rejects_zero_block_size(gh) -> None:
     """``DenseGraph.topk(k, block_size=0)`` raises; the softmax graph must too."""
     case = gh.make_attention(0, n=6)

@@ -98,11 +98,6 @@ def test_softmax_graph_rejects(kwargs, error, pattern) -> None:
         SoftmaxGraph(args["q"], args["k"], **options)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: SoftmaxGraph raises TypeError for a non-finite float scale; a bad "
-    "value of the right type is a ValueError (as for Laplacian(step=nan), alpha, tol, t)",
-)
 @pytest.mark.parametrize("scale", [math.inf, -math.inf, math.nan])
 def test_non_finite_scale_is_a_value_error(scale) -> None:
     q, k = _qk()
@@ -162,9 +157,16 @@ def test_graph_methods_reject(graph) -> None:
     with pytest.raises(ValueError, match=r"^block_size:"):
         graph.topk(2, block_size=-1)
     q, k = _qk()
-    # the message names "k" where it should name "k_top": see test_topk_graph_errors_name_k_top
-    with pytest.raises(ValueError, match=r"expected 1 <= k <= 4, got 5"):
+    with pytest.raises(ValueError, match=r"^k_top: expected 1 <= k_top <= 4, got 5$"):
         topk_graph(q, k, k_top=5)
+    for g in (graph, graph.to_sparse()):
+        with pytest.raises(TypeError, match=r"^eps: expected a float threshold > 0, got str$"):
+            g.threshold("a")
+    with pytest.raises(ValueError, match=r"^index: .* ints in range"):
+        DenseGraph(torch.rand(2, 5, 5)).to_networkx(5)
+    with pytest.raises(ValueError, match=r"^index: .* ints in range"):
+        DenseGraph(torch.rand(2, 5, 5)).to_scipy(-3)
+    assert DenseGraph(torch.rand(2, 5, 5)).to_networkx(-1).number_of_nodes() == 5
 
 
 # ---- signals -----------------------------------------------------------------------------------
@@ -286,11 +288,6 @@ def test_bad_time(graph, x, t, error) -> None:
         HeatKernel(t=t)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: HeatKernel(t=[...]) calls float() on each entry first, so a "
-    "non-number raises float()'s own ValueError without naming t",
-)
 def test_time_list_of_non_numbers_names_t() -> None:
     with pytest.raises(TypeError, match=r"^t:"):
         HeatKernel(t=[0.5, "a"])
@@ -373,6 +370,15 @@ def test_unknown_heat_method(graph, x, method) -> None:
         with pytest.raises(ValueError, match=r"^method: expected one of") as info:
             call()
         _assert_lists(str(info.value), ["auto", "series", "exact"])
+
+
+def test_heat_method_must_be_a_string(graph, x) -> None:
+    for call in (
+        lambda: heat_kernel(graph, x, 1.0, method=[]),
+        lambda: HeatKernel(method=[]),
+    ):
+        with pytest.raises(TypeError, match=r"^method: expected a str, got list$"):
+            call()
 
 
 def test_refused_exact_method(graph, x, monkeypatch) -> None:

@@ -602,11 +602,6 @@ def test_heads_sharing_an_operator_run_as_one_batched_call(mh, monkeypatch) -> N
     assert calls == [("propagate", (2, 2)), ("heat", (2, 2))]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: DiffusionAttention.forward lets F.linear raise a RuntimeError for an "
-    "x of another dtype instead of a TypeError naming x",
-)
 @pytest.mark.parametrize("bad_dtype", [torch.float32, torch.int64])
 def test_input_of_the_wrong_dtype_is_a_type_error_naming_x(mh, bad_dtype) -> None:
     layer = mh.random_layer("attention:2,laplacian:2")  # float64
@@ -697,6 +692,10 @@ def test_bad_constructor_arguments() -> None:
         DiffusionAttention(8, 2, topk=0)
     with pytest.raises(ValueError, match=r"dropout: expected a probability in \[0, 1\)"):
         DiffusionAttention(8, 2, dropout=1.0)
+    with pytest.raises(TypeError, match=r"^dropout: expected a float in \[0, 1\), got str$"):
+        DiffusionAttention(8, 2, dropout="0.1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^causal: expected a bool, got str$"):
+        DiffusionAttention(8, 2, causal="yes")  # type: ignore[arg-type]
 
 
 def test_bad_inputs(mh) -> None:
@@ -714,3 +713,15 @@ def test_bad_inputs(mh) -> None:
         layer(x[..., :12])
     with pytest.raises(ValueError, match=r"x: expected shape \(B, N, 16\), got \(6, 16\)"):
         layer(x[0])
+    with pytest.raises(TypeError, match=r"^x: expected a Tensor, got list$"):
+        layer(x.tolist())  # type: ignore[arg-type]
+
+
+def test_autocast_may_mix_input_and_parameter_dtypes() -> None:
+    """The dtype check on ``x`` stands aside under autocast, which mixes dtypes on purpose."""
+    layer = DiffusionAttention(16, 4, "attention:2,laplacian:2")  # float32 parameters
+    x = torch.randn(2, 5, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x.bfloat16())
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 5, 16)
+    torch.testing.assert_close(y.float(), layer(x), atol=0.1, rtol=0.05)

@@ -288,7 +288,9 @@ class Graph(ABC):
         Returns:
             A :class:`SparseGraph` with the same ``batch_shape``.
         """
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            raise TypeError(f"eps: expected a float threshold > 0, got {type(eps).__name__}")
+        if not eps > 0:
             raise ValueError(f"eps: expected a threshold > 0, got {eps!r}")
         graph = self._select_edges(lambda w: w >= eps, block_size)
         return graph.row_normalize() if renormalize else graph
@@ -321,10 +323,14 @@ class Graph(ABC):
             index = ()
         if isinstance(index, int):
             index = (index,)
-        if len(index) != len(self.batch_shape):
+        if len(index) != len(self.batch_shape) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not -size <= i < size
+            for i, size in zip(index, self.batch_shape, strict=False)
+        ):
             raise ValueError(
                 f"index: this graph has batch shape {tuple(self.batch_shape)}; expected an "
-                f"index with {len(self.batch_shape)} entries selecting one graph, got {index!r}"
+                f"index of {len(self.batch_shape)} ints in range, selecting one graph, got "
+                f"{index!r}"
             )
         dense = self.to_dense().detach()
         return dense[index] if index else dense
@@ -528,12 +534,11 @@ class SoftmaxGraph(Graph):
                 f"k: batch dims {tuple(k.shape[:-2])} do not broadcast with q's "
                 f"{tuple(q.shape[:-2])}"
             ) from None
-        if scale is not None and (
-            isinstance(scale, bool)
-            or not isinstance(scale, (int, float))
-            or not math.isfinite(scale)
-        ):
-            raise TypeError(f"scale: expected a finite float or None, got {scale!r}")
+        if scale is not None:
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+                raise TypeError(f"scale: expected a finite float or None, got {scale!r}")
+            if not math.isfinite(scale):
+                raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
         if not isinstance(causal, bool):
             raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
         n = int(q.shape[-2])
@@ -557,7 +562,7 @@ class SoftmaxGraph(Graph):
         return self.q.shape[:-2]
 
     def _blocks(self, block_size: int | None) -> list[tuple[int, int]]:
-        return super()._blocks(block_size or self.block_size)
+        return super()._blocks(self.block_size if block_size is None else block_size)
 
     # ---- slabs -----------------------------------------------------------------------------
 
@@ -978,7 +983,9 @@ class SparseGraph(Graph):
     def threshold(
         self, eps: float, *, renormalize: bool = False, block_size: int | None = None
     ) -> SparseGraph:
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            raise TypeError(f"eps: expected a float threshold > 0, got {type(eps).__name__}")
+        if not eps > 0:
             raise ValueError(f"eps: expected a threshold > 0, got {eps!r}")
         keep = (self.weight.detach() >= eps).nonzero(as_tuple=True)[0]
         graph = SparseGraph(
@@ -1082,4 +1089,5 @@ def topk_graph(
         :class:`SparseGraph` with ``N * k_top`` edges per graph.
     """
     graph = SoftmaxGraph(q, k, scale=scale, mask=mask, causal=causal, block_size=block_size)
+    k_top = V.check_positive_int("k_top", k_top, upper=graph.num_nodes)  # ``k`` is the keys
     return graph.topk(k_top, block_size=block_size)

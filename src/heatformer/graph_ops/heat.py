@@ -174,6 +174,8 @@ def select_heat_method(
         ValueError: unknown method (lists the valid names), or a refused method / no method
             accepting the call (says why for each).
     """
+    if not isinstance(method, str):
+        raise TypeError(f"method: expected a str, got {type(method).__name__}")
     if method == "auto":
         reasons = []
         for candidate in HEAT_METHODS.values():

@@ -184,9 +184,14 @@ class HeatKernel(DiffusionOperator):
         super().__init__()
         given_tensor = isinstance(t, Tensor)
         if isinstance(t, (list, tuple)):
+            bad = [v for v in t if isinstance(v, bool) or not isinstance(v, (int, float))]
+            if bad:
+                raise TypeError(f"t: expected a list of floats, got an entry {bad[0]!r}")
             t = torch.tensor([float(v) for v in t], dtype=torch.float64)
         t = V.check_time(t)
         self.normalization = V.check_normalization(normalization)
+        if not isinstance(method, str):
+            raise TypeError(f"method: expected a str, got {type(method).__name__}")
         if method != "auto" and method not in HEAT_METHODS:
             raise ValueError(f"method: expected one of {['auto', *HEAT_METHODS]}, got {method!r}")
         self.method = method

@@ -52,6 +52,16 @@ def _fused_output(op: DiffusionOperator, pv: Tensor, v: Tensor) -> Tensor:
     return pv
 
 
+def _autocasting(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (it then mixes dtypes on purpose)."""
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return bool(torch.is_autocast_enabled())
+
+
 def _heads_index(heads: Sequence[int]) -> slice | Tensor:
     """A slice when the heads are contiguous (a view, no copy), else an index tensor."""
     if list(heads) == list(range(heads[0], heads[0] + len(heads))):
@@ -143,8 +153,12 @@ class DiffusionAttention(nn.Module):
             )
         if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
             raise ValueError(f"topk: expected None or a positive int, got {topk!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+            raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout}")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
@@ -204,9 +218,15 @@ class DiffusionAttention(nn.Module):
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values, each ``(B, H, N, Dh)`` (QK-norm applied if enabled)."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x: expected shape (B, N, {self.embed_dim}), got {shape}")
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"x: expected shape (B, N, {self.embed_dim}), got {tuple(x.shape)}")
+        if x.dtype != self.in_proj.weight.dtype and not _autocasting(x.device.type):
+            raise TypeError(
+                f"x: expected dtype {self.in_proj.weight.dtype} (the layer's parameters), got "
+                f"{x.dtype}"
+            )
         b, n, _ = x.shape
         qkv = self.in_proj(x).view(b, n, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, Dh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, Dh) each
