@@ -422,6 +422,9 @@ def test_operator_name_of_wrong_type() -> None:
 def test_operator_kwargs_are_checked() -> None:
     with pytest.raises(TypeError, match=r"^attention:.*'t'"):
         resolve_operator("attention", t=1.0)
+    with pytest.raises(TypeError, match=r"^heat: unknown parameter\(s\) \['tt'\]") as info:
+        resolve_operator("heat", tt=1.0)
+    _assert_lists(str(info.value), ["t", "normalization", "method", "tol", "learnable"])
     with pytest.raises(ValueError, match=r"^alpha:"):
         resolve_operator("ppr", alpha=2.0)
     with pytest.raises(ValueError, match=r"^normalization:"):

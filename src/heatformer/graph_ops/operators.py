@@ -26,6 +26,7 @@ References:
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, cast
 
@@ -389,7 +390,12 @@ def resolve_operator(name: str | DiffusionOperator, **kwargs: Any) -> DiffusionO
             f"name: unknown operator {name!r}; expected one of {sorted(OPERATORS)} "
             f"(aliases: {sorted(_ALIASES)})"
         )
+    factory = OPERATORS[key]
+    accepted = list(inspect.signature(factory).parameters)
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise TypeError(f"{key}: unknown parameter(s) {unknown}; expected some of {accepted}")
     try:
-        return OPERATORS[key](**kwargs)
+        return factory(**kwargs)
     except TypeError as err:
         raise TypeError(f"{key}: {err}") from None
