@@ -686,8 +686,10 @@ def test_bad_constructor_arguments() -> None:
         DiffusionAttention(10, 4)
     with pytest.raises(ValueError, match="num_heads: expected a positive int, got 0"):
         DiffusionAttention(8, 0)
-    with pytest.raises(ValueError, match="embed_dim: expected a positive int"):
+    with pytest.raises(TypeError, match=r"^embed_dim: expected a positive int, got float$"):
         DiffusionAttention(8.0, 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^num_heads: expected a positive int, got bool$"):
+        DiffusionAttention(8, True)
     with pytest.raises(ValueError, match="topk: expected None or a positive int, got 0"):
         DiffusionAttention(8, 2, topk=0)
     with pytest.raises(ValueError, match=r"dropout: expected a probability in \[0, 1\)"):

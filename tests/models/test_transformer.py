@@ -242,6 +242,8 @@ def test_gpt_input_errors() -> None:
         GPT(GPTConfig(n_head=4, n_embd=18))
     with pytest.raises(ValueError, match="n_layer: expected a positive int, got 0"):
         GPT(GPTConfig(n_layer=0))
+    with pytest.raises(TypeError, match=r"^n_embd: expected a positive int, got float$"):
+        GPT(GPTConfig(n_embd=64.0))  # type: ignore[arg-type]
 
 
 def test_gpt_is_causal() -> None:

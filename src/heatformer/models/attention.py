@@ -145,7 +145,9 @@ class DiffusionAttention(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}: expected a positive int, got {type(value).__name__}")
+            if value < 1:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
         if embed_dim % num_heads != 0:
             raise ValueError(

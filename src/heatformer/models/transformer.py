@@ -138,7 +138,9 @@ def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
 def _check_config(cfg: Any) -> None:
     for field in ("n_layer", "n_head", "n_embd"):
         value = getattr(cfg, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{field}: expected a positive int, got {type(value).__name__}")
+        if value < 1:
             raise ValueError(f"{field}: expected a positive int, got {value!r}")
     if cfg.n_embd % cfg.n_head != 0:
         raise ValueError(f"n_embd: expected a multiple of n_head ({cfg.n_head}), got {cfg.n_embd}")
