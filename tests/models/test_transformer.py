@@ -464,3 +464,21 @@ def test_training_on_a_repeated_pattern_lowers_the_loss(heads) -> None:
     assert losses[0] == pytest.approx(2.08, abs=0.15)  # ~log(8) at initialization
     assert losses[-1] < 0.35 * losses[0]
     assert min(losses[-5:]) < 0.7
+
+
+def test_block_dropout_on_the_residual_branches() -> None:
+    """Train mode: ``x + drop(attn(ln1 x))``, then ``+ mlp(ln2 .)`` (the MLP drops its own
+    output); the same random stream replayed by hand gives the same numbers. Eval: no-op."""
+    block = TransformerBlock(16, 4, "attention:2,laplacian:2", dropout=0.5).to(F64)
+    x = torch.randn(2, 5, 16, dtype=F64)
+    block.train()
+    torch.manual_seed(3)
+    y = block(x)
+    torch.manual_seed(3)
+    a = block.attn(block.ln1(x))  # the layer drops its head outputs first
+    h = x + F.dropout(a, 0.5, training=True)
+    torch.testing.assert_close(y, h + block.mlp(block.ln2(h)))
+    assert not torch.allclose(y, x + a + block.mlp(block.ln2(x + a)))
+    block.eval()
+    a = block.attn(block.ln1(x))
+    torch.testing.assert_close(block(x), x + a + block.mlp(block.ln2(x + a)))
