@@ -692,6 +692,8 @@ def test_bad_constructor_arguments() -> None:
         DiffusionAttention(8, True)
     with pytest.raises(ValueError, match="topk: expected None or a positive int, got 0"):
         DiffusionAttention(8, 2, topk=0)
+    with pytest.raises(TypeError, match=r"^topk: expected None or a positive int, got float$"):
+        DiffusionAttention(8, 2, topk=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"dropout: expected a probability in \[0, 1\)"):
         DiffusionAttention(8, 2, dropout=1.0)
     with pytest.raises(TypeError, match=r"^dropout: expected a float in \[0, 1\), got str$"):

@@ -153,8 +153,11 @@ class DiffusionAttention(nn.Module):
             raise ValueError(
                 f"embed_dim: expected a multiple of num_heads ({num_heads}), got {embed_dim}"
             )
-        if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
-            raise ValueError(f"topk: expected None or a positive int, got {topk!r}")
+        if topk is not None:
+            if isinstance(topk, bool) or not isinstance(topk, int):
+                raise TypeError(f"topk: expected None or a positive int, got {type(topk).__name__}")
+            if topk < 1:
+                raise ValueError(f"topk: expected None or a positive int, got {topk!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
             raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__}")
         if not 0.0 <= dropout < 1.0:
