@@ -112,6 +112,15 @@ def check_positive_int(name: str, value: object, *, upper: int | None = None) ->
     return value
 
 
+def check_threshold(eps: object) -> float:
+    """Check an edge-weight threshold: a float ``> 0``."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps: expected a float threshold > 0, got {type(eps).__name__}")
+    if not eps > 0:
+        raise ValueError(f"eps: expected a threshold > 0, got {eps!r}")
+    return float(eps)
+
+
 def check_time(t: object, *, name: str = "t") -> Tensor | float:
     """Check a diffusion time: a finite, non-negative float or floating tensor."""
     if isinstance(t, bool):

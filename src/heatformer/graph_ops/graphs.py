@@ -288,10 +288,7 @@ class Graph(ABC):
         Returns:
             A :class:`SparseGraph` with the same ``batch_shape``.
         """
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-            raise TypeError(f"eps: expected a float threshold > 0, got {type(eps).__name__}")
-        if not eps > 0:
-            raise ValueError(f"eps: expected a threshold > 0, got {eps!r}")
+        eps = V.check_threshold(eps)
         graph = self._select_edges(lambda w: w >= eps, block_size)
         return graph.row_normalize() if renormalize else graph
 
@@ -983,10 +980,7 @@ class SparseGraph(Graph):
     def threshold(
         self, eps: float, *, renormalize: bool = False, block_size: int | None = None
     ) -> SparseGraph:
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-            raise TypeError(f"eps: expected a float threshold > 0, got {type(eps).__name__}")
-        if not eps > 0:
-            raise ValueError(f"eps: expected a threshold > 0, got {eps!r}")
+        eps = V.check_threshold(eps)
         keep = (self.weight.detach() >= eps).nonzero(as_tuple=True)[0]
         graph = SparseGraph(
             self._struct.row[keep], self._struct.col[keep], self.weight[keep],

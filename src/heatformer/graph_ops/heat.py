@@ -165,6 +165,15 @@ HEAT_METHODS: dict[str, HeatMethod] = {
 }  # fmt: skip
 
 
+def check_heat_method(method: object) -> str:
+    """Check a method name: ``"auto"`` or a key of :data:`HEAT_METHODS`."""
+    if not isinstance(method, str):
+        raise TypeError(f"method: expected a str, got {type(method).__name__}")
+    if method != "auto" and method not in HEAT_METHODS:
+        raise ValueError(f"method: expected one of {['auto', *HEAT_METHODS]}, got {method!r}")
+    return method
+
+
 def select_heat_method(
     graph: Graph, t: Tensor | float, normalization: str, tol: float, method: str = "auto"
 ) -> HeatMethod:
@@ -174,9 +183,7 @@ def select_heat_method(
         ValueError: unknown method (lists the valid names), or a refused method / no method
             accepting the call (says why for each).
     """
-    if not isinstance(method, str):
-        raise TypeError(f"method: expected a str, got {type(method).__name__}")
-    if method == "auto":
+    if check_heat_method(method) == "auto":
         reasons = []
         for candidate in HEAT_METHODS.values():
             reason = candidate.refuse(graph, t, normalization, tol)
@@ -184,8 +191,6 @@ def select_heat_method(
                 return candidate
             reasons.append(f"{candidate.name!r}: {reason}")
         raise ValueError("method: no heat-kernel method accepts this call: " + "; ".join(reasons))
-    if method not in HEAT_METHODS:
-        raise ValueError(f"method: expected one of {['auto', *HEAT_METHODS]}, got {method!r}")
     chosen = HEAT_METHODS[method]
     reason = chosen.refuse(graph, t, normalization, tol)
     if reason is not None:

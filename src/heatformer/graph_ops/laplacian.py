@@ -121,10 +121,8 @@ class GraphGenerator:
 
     def markov(self, x: Tensor) -> Tensor:
         """``M x = x - L x / c``: non-negative, ``||M|| <= 1`` (the heat-series step)."""
-        if self.normalization == "combinatorial":
-            return self.adjacency(x)
-        if self.graph._rows_nonempty:
-            return self.adjacency(x)
+        if self.normalization == "combinatorial" or self.graph._rows_nonempty:
+            return self.adjacency(x)  # no isolated node keeps its own value
         return self.adjacency(x) + (1.0 - self._has) * x
 
 

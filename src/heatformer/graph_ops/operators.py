@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from heatformer.graph_ops import _validation as V
 from heatformer.graph_ops.graphs import Graph
-from heatformer.graph_ops.heat import HEAT_METHODS, heat_kernel
+from heatformer.graph_ops.heat import check_heat_method, heat_kernel
 from heatformer.graph_ops.laplacian import GraphGenerator, _check_graph
 
 __all__ = [
@@ -191,11 +191,7 @@ class HeatKernel(DiffusionOperator):
             t = torch.tensor([float(v) for v in t], dtype=torch.float64)
         t = V.check_time(t)
         self.normalization = V.check_normalization(normalization)
-        if not isinstance(method, str):
-            raise TypeError(f"method: expected a str, got {type(method).__name__}")
-        if method != "auto" and method not in HEAT_METHODS:
-            raise ValueError(f"method: expected one of {['auto', *HEAT_METHODS]}, got {method!r}")
-        self.method = method
+        self.method = check_heat_method(method)
         self.tol = V.check_tol(tol)
         # a float or list keeps float64 precision; a tensor keeps its dtype
         t_tensor = torch.as_tensor(t, dtype=None if given_tensor else torch.float64)

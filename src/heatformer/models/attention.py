@@ -52,6 +52,18 @@ def _fused_output(op: DiffusionOperator, pv: Tensor, v: Tensor) -> Tensor:
     return pv
 
 
+def check_size(name: str, value: object, *, optional: bool = False) -> None:
+    """A positive int (or None if ``optional``): ``TypeError`` for another type, ``ValueError``
+    below 1; the messages name ``name``."""
+    if optional and value is None:
+        return
+    what = "None or a positive int" if optional else "a positive int"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: expected {what}, got {value!r}")
+
+
 def _autocasting(device_type: str) -> bool:
     """Whether autocast is on for ``device_type`` (it then mixes dtypes on purpose)."""
     try:
@@ -144,20 +156,13 @@ class DiffusionAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name}: expected a positive int, got {type(value).__name__}")
-            if value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        check_size("embed_dim", embed_dim)
+        check_size("num_heads", num_heads)
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim: expected a multiple of num_heads ({num_heads}), got {embed_dim}"
             )
-        if topk is not None:
-            if isinstance(topk, bool) or not isinstance(topk, int):
-                raise TypeError(f"topk: expected None or a positive int, got {type(topk).__name__}")
-            if topk < 1:
-                raise ValueError(f"topk: expected None or a positive int, got {topk!r}")
+        check_size("topk", topk, optional=True)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
             raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__}")
         if not 0.0 <= dropout < 1.0:

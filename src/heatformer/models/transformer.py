@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from heatformer.models.attention import DiffusionAttention, KVCache
+from heatformer.models.attention import DiffusionAttention, KVCache, check_size
 from heatformer.models.heads import parse_layer_heads
 
 __all__ = [
@@ -137,11 +137,7 @@ def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
 
 def _check_config(cfg: Any) -> None:
     for field in ("n_layer", "n_head", "n_embd"):
-        value = getattr(cfg, field)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{field}: expected a positive int, got {type(value).__name__}")
-        if value < 1:
-            raise ValueError(f"{field}: expected a positive int, got {value!r}")
+        check_size(field, getattr(cfg, field))
     if cfg.n_embd % cfg.n_head != 0:
         raise ValueError(f"n_embd: expected a multiple of n_head ({cfg.n_head}), got {cfg.n_embd}")
 
