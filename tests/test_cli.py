@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from heatformer.cli import _build_parsers, _name_the_option, build_parser, main
-from heatformer.experiments import commands
+from heatformer.cli import _build_parsers, _experiments, _name_the_option, build_parser, main
 from heatformer.experiments.spec import PRESETS
 
 
@@ -31,6 +33,63 @@ def tiny(text: Path, out: Path, *extra: str) -> list[str]:
         "--layers", "2", "--embd", "16", "--eval-every", "2", "--eval-size", "4",
         "--analysis-size", "4", "--device", "cpu", "--no-progress", "--out", str(out), *extra,
     ]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- start-up
+
+_NO_TORCH = """
+import sys
+from heatformer.cli import main
+for argv in {argvs!r}:
+    try:
+        main(argv)
+    except SystemExit as exit:
+        print("exit", exit.code, file=sys.stderr)
+    print(argv, "torch" in sys.modules, "heatformer.models" in sys.modules, file=sys.stderr)
+"""
+
+
+def test_help_and_flag_errors_answer_without_importing_torch() -> None:
+    argvs = [
+        ["--help"],
+        ["train", "--help"],
+        ["compare", "--help"],
+        ["demo", "--help"],
+        ["analyze", "--help"],
+        ["demo-ops", "--help"],
+        ["train", "--steps", "x"],
+        ["compare", "--no-such-flag"],
+        [],
+    ]
+    code = _NO_TORCH.format(argvs=argvs)
+    env = {**os.environ, "COLUMNS": "300"}  # no line wrapping in the help pages
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    report = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    assert report == [f"{argv} False False" for argv in argvs]
+    exits = [line for line in done.stderr.splitlines() if line.startswith("exit")]
+    assert exits == ["exit 0"] * 6 + ["exit 2"] * 2  # help pages, then the two flag errors
+    assert "invalid int value: 'x'" in done.stderr
+    # the help pages show the defaults of CompareSpec and the demo's sentence
+    assert "optimizer steps per run (default 500)" in done.stdout
+    assert "(default 'def add(a, b): return a + b')" in done.stdout
+
+
+def test_demo_default_text_is_the_library_default() -> None:
+    from heatformer.cli import _demo
+    from heatformer.viz.demo import DEFAULT_TEXT
+
+    assert _demo.DEFAULT_TEXT == DEFAULT_TEXT
+    assert build_parser().parse_args(["demo"]).text == DEFAULT_TEXT
+
+
+def test_python_m_heatformer_runs_the_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "heatformer", "--version"], capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "heatformer 0.1.0")
 
 
 # ----------------------------------------------------------------------------- errors
@@ -224,7 +283,7 @@ def test_analyze_command_rebuilds_the_per_layer_report(
 
 def test_preset_demo_is_chars_attention_vs_laplacian_vs_heat_and_flags_override() -> None:
     args = build_parser().parse_args(["compare", "--preset", "demo", "--steps", "7"])
-    spec = commands._build_spec(args, compare=True)
+    spec = _experiments._build_spec(args, compare=True)
     assert spec.task == "chars"
     assert spec.heads == PRESETS["demo"]["heads"]
     assert [h.split(",")[-1].split(":")[0] for h in spec.heads] == [

@@ -18,28 +18,60 @@ The runner (``heatformer train`` / ``compare`` / ``analyze`` on the command line
 - :func:`analyze` -- recompute the per-layer token-geometry analysis from checkpoints.
 - :func:`train_run` -- one run; :class:`StopSignal` / :class:`TrainingInterrupted` for
   cooperative Ctrl-C handling; :class:`TrainingDiverged` when the loss stops being finite.
+
+The names are imported on first use (PEP 562), so importing a submodule such as
+:mod:`heatformer.experiments.spec` does not load torch and the trainer.
 """
 
-from heatformer.experiments.compare import CompareReport, analyze, run_compare
-from heatformer.experiments.data import (
-    TASK_NAMES,
-    CharsTask,
-    DigitsTask,
-    RecallTask,
-    Task,
-    bits_per_char,
-    load_chars,
-    load_digits_task,
-    load_task,
-    stdlib_source_root,
-)
-from heatformer.experiments.spec import PRESETS, CompareSpec
-from heatformer.experiments.trainer import (
-    StopSignal,
-    TrainingDiverged,
-    TrainingInterrupted,
-    train_run,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from heatformer.experiments.compare import CompareReport, analyze, run_compare
+    from heatformer.experiments.data import (
+        TASK_NAMES,
+        CharsTask,
+        DigitsTask,
+        RecallTask,
+        Task,
+        bits_per_char,
+        load_chars,
+        load_digits_task,
+        load_task,
+        stdlib_source_root,
+    )
+    from heatformer.experiments.spec import PRESETS, CompareSpec
+    from heatformer.experiments.trainer import (
+        StopSignal,
+        TrainingDiverged,
+        TrainingInterrupted,
+        train_run,
+    )
+
+#: public name -> the submodule that defines it.
+_SOURCES = {
+    "CompareReport": "compare",
+    "analyze": "compare",
+    "run_compare": "compare",
+    "TASK_NAMES": "data",
+    "CharsTask": "data",
+    "DigitsTask": "data",
+    "RecallTask": "data",
+    "Task": "data",
+    "bits_per_char": "data",
+    "load_chars": "data",
+    "load_digits_task": "data",
+    "load_task": "data",
+    "stdlib_source_root": "data",
+    "PRESETS": "spec",
+    "CompareSpec": "spec",
+    "StopSignal": "trainer",
+    "TrainingDiverged": "trainer",
+    "TrainingInterrupted": "trainer",
+    "train_run": "trainer",
+}
 
 __all__ = [
     "PRESETS",
@@ -62,3 +94,16 @@ __all__ = [
     "stdlib_source_root",
     "train_run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{source}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -17,6 +17,10 @@ boundary):
   (here 2 layers: plain attention below, two Laplacian heads above); ``|`` works too.
   The number of layer specs must equal ``n_layer``.
 
+This module imports no torch at import time (the models and the data are imported inside
+the functions that need them): the command line reads the defaults of :class:`CompareSpec`
+and the :data:`PRESETS` for its help pages before torch is loaded.
+
 Examples:
     >>> split_layers("attention:4;attention:2,laplacian:2")
     ('attention:4', 'attention:2,laplacian:2')
@@ -33,9 +37,6 @@ import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
-
-from heatformer.models.heads import count_heads
-from heatformer.models.heads import split_layers as split_layer_specs
 
 __all__ = [
     "PRESETS",
@@ -248,6 +249,8 @@ def split_layers(heads: str) -> str | tuple[str, ...]:
     Raises:
         ValueError: an empty layer spec (``"a;;b"``).
     """
+    from heatformer.models.heads import split_layers as split_layer_specs
+
     layers = tuple(split_layer_specs(heads))
     if len(layers) == 1:
         return layers[0]
@@ -273,6 +276,7 @@ def check_heads(heads: str, *, n_layer: int, n_head: int | None = None) -> None:
             do not sum to ``n_head``, or layers with different head totals.
     """
     from heatformer.models import parse_heads
+    from heatformer.models.heads import count_heads
 
     if not isinstance(heads, str) or not heads.strip():
         raise ValueError(f"heads: expected a non-empty schedule string, got {heads!r}")
@@ -312,6 +316,8 @@ def infer_num_heads(heads: str) -> int:
     Returns:
         The sum of the counts of the first layer spec with counts, else 4.
     """
+    from heatformer.models.heads import count_heads
+
     layers = split_layers(heads)
     for spec in (layers,) if isinstance(layers, str) else layers:
         total = count_heads(spec)

@@ -1,7 +1,7 @@
 """``heatformer demo``: the command-line face of :func:`heatformer.viz.build_demo`.
 
-The only module of :mod:`heatformer.viz` that writes to the terminal (it is command-line code,
-registered in :data:`heatformer.cli.COMMANDS`).
+The options are defined here, without importing :mod:`heatformer.viz` (which imports torch);
+:func:`run_demo` imports it when the command runs.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ import sys
 
 DEMO_HELP = "teaching demo: attention graphs of a small trained GPT, as pictures and a web page"
 
+#: The default ``--text``; the same as :data:`heatformer.viz.demo.DEFAULT_TEXT` (a test checks
+#: it), repeated here so that parsing the options needs no torch.
+DEFAULT_TEXT = "def add(a, b): return a + b"
+
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``heatformer demo``."""
-    from heatformer.viz.demo import DEFAULT_TEXT
-
     parser.add_argument(
         "--out", default="heatformer-demo", help="output folder (default heatformer-demo)"
     )

@@ -6,6 +6,9 @@ library) and returns the exit code; bad input raises ``ValueError`` /
 ``FileNotFoundError``, which :func:`heatformer.cli.main` turns into one line on stderr
 and exit status 2. A stop (Ctrl-C, SIGTERM, ``--stop-at-step``) saves a checkpoint and
 exits with status 130 after printing how to resume.
+
+Defining the options needs only :mod:`heatformer.experiments.spec`, which imports no torch;
+the runner, the data and the models are imported inside the ``run`` functions.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from heatformer.experiments.spec import PRESETS, CompareSpec, parse_seeds
 
 __all__ = [
     "add_analyze_args",
@@ -65,7 +70,7 @@ _TASK_FLAGS = {
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    d = {f.name: f.default for f in dataclasses.fields(_spec_cls())}
+    d = {f.name: f.default for f in dataclasses.fields(CompareSpec)}
     g = parser.add_argument_group("task and data")
     g.add_argument("--task", help=f"chars | digits | recall (default {d['task']})")
     g.add_argument(
@@ -163,12 +168,6 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _spec_cls() -> Any:
-    from heatformer.experiments.spec import CompareSpec
-
-    return CompareSpec
-
-
 def add_train_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``heatformer train``."""
     parser.add_argument(
@@ -188,8 +187,6 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
 
 def add_compare_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``heatformer compare``."""
-    from heatformer.experiments.spec import PRESETS
-
     parser.add_argument(
         "--heads",
         action="append",
@@ -240,9 +237,7 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def _build_spec(args: argparse.Namespace, *, compare: bool) -> Any:
-    from heatformer.experiments.spec import PRESETS, CompareSpec, parse_seeds
-
+def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
     values: dict[str, Any] = {}
     if compare and args.preset:
         values.update(PRESETS[args.preset])
