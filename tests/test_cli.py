@@ -157,6 +157,32 @@ def test_bad_input_gives_one_clear_line_and_exit_2(
 
 
 @pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["train", "--seeds", "3"], "unrecognized arguments: --seeds 3 (did you mean --seed?)"),
+        (["compare", "--stepps=4"], "unrecognized arguments: --stepps=4 (did you mean --steps?)"),
+        (["demo", "--no-gifs"], "unrecognized arguments: --no-gifs (did you mean --no-gif?)"),
+        (["analyze", "x", "--devices", "cpu"], "--devices cpu (did you mean --device?)"),
+        (["train", "--zzz"], "unrecognized arguments: --zzz"),
+    ],
+)
+def test_unknown_option_is_reported_by_its_subcommand_with_a_hint(
+    argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit:
+        main([*argv, "--out", str(out)] if argv[0] != "analyze" else argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2
+    assert err.startswith(f"usage: heatformer {argv[0]} ")  # the subcommand's usage
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"heatformer {argv[0]}: error: unrecognized arguments: ")
+    assert last.endswith(expected)
+    assert ("did you mean" in last) == (argv[1] != "--zzz")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
     ("message", "command", "expected"),
     [
         ("n_embd: expected 8, got 6", "train", "--embd: expected 8, got 6"),

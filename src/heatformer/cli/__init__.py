@@ -14,6 +14,7 @@ functions, so ``heatformer --help`` and a mistyped flag answer at once.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Callable, Sequence
 
@@ -91,10 +92,31 @@ def _name_the_option(message: str, parser: argparse.ArgumentParser) -> str:
     return f"{flags[dest]}: {rest}" if dest in flags else message
 
 
+def _unrecognized(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """``"unrecognized arguments: --seeds 3 (did you mean --seed?)"`` for ``parser``'s options.
+
+    Each unknown option (``--name`` or ``--name=value``) gets the closest of the
+    subcommand's own options, if one is close (:func:`difflib.get_close_matches`).
+    """
+    known = [o[2:] for action in parser._actions for o in action.option_strings if o[:2] == "--"]
+    hints = []
+    for extra in extras:  # compared without the "--" that every option shares
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra[2:].partition("=")[0], known, n=1)
+            hints += [f"--{name}" for name in close]
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    if hints:
+        message += f" (did you mean {' or '.join(dict.fromkeys(hints))}?)"
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``heatformer`` console script."""
     parser, subparsers = _build_parsers()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # reported by the subcommand, whose usage line lists the options it has
+        sub = subparsers.get(args.command) if args.command is not None else None
+        (sub or parser).error(_unrecognized(extras, sub or parser))
     if args.command is None:
         parser.print_help()
         return 0
