@@ -270,10 +270,23 @@ def test_compare_prints_the_table_and_writes_the_report(
     row = next(line for line in lines if line.startswith("attention:2;attention:1,laplacian:1"))
     assert row.count("±") == 5
     assert f"report: {out / 'results.json'}" in printed
+    assert "mean ± sample std over seeds [0, 1]; analysis columns: last layer" in printed
     results = json.loads((out / "results.json").read_text())
     per_layer = next(r for r in results["runs"] if ";" in r["heads"])
     assert per_layer["model_config"]["heads"] == ["attention:2", "attention:1,laplacian:1"]
     assert len(list(out.glob("runs/*/result.json"))) == 4
+
+
+def test_no_analysis_prints_no_analysis_columns_note(
+    text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert main(["compare", "--heads", "attention:2", *tiny(text, out), "--no-analysis"]) == 0
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if line.startswith("heads"))
+    assert header.split() == ["heads", "seeds", "val_bpc", "val_loss"]
+    assert "mean ± sample std over seeds [0]\n" in printed
+    assert "analysis columns" not in printed
 
 
 def test_stop_then_resume_finishes_with_exit_codes_130_then_0(

@@ -379,10 +379,10 @@ def _print_report(report: Any, format_table: Any) -> None:
     print()
     print(format_table(report.summary, report.metric_names))
     print()
-    print(
-        f"mean ± sample std over seeds {results['seeds']}; analysis columns: last layer, "
-        "per-layer values in results.json and plots/"
-    )
+    line = f"mean ± sample std over seeds {results['seeds']}"
+    if any(row["analysis"] for row in report.summary):  # not after --no-analysis
+        line += "; analysis columns: last layer, per-layer values in results.json and plots/"
+    print(line)
     print(f"report: {report.out_dir / 'results.json'}")
     print(f"        {report.out_dir / 'results.csv'}")
     if report.plots:
