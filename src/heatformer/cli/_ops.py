@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import heatformer
 
@@ -29,7 +30,7 @@ def run_ops(args: argparse.Namespace) -> int:
     k = torch.randn(1, n, d, generator=gen, dtype=torch.float64)
     x = torch.randn(1, n, 8, generator=gen, dtype=torch.float64)
     graph = SoftmaxGraph(q, k)
-    specs: list[tuple[str, dict[str, float]]] = [
+    specs: list[tuple[str, dict[str, Any]]] = [
         ("attention", {}),
         ("laplacian", {}),
         ("heat", {"t": 0.5}),
