@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -306,6 +307,33 @@ def test_stop_then_resume_finishes_with_exit_codes_130_then_0(
     assert main(["compare", "--resume", str(out), "--no-progress"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert len(results["runs"][0]["train_loss"]) == 4
+
+
+def test_junk_checkpoint_on_resume_names_the_file_and_how_to_restart_before_training(
+    text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    heads = ["--heads", "attention:2", "--heads", "attention:1,laplacian:1"]
+    assert main(["compare", *heads, *tiny(text, out), "--stop-at-step", "2"]) == 130
+    first = out / "runs" / "c00-attention2-s0"
+    junk = out / "runs" / "c01-attention1+laplacian1-s0" / "checkpoint.pt"
+    junk.parent.mkdir()
+    junk.write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+
+    assert main(["compare", "--resume", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"heatformer compare: error: {junk}: expected a heatformer checkpoint")
+    assert f"delete the run folder {junk.parent} and continue the comparison with --resume" in err
+    assert "weights_only" not in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    # refused before any training: the interrupted first run did not move on
+    assert torch.load(first / "checkpoint.pt", weights_only=True)["step"] == 2
+    assert not (first / "result.json").exists()
+
+    shutil.rmtree(junk.parent)  # what the message says to do
+    assert main(["compare", "--resume", str(out), "--no-progress"]) == 0
+    assert len(json.loads((out / "results.json").read_text())["runs"]) == 2
 
 
 def test_analyze_command_rebuilds_the_per_layer_report(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -147,19 +148,31 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         The checkpoint dict (tensors on the CPU), or ``None`` when ``path`` does not exist.
 
     Raises:
-        ValueError: the file exists but is not a checkpoint of this format.
+        ValueError: the file exists but is not a checkpoint of this format. The message
+            names the file and how to start its run again (torch's own advice, to load
+            with ``weights_only=False``, is not for files that this module wrote).
     """
     target = Path(path)
     if not target.is_file():
         return None
+    restart = (
+        f"delete the run folder {target.parent} and continue the comparison with --resume: "
+        "that run starts again from step 0, the finished runs are kept"
+    )
     try:
-        state = torch.load(target, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4" for a foreign file
+            warnings.simplefilter("ignore")
+            state = torch.load(target, map_location="cpu", weights_only=True)
     except Exception as err:  # unpickling errors come in many types
         raise ValueError(
-            f"{target}: expected a heatformer checkpoint, got an unreadable file ({err})"
+            f"{target}: expected a heatformer checkpoint, got a file torch.load cannot read "
+            f"({type(err).__name__}); {restart}"
         ) from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{target}: expected a checkpoint of format {CHECKPOINT_FORMAT!r}")
+        raise ValueError(
+            f"{target}: expected a checkpoint of format {CHECKPOINT_FORMAT!r}, got "
+            f"{'another format' if isinstance(state, dict) else type(state).__name__}; {restart}"
+        )
     return state
 
 

@@ -36,6 +36,7 @@ from heatformer.experiments.trainer import (
     StopSignal,
     TrainingInterrupted,
     is_finished,
+    load_run_checkpoint,
     train_run,
 )
 
@@ -271,7 +272,9 @@ def run_compare(
 
     Raises:
         TrainingInterrupted: a stop was requested; the current run's checkpoint is saved.
-        ValueError, FileNotFoundError: bad spec, data or output folder (nothing written).
+        ValueError, FileNotFoundError: bad spec, data or output folder (nothing written),
+            or, when resuming, a checkpoint that cannot be read or belongs to another
+            configuration (checked before any training).
     """
     started = time.perf_counter()
     spec = spec.resolved()
@@ -280,10 +283,14 @@ def run_compare(
     harness = harness or validate_spec(spec, task)
     prepare_output(spec, out, resume=resume, ctx=ctx)
     stop = stop or StopSignal()
+    plan = list(_runs(spec))
+    if resume:  # a bad checkpoint is refused before any training, not after the runs before it
+        for heads, seed, name in plan:
+            if not is_finished(out / "runs" / name):
+                load_run_checkpoint(harness, heads, seed, out / "runs" / name)
 
     from tqdm.auto import tqdm
 
-    plan = list(_runs(spec))
     records: list[dict[str, Any]] = []
     done = sum(is_finished(out / "runs" / name) for _, _, name in plan)
     with tqdm(

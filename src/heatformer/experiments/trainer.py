@@ -57,6 +57,7 @@ __all__ = [
     "TrainingInterrupted",
     "build_optimizer",
     "is_finished",
+    "load_run_checkpoint",
     "train_run",
 ]
 
@@ -209,6 +210,36 @@ def _describe_mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str:
     return "; ".join(diffs)
 
 
+def load_run_checkpoint(
+    harness: TaskHarness, heads: str, seed: int, run_dir: Path
+) -> dict[str, Any] | None:
+    """The checkpoint of an unfinished run, checked against the run it should continue.
+
+    Args:
+        harness: the task harness (holds the resolved spec).
+        heads: the run's head schedule.
+        seed: the run's seed.
+        run_dir: the run folder.
+
+    Returns:
+        The checkpoint dict, or ``None`` when the run has no checkpoint (yet).
+
+    Raises:
+        ValueError: the file is not a readable checkpoint (the message says how to start
+            that run again), or it was written for another configuration.
+    """
+    path = Path(run_dir) / CHECKPOINT_NAME
+    saved = load_checkpoint(path)
+    key = _run_key(harness, heads, seed)
+    if saved is not None and saved.get("key") != key:
+        mismatch = _describe_mismatch(saved.get("key", {}), key)
+        raise ValueError(
+            f"{path}: expected a checkpoint of this run, got one written for another "
+            f"configuration ({mismatch})"
+        )
+    return saved
+
+
 def train_run(
     harness: TaskHarness,
     heads: str,
@@ -277,14 +308,8 @@ def train_run(
     generator = torch.Generator().manual_seed(seed)  # batch order
     step, train_loss, evals, train_time = 0, [], [], 0.0
 
-    saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
+    saved = load_run_checkpoint(harness, heads, seed, run_dir)
     if saved is not None:
-        if saved.get("key") != key:
-            mismatch = _describe_mismatch(saved.get("key", {}), key)
-            raise ValueError(
-                f"{run_dir / CHECKPOINT_NAME}: expected a checkpoint of this run, got one "
-                f"written for another configuration ({mismatch})"
-            )
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         generator.set_state(saved["data_generator"])
