@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -384,3 +385,67 @@ def test_stop_requested_between_runs_starts_no_new_run(
         run_compare(tiny_spec(), tmp_path / "out", stop=stop)
     assert info.value.step == 0
     assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_wall_time_adds_up_every_invocation_stopped_and_interrupted_ones_too(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    spec = tiny_spec(heads=("attention:2",), steps=6, eval_every=3, ckpt_every=2, analysis=False)
+    out = tmp_path / "out"
+
+    def slow(seconds: float, interrupt_at: int | None = None) -> Callable[..., nn.Module]:
+        def factory(harness: TaskHarness, heads: str) -> nn.Module:
+            model = harness.build_model(heads)
+            calls = {"n": 0}
+
+            def hook(module: nn.Module, args: object) -> None:
+                if module.training:
+                    calls["n"] += 1
+                    time.sleep(seconds)
+                    if calls["n"] == interrupt_at:
+                        raise KeyboardInterrupt  # a hard second Ctrl-C
+
+            model.register_forward_pre_hook(hook)
+            return model
+
+        return factory
+
+    with pytest.raises(TrainingInterrupted):
+        run_compare(spec, out, stop_at_step=2, model_factory=slow(0.4))  # >= 0.8 s
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(spec, out, resume=True, model_factory=slow(0.4, interrupt_at=2))
+    report = run_compare(spec, out, resume=True)
+
+    entries = json.loads((out / "invocations.json").read_text())["invocations"]
+    assert [e["outcome"] for e in entries] == ["stopped", "interrupted", "finished"]
+    assert entries[0]["elapsed_s"] >= 0.8 and entries[1]["elapsed_s"] >= 0.8
+    assert all(e["environment"]["world_size"] == 1 for e in entries)
+    wall = report.results["wall_time_s"]
+    assert json.loads((out / "results.json").read_text())["wall_time_s"] == wall
+    # the first two invocations count in full, the last one up to writing the report
+    assert 0.0 < wall - entries[0]["elapsed_s"] - entries[1]["elapsed_s"] <= entries[2]["elapsed_s"]
+    assert report.results["invocations"] == 3
+    # the run continued from its step-2 checkpoint (the interrupted stretch had no new one)
+    assert len(report.results["runs"][0]["train_loss"]) == 6
+
+
+def test_analyze_keeps_the_training_environment_and_wall_time(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    trained = run_compare(tiny_spec(steps=3, analysis=False), out).results
+    assert trained["environment"]["torch_threads"] == torch.get_num_threads() == 1
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = analyze(out).results
+    finally:
+        torch.set_num_threads(previous)
+    assert results["environment"] == trained["environment"]  # torch threads 1, not 2
+    assert results["analysis_environment"]["torch_threads"] == 2
+    assert results["wall_time_s"] == pytest.approx(trained["wall_time_s"], abs=0.5)
+    entries = json.loads((out / "invocations.json").read_text())["invocations"]
+    assert results["wall_time_s"] == sum(e["elapsed_s"] for e in entries)
+    assert results["analysis_time_s"] > 0
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["analysis_environment"] == results["analysis_environment"]

@@ -4,6 +4,8 @@ Layout of a comparison folder::
 
     OUT/
       spec.json            the CompareSpec (written first; --resume reads it)
+      invocations.json     every invocation that trained here: start, elapsed time,
+                           outcome (finished / stopped / interrupted / failed), environment
       runs/<run>/          one folder per (schedule, seed): checkpoint.pt, result.json
       results.json         spec, environment, summary (mean ± std), every run record
       results.csv          one row per run
@@ -14,6 +16,12 @@ comparison already holds comparable runs. A run is finished when its ``result.js
 exists (written atomically, last); ``resume`` skips finished runs, continues the
 interrupted one from its checkpoint, and starts the rest. ``results.json``,
 ``results.csv`` and the plots are rewritten from the run records at the end.
+
+``wall_time_s`` in ``results.json`` is the time of every invocation that trained in the
+folder (the stopped and interrupted ones too, as recorded in ``invocations.json``: at the
+start, after each finished run and when the invocation ends; a killed process loses the
+time since its last record). ``environment`` is that of the training invocation that wrote
+the report; :func:`analyze` keeps it and adds its own as ``analysis_environment``.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from heatformer.experiments.trainer import (
 )
 
 __all__ = [
+    "INVOCATIONS_NAME",
     "RESULTS_NAME",
     "SPEC_NAME",
     "CompareReport",
@@ -53,6 +62,7 @@ __all__ = [
 
 SPEC_NAME = "spec.json"
 RESULTS_NAME = "results.json"
+INVOCATIONS_NAME = "invocations.json"
 
 
 @dataclass
@@ -196,6 +206,47 @@ def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistC
         )
 
 
+def _read_invocations(out_dir: Path) -> list[dict[str, Any]]:
+    path = out_dir / INVOCATIONS_NAME
+    if not path.is_file():
+        return []
+    entries: list[dict[str, Any]] = read_json(path).get("invocations", [])
+    return entries
+
+
+class _Invocation:
+    """This invocation's entry in ``OUT/invocations.json`` (rank 0 writes it).
+
+    Args:
+        out_dir: the comparison folder (it exists).
+        ctx: the DDP context.
+        started: ``time.perf_counter()`` when the invocation began.
+    """
+
+    def __init__(self, out_dir: Path, ctx: DistContext, started: float) -> None:
+        self.path, self.ctx, self.started = out_dir / INVOCATIONS_NAME, ctx, started
+        self.earlier = _read_invocations(out_dir)
+        self.entry: dict[str, Any] = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "elapsed_s": 0.0,
+            "outcome": "running",
+            "environment": environment(ctx.world_size, str(ctx.device)),
+        }
+
+    def save(self, outcome: str = "running") -> None:
+        """Record the elapsed time so far and the outcome."""
+        self.entry["elapsed_s"] = time.perf_counter() - self.started
+        self.entry["outcome"] = outcome
+        if self.ctx.is_main:
+            atomic_write_json(self.path, {"invocations": [*self.earlier, self.entry]})
+
+    @property
+    def wall_time_s(self) -> float:
+        """Elapsed time of the earlier invocations and of this one so far."""
+        earlier = sum(float(entry.get("elapsed_s") or 0.0) for entry in self.earlier)
+        return earlier + time.perf_counter() - self.started
+
+
 def _finish(
     spec: CompareSpec,
     harness: TaskHarness,
@@ -204,6 +255,8 @@ def _finish(
     ctx: DistContext,
     *,
     wall_time_s: float,
+    environment: dict[str, Any] | None,
+    extra: dict[str, Any] | None = None,
 ) -> CompareReport:
     """Write results.json, results.csv and the plots from the run records."""
     summary = aggregate(records, spec.heads, harness.metric_names, harness.analysis_names)
@@ -213,9 +266,11 @@ def _finish(
         "metrics": list(harness.metric_names),
         "analysis_metrics": list(harness.analysis_names),
         "std": "sample standard deviation over seeds (ddof=1); 0 for one seed",
-        "environment": environment(ctx.world_size, str(ctx.device)),
+        "environment": environment,
+        **(extra or {}),
         "seeds": list(spec.seeds),
         "wall_time_s": wall_time_s,
+        "invocations": len(_read_invocations(out_dir)),
         "summary": summary,
         "runs": records,
     }
@@ -291,36 +346,54 @@ def run_compare(
 
     from tqdm.auto import tqdm
 
+    invocation = _Invocation(out, ctx, started)
+    invocation.save()
+    outcome = "failed"
     records: list[dict[str, Any]] = []
     done = sum(is_finished(out / "runs" / name) for _, _, name in plan)
-    with tqdm(
-        total=len(plan),
-        initial=done,
-        desc="runs",
-        position=0,
-        dynamic_ncols=True,
-        disable=not (progress and ctx.is_main),
-    ) as bar:
-        for heads, seed, name in plan:
-            run_dir = out / "runs" / name
-            finished = is_finished(run_dir)
-            if not finished and _agree(stop.requested, ctx):  # e.g. Ctrl-C during analysis
-                raise TrainingInterrupted(run_dir, 0, spec.steps)
-            record = train_run(
-                harness,
-                heads,
-                seed,
-                run_dir,
-                ctx=ctx,
-                stop=stop,
-                stop_at_step=stop_at_step,
-                progress=progress,
-                model_factory=model_factory,
-            )
-            records.append(record)
-            if not finished:
-                bar.update(1)
-    return _finish(spec, harness, out, records, ctx, wall_time_s=time.perf_counter() - started)
+    try:
+        with tqdm(
+            total=len(plan),
+            initial=done,
+            desc="runs",
+            position=0,
+            dynamic_ncols=True,
+            disable=not (progress and ctx.is_main),
+        ) as bar:
+            for heads, seed, name in plan:
+                run_dir = out / "runs" / name
+                finished = is_finished(run_dir)
+                if not finished and _agree(stop.requested, ctx):  # e.g. Ctrl-C during analysis
+                    raise TrainingInterrupted(run_dir, 0, spec.steps)
+                record = train_run(
+                    harness,
+                    heads,
+                    seed,
+                    run_dir,
+                    ctx=ctx,
+                    stop=stop,
+                    stop_at_step=stop_at_step,
+                    progress=progress,
+                    model_factory=model_factory,
+                )
+                records.append(record)
+                if not finished:
+                    bar.update(1)
+                    invocation.save()
+        report = _finish(
+            spec, harness, out, records, ctx, wall_time_s=invocation.wall_time_s,
+            environment=invocation.entry["environment"],
+        )  # fmt: skip
+        outcome = "finished"
+        return report
+    except TrainingInterrupted:
+        outcome = "stopped"
+        raise
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
+    finally:
+        invocation.save(outcome)
 
 
 def analyze(
@@ -335,7 +408,9 @@ def analyze(
 
     Each run's ``result.json`` gets the new ``analysis`` (rewritten atomically), then
     ``results.json``, ``results.csv`` and the plots (including the per-layer figures)
-    are rebuilt. Runs that have not finished are left alone.
+    are rebuilt. Runs that have not finished are left alone. ``results.json`` keeps the
+    training ``environment`` and ``wall_time_s`` and records this one's as
+    ``analysis_environment`` and ``analysis_time_s``.
 
     Args:
         out_dir: a comparison folder.
@@ -354,6 +429,7 @@ def analyze(
     """
     from tqdm.auto import tqdm
 
+    started = time.perf_counter()
     out = Path(out_dir)
     spec = load_spec(out).resolved()
     harness = make_harness(spec, task)
@@ -377,6 +453,20 @@ def analyze(
         record["analysis"] = harness.layer_metrics(model, ctx.device)
         atomic_write_json(run_dir / RESULT_NAME, record)
         records.append(record)
-    previous = out / RESULTS_NAME
-    wall = float(read_json(previous).get("wall_time_s", 0.0)) if previous.is_file() else 0.0
-    return _finish(spec, harness, out, records, ctx, wall_time_s=wall)
+    previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}
+    invocations = _read_invocations(out)
+    trained = previous.get("environment") or (
+        invocations[-1].get("environment") if invocations else None
+    )  # the training environment, not this one
+    wall = (
+        sum(float(entry.get("elapsed_s") or 0.0) for entry in invocations)
+        if invocations
+        else float(previous.get("wall_time_s", 0.0))
+    )
+    extra = {
+        "analysis_environment": environment(1, str(ctx.device)),
+        "analysis_time_s": time.perf_counter() - started,
+    }
+    return _finish(
+        spec, harness, out, records, ctx, wall_time_s=wall, environment=trained, extra=extra
+    )
