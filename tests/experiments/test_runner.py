@@ -422,8 +422,8 @@ def test_wall_time_adds_up_every_invocation_stopped_and_interrupted_ones_too(
     assert all(e["environment"]["world_size"] == 1 for e in entries)
     wall = report.results["wall_time_s"]
     assert json.loads((out / "results.json").read_text())["wall_time_s"] == wall
-    # the first two invocations count in full, the last one up to writing the report
-    assert 0.0 < wall - entries[0]["elapsed_s"] - entries[1]["elapsed_s"] <= entries[2]["elapsed_s"]
+    assert wall == math.fsum(e["elapsed_s"] for e in entries)  # every invocation counts
+    assert wall > entries[0]["elapsed_s"] + entries[1]["elapsed_s"]
     assert report.results["invocations"] == 3
     # the run continued from its step-2 checkpoint (the interrupted stretch had no new one)
     assert len(report.results["runs"][0]["train_loss"]) == 6
@@ -443,9 +443,9 @@ def test_analyze_keeps_the_training_environment_and_wall_time(
         torch.set_num_threads(previous)
     assert results["environment"] == trained["environment"]  # torch threads 1, not 2
     assert results["analysis_environment"]["torch_threads"] == 2
-    assert results["wall_time_s"] == pytest.approx(trained["wall_time_s"], abs=0.5)
+    assert results["wall_time_s"] == trained["wall_time_s"] > 0  # analysis time is apart
     entries = json.loads((out / "invocations.json").read_text())["invocations"]
-    assert results["wall_time_s"] == sum(e["elapsed_s"] for e in entries)
+    assert results["wall_time_s"] == math.fsum(e["elapsed_s"] for e in entries)
     assert results["analysis_time_s"] > 0
     saved = json.loads((out / "results.json").read_text())
     assert saved["analysis_environment"] == results["analysis_environment"]

@@ -18,16 +18,18 @@ interrupted one from its checkpoint, and starts the rest. ``results.json``,
 ``results.csv`` and the plots are rewritten from the run records at the end.
 
 ``wall_time_s`` in ``results.json`` is the time of every invocation that trained in the
-folder (the stopped and interrupted ones too, as recorded in ``invocations.json``: at the
-start, after each finished run and when the invocation ends; a killed process loses the
-time since its last record). ``environment`` is that of the training invocation that wrote
-the report; :func:`analyze` keeps it and adds its own as ``analysis_environment``.
+folder, the stopped and interrupted ones too: the sum of the ``elapsed_s`` recorded in
+``invocations.json`` (at the start, after each finished run, and when the invocation ends
+or writes the report; a killed process loses the time since its last record).
+``environment`` is that of the training invocation that wrote the report; :func:`analyze`
+keeps it and adds its own as ``analysis_environment``.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -233,18 +235,21 @@ class _Invocation:
             "environment": environment(ctx.world_size, str(ctx.device)),
         }
 
-    def save(self, outcome: str = "running") -> None:
-        """Record the elapsed time so far and the outcome."""
+    def save(self, outcome: str = "running") -> float:
+        """Record the elapsed time so far and the outcome; return the total wall time.
+
+        Returns:
+            The elapsed time of the earlier invocations and of this one so far.
+        """
         self.entry["elapsed_s"] = time.perf_counter() - self.started
         self.entry["outcome"] = outcome
         if self.ctx.is_main:
             atomic_write_json(self.path, {"invocations": [*self.earlier, self.entry]})
+        return _total_time([*self.earlier, self.entry])
 
-    @property
-    def wall_time_s(self) -> float:
-        """Elapsed time of the earlier invocations and of this one so far."""
-        earlier = sum(float(entry.get("elapsed_s") or 0.0) for entry in self.earlier)
-        return earlier + time.perf_counter() - self.started
+
+def _total_time(invocations: list[dict[str, Any]]) -> float:
+    return math.fsum(float(entry.get("elapsed_s") or 0.0) for entry in invocations)
 
 
 def _finish(
@@ -254,11 +259,14 @@ def _finish(
     records: list[dict[str, Any]],
     ctx: DistContext,
     *,
-    wall_time_s: float,
+    wall_time_s: Callable[[], float],
     environment: dict[str, Any] | None,
     extra: dict[str, Any] | None = None,
 ) -> CompareReport:
-    """Write results.json, results.csv and the plots from the run records."""
+    """Write results.json, results.csv and the plots from the run records.
+
+    ``wall_time_s()`` is asked right before ``results.json`` is written (last).
+    """
     summary = aggregate(records, spec.heads, harness.metric_names, harness.analysis_names)
     results = {
         "spec": spec.to_dict(),
@@ -269,8 +277,8 @@ def _finish(
         "environment": environment,
         **(extra or {}),
         "seeds": list(spec.seeds),
-        "wall_time_s": wall_time_s,
-        "invocations": len(_read_invocations(out_dir)),
+        "wall_time_s": None,  # filled in last
+        "invocations": None,
         "summary": summary,
         "runs": records,
     }
@@ -289,6 +297,9 @@ def _finish(
         except ImportError:  # matplotlib is an optional extra
             plots = []
         results["plots"] = [str(p.relative_to(out_dir)) for p in plots]
+    results["wall_time_s"] = wall_time_s()
+    results["invocations"] = len(_read_invocations(out_dir))
+    if ctx.is_main:
         atomic_write_json(out_dir / RESULTS_NAME, results)
     ctx.barrier()
     return CompareReport(out_dir, results, harness.metric_names, harness.analysis_names, plots)
@@ -380,12 +391,16 @@ def run_compare(
                 if not finished:
                     bar.update(1)
                     invocation.save()
-        report = _finish(
-            spec, harness, out, records, ctx, wall_time_s=invocation.wall_time_s,
+
+        def report_time() -> float:  # recorded, with the time so far, right before results.json
+            nonlocal outcome
+            outcome = "finished"
+            return invocation.save(outcome)
+
+        return _finish(
+            spec, harness, out, records, ctx, wall_time_s=report_time,
             environment=invocation.entry["environment"],
         )  # fmt: skip
-        outcome = "finished"
-        return report
     except TrainingInterrupted:
         outcome = "stopped"
         raise
@@ -393,7 +408,8 @@ def run_compare(
         outcome = "interrupted"
         raise
     finally:
-        invocation.save(outcome)
+        if outcome != "finished":
+            invocation.save(outcome)
 
 
 def analyze(
@@ -458,15 +474,12 @@ def analyze(
     trained = previous.get("environment") or (
         invocations[-1].get("environment") if invocations else None
     )  # the training environment, not this one
-    wall = (
-        sum(float(entry.get("elapsed_s") or 0.0) for entry in invocations)
-        if invocations
-        else float(previous.get("wall_time_s", 0.0))
-    )
+    wall = _total_time(invocations) if invocations else float(previous.get("wall_time_s") or 0)
     extra = {
         "analysis_environment": environment(1, str(ctx.device)),
         "analysis_time_s": time.perf_counter() - started,
     }
     return _finish(
-        spec, harness, out, records, ctx, wall_time_s=wall, environment=trained, extra=extra
-    )
+        spec, harness, out, records, ctx, wall_time_s=lambda: wall, environment=trained,
+        extra=extra,
+    )  # fmt: skip
