@@ -47,3 +47,50 @@ def test_two_process_ddp_matches_one_process(
     for a, b in zip(ddp["train_loss"], single["train_loss"], strict=True):
         assert abs(a - b) < 1e-5
     assert abs(ddp["final"]["val_loss"] - single["final"]["val_loss"]) < 1e-5
+
+
+def test_planned_stop_under_torchrun_is_a_clean_exit_and_one_process_resumes_it(
+    tiny_spec: Callable[..., CompareSpec],
+    corpus: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from heatformer.cli import main
+
+    spec = tiny_spec(heads=("attention:2",), steps=4, eval_every=2, ckpt_every=2, analysis=False)
+    out = tmp_path / "ddp"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "-m", "heatformer", "train", "--task", "chars", "--text", str(corpus),
+        "--heads", spec.heads[0], "--steps", "4", "--batch-size", str(spec.batch_size),
+        "--seq-len", str(spec.seq_len), "--layers", str(spec.n_layer), "--embd", str(spec.n_embd),
+        "--lr", str(spec.lr), "--eval-every", "2", "--ckpt-every", "2",
+        "--eval-size", str(spec.eval_size), "--no-analysis", "--no-progress", "--device", "cpu",
+        "--out", str(out), "--stop-at-step", "2",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FAILED" not in done.stderr and "Traceback" not in done.stderr
+    message = (
+        "heatformer train: stopped at step 2 as requested (--stop-at-step), checkpoint of run "
+        f"c00-attention2-s0 saved; resume with: torchrun ... -m heatformer train --resume {out}"
+    )
+    assert done.stderr.count(message) == 1  # rank 0 only
+    assert not (out / "results.json").exists()
+
+    assert main(["train", "--resume", str(out), "--no-progress"]) == 0  # one process now
+    err = capsys.readouterr().err
+    assert (
+        "heatformer train: note: run c00-attention2-s0: resuming at step 2 with 1 process(es); "
+        "its checkpoint was written by 2 process(es)."
+    ) in err
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["world_sizes"] == [
+        {"world_size": 2, "from_step": 0},
+        {"world_size": 1, "from_step": 2},
+    ]
+    (single,) = run_compare(spec, tmp_path / "single").results["runs"]  # never interrupted
+    for a, b in zip(run["train_loss"], single["train_loss"], strict=True):
+        assert abs(a - b) < 1e-5
+    assert abs(run["final"]["val_loss"] - single["final"]["val_loss"]) < 1e-5

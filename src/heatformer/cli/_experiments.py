@@ -4,8 +4,10 @@ Each subcommand is an ``(add_arguments, run)`` pair registered in
 :data:`heatformer.cli.COMMANDS`. ``run`` prints (this is the command line, not the
 library) and returns the exit code; bad input raises ``ValueError`` /
 ``FileNotFoundError``, which :func:`heatformer.cli.main` turns into one line on stderr
-and exit status 2. A stop (Ctrl-C, SIGTERM, ``--stop-at-step``) saves a checkpoint and
-exits with status 130 after printing how to resume.
+and exit status 2. A stop saves a checkpoint and prints how to resume: Ctrl-C and SIGTERM
+exit with status 130, a planned stop (``--stop-at-step``) with status 0 (so ``torchrun``
+does not report it as a failure). A run resumed with another number of processes gets a
+note on stderr (:class:`~heatformer.experiments.trainer.WorldSizeChanged`).
 
 Defining the options needs only :mod:`heatformer.experiments.spec`, which imports no torch;
 the runner, the data and the models are imported inside the ``run`` functions.
@@ -14,11 +16,14 @@ the runner, the data and the models are imported inside the ``run`` functions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from heatformer.experiments.spec import PRESETS, CompareSpec, parse_seeds
 
@@ -289,7 +294,12 @@ def _execute(args: argparse.Namespace, command: str) -> int:
     from heatformer.experiments.compare import load_spec, run_compare, validate_spec
     from heatformer.experiments.distributed import setup_distributed
     from heatformer.experiments.report import format_table
-    from heatformer.experiments.trainer import StopSignal, TrainingDiverged, TrainingInterrupted
+    from heatformer.experiments.trainer import (
+        StopSignal,
+        TrainingDiverged,
+        TrainingInterrupted,
+        WorldSizeChanged,
+    )
 
     for dest in ("threads", "stop_at_step"):
         value = getattr(args, dest)
@@ -333,7 +343,7 @@ def _execute(args: argparse.Namespace, command: str) -> int:
         launcher = "torchrun ... -m heatformer" if ctx.distributed else "heatformer"
         hint = f"resume with: {launcher} {command} --resume {out}"
         try:
-            with stop.installed():
+            with stop.installed(), _notes(command, WorldSizeChanged):
                 report = run_compare(
                     spec,
                     out,
@@ -345,6 +355,14 @@ def _execute(args: argparse.Namespace, command: str) -> int:
                     harness=harness,
                 )
         except TrainingInterrupted as err:
+            if stop.reason.startswith("--stop-at-step"):  # planned: a clean exit (torchrun too)
+                if ctx.is_main:
+                    print(
+                        f"heatformer {command}: stopped at step {err.step} as requested "
+                        f"(--stop-at-step), checkpoint of run {err.run_dir.name} saved; {hint}",
+                        file=sys.stderr,
+                    )
+                return 0
             if ctx.is_main:
                 where = (
                     f"stopped at step {err.step}/{err.steps}, checkpoint saved"
@@ -372,6 +390,30 @@ def _execute(args: argparse.Namespace, command: str) -> int:
         return 0
     finally:
         ctx.close()
+
+
+@contextlib.contextmanager
+def _notes(command: str, kind: type[Warning]) -> Iterator[None]:
+    """Show warnings of ``kind`` as ``heatformer COMMAND: note: ...`` lines on stderr."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", kind)
+        shown = warnings.showwarning
+
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
+            if issubclass(category, kind):
+                print(f"heatformer {command}: note: {message}", file=sys.stderr, flush=True)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 def _print_report(report: Any, format_table: Any) -> None:

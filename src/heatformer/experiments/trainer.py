@@ -29,6 +29,7 @@ import math
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -55,6 +56,7 @@ __all__ = [
     "StopSignal",
     "TrainingDiverged",
     "TrainingInterrupted",
+    "WorldSizeChanged",
     "build_optimizer",
     "is_finished",
     "load_run_checkpoint",
@@ -107,6 +109,16 @@ class TrainingDiverged(ValueError):
         self.run_dir = run_dir
         self.step = step
         self.loss = loss
+
+
+class WorldSizeChanged(UserWarning):
+    """A run resumed with another number of DDP processes than the one that saved it.
+
+    Every rank draws the same global batch and keeps an equal slice of it, so the
+    optimization is the same with any number of processes and the run continues; the
+    run record's ``world_sizes`` lists each stretch (``{"world_size", "from_step"}``).
+    Issued by rank 0 only (``heatformer train``/``compare`` print it as a note).
+    """
 
 
 class StopSignal:
@@ -278,12 +290,17 @@ def train_run(
         (one value per step, the global-batch mean), ``evals`` (a list of
         ``{"step": s, metric: value}``), ``final`` (metrics at the last step),
         ``analysis`` (``{metric: [per layer]}``, empty if disabled), ``train_time_s``,
-        ``model_config``, ``world_size``.
+        ``model_config``, ``world_size`` (of the last stretch) and ``world_sizes`` (every
+        stretch trained with another number of processes: ``[{"world_size": 2,
+        "from_step": 0}, {"world_size": 1, "from_step": 120}]``).
 
     Raises:
         TrainingInterrupted: a stop was requested; the checkpoint is saved.
         TrainingDiverged: the training loss became NaN or infinite (a ``ValueError``).
         ValueError: the checkpoint belongs to another configuration.
+
+    Warns:
+        WorldSizeChanged: the checkpoint was written by another number of processes.
     """
     from heatformer.experiments.distributed import resolve_device
 
@@ -307,6 +324,7 @@ def train_run(
     optimizer = build_optimizer(model, spec.lr, spec.weight_decay)
     generator = torch.Generator().manual_seed(seed)  # batch order
     step, train_loss, evals, train_time = 0, [], [], 0.0
+    world_sizes = [{"world_size": ctx.world_size, "from_step": 0}]
 
     saved = load_run_checkpoint(harness, heads, seed, run_dir)
     if saved is not None:
@@ -320,6 +338,20 @@ def train_run(
         train_loss = list(saved["train_loss"])
         evals = list(saved["evals"])
         train_time = float(saved["train_time_s"])
+        world_sizes = [dict(stretch) for stretch in saved.get("world_sizes") or world_sizes]
+        before = int(world_sizes[-1]["world_size"])
+        if before != ctx.world_size:
+            world_sizes.append({"world_size": ctx.world_size, "from_step": step})
+            if ctx.is_main:
+                warnings.warn(
+                    f"run {run_dir.name}: resuming at step {step} with {ctx.world_size} "
+                    f"process(es); its checkpoint was written by {before} process(es). Every "
+                    f"process count trains on the same global batch ({spec.batch_size}), so "
+                    "the optimization is the same and the run continues (losses may differ "
+                    "in float rounding); the record's world_sizes keeps both",
+                    WorldSizeChanged,
+                    stacklevel=2,
+                )
 
     def checkpoint() -> None:
         if ctx.is_main:
@@ -336,6 +368,7 @@ def train_run(
                     "train_loss": train_loss,
                     "evals": evals,
                     "train_time_s": train_time,
+                    "world_sizes": world_sizes,
                 },
             )
 
@@ -430,6 +463,7 @@ def train_run(
         "train_time_s": train_time,
         "model_config": _model_config_dict(model),
         "world_size": ctx.world_size,
+        "world_sizes": world_sizes,
     }
     if ctx.is_main:
         atomic_write_json(run_dir / RESULT_NAME, record)  # last: marks the run finished
