@@ -18,7 +18,6 @@ from the *same* weights, so one reference serves ``DenseGraph``, ``SoftmaxGraph`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -40,7 +39,7 @@ from heatformer.graph_ops import (
     Polynomial,
     SoftmaxGraph,
 )
-from references import adjacency_reference, laplacian_reference
+from references import adjacency_reference, laplacian_reference, softmax_reference
 
 GRAPH_KINDS = ("dense", "softmax", "sparse")
 NORMALIZATIONS = ("rw", "sym", "combinatorial")
@@ -52,31 +51,6 @@ NORMALIZATIONS = ("rw", "sym", "combinatorial")
 def to_numpy(x: Tensor) -> np.ndarray:
     """A float64 numpy copy of any tensor."""
     return x.detach().cpu().to(torch.float64).numpy()
-
-
-def softmax_reference(
-    q: np.ndarray,
-    k: np.ndarray,
-    *,
-    scale: float | None = None,
-    mask: np.ndarray | None = None,
-    causal: bool = False,
-) -> np.ndarray:
-    """``softmax(q k^T * scale)`` over allowed keys; fully masked rows are 0. Shape (..., N, N)."""
-    n, e = q.shape[-2], q.shape[-1]
-    scale = 1.0 / math.sqrt(e) if scale is None else scale
-    s = q @ np.swapaxes(k, -1, -2) * scale
-    allowed = np.ones(s.shape, dtype=bool)
-    if mask is not None:
-        allowed &= np.broadcast_to(mask, s.shape)
-    if causal:
-        allowed &= np.tril(np.ones((n, n), dtype=bool))
-    s = np.where(allowed, s, -np.inf)
-    top = s.max(-1, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    ex = np.where(allowed, np.exp(s - top), 0.0)
-    z = ex.sum(-1, keepdims=True)
-    return np.divide(ex, z, out=np.zeros_like(ex), where=z > 0)
 
 
 def _batched(fn: Callable[..., np.ndarray], w: np.ndarray, x: np.ndarray, *args) -> np.ndarray:

@@ -140,8 +140,28 @@ def test_sparse_constructors_reject() -> None:
         ValueError, match=r"^edge_index: expected an integer tensor of shape \(2, E\)"
     ):
         SparseGraph.from_edge_index(torch.tensor([[0, 1, 2]]))
-    with pytest.raises(ValueError, match=r"^edge_index:"):
+    with pytest.raises(TypeError, match=r"^edge_index: expected an integer tensor"):
         SparseGraph.from_edge_index([[0, 1], [1, 0]])
+    # errors name the arguments the caller passed, not internal ones
+    edges = torch.tensor([[0, 1], [1, 0]])
+    with pytest.raises(
+        ValueError, match=r"^edge_index: expected indices in \[0, 2\) for num_nodes 2, got \[0, 5\]"
+    ):
+        SparseGraph.from_edge_index(torch.tensor([[0, 5], [1, 0]]), num_nodes=2)
+    with pytest.raises(ValueError, match=r"^edge_weight: expected finite, non-negative"):
+        SparseGraph.from_edge_index(edges, torch.tensor([1.0, -2.0]))
+    with pytest.raises(ValueError, match=r"^edge_weight: expected finite, non-negative"):
+        SparseGraph.from_edge_index(edges, torch.tensor([1.0, math.nan]))
+    with pytest.raises(TypeError, match=r"^edge_weight: expected a floating-point tensor"):
+        SparseGraph.from_edge_index(edges, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"^edge_index, edge_weight: expected E source"):
+        SparseGraph.from_edge_index(edges, torch.ones(3))
+    with pytest.raises(TypeError, match=r"^num_nodes: expected an int"):
+        SparseGraph.from_edge_index(edges, num_nodes=2.0)
+    with pytest.raises(ValueError, match=r"^indices: expected column indices in \[0, 3\)"):
+        SparseGraph.from_ell(torch.full((3, 2), 3), torch.ones(3, 2))
+    with pytest.raises(ValueError, match=r"^weight: expected finite, non-negative"):
+        SparseGraph.from_ell(torch.zeros(3, 2, dtype=torch.long), -torch.ones(3, 2))
     with pytest.raises(TypeError, match=r"^indices:"):
         SparseGraph.from_ell(torch.zeros(3, 2), torch.ones(3, 2))
     with pytest.raises(ValueError, match=r"^weight: expected the shape of indices"):

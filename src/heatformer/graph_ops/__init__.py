@@ -14,9 +14,16 @@ from heatformer.graph_ops.graphs import (
     topk_graph,
 )
 from heatformer.graph_ops.heat import HEAT_METHODS, HeatMethod, heat_kernel, select_heat_method
-from heatformer.graph_ops.laplacian import GraphGenerator, laplacian, laplacian_matrix, spectrum
+from heatformer.graph_ops.laplacian import (
+    GraphGenerator,
+    adjacency_matrix,
+    laplacian,
+    laplacian_matrix,
+    spectrum,
+)
 from heatformer.graph_ops.operators import (
     OPERATORS,
+    PPR_METHODS,
     Attention,
     DiffusionOperator,
     HeatKernel,
@@ -29,6 +36,7 @@ from heatformer.graph_ops.operators import (
 __all__ = [
     "HEAT_METHODS",
     "OPERATORS",
+    "PPR_METHODS",
     "Attention",
     "DenseGraph",
     "DiffusionOperator",
@@ -42,6 +50,7 @@ __all__ = [
     "SoftmaxGraph",
     "SparseGraph",
     "SymmetrizedGraph",
+    "adjacency_matrix",
     "heat_kernel",
     "laplacian",
     "laplacian_matrix",

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from heatformer.graph_ops._precision import accumulation_dtype, full_precision
+
 
 @dataclass(frozen=True)
 class CSRStructure:
@@ -106,6 +108,10 @@ def csr_matmul(
 ) -> Tensor:
     """Differentiable ``A @ x`` for the CSR matrix ``A = (struct, values)``.
 
+    float16/bfloat16 operands are multiplied in float32 (``torch.sparse`` has no half
+    precision CSR kernel on the CPU) and the product is rounded to ``x``'s dtype; autocast is
+    off inside, so the float32 product is not cast back.
+
     Args:
         values: ``(E,)`` entries of ``A`` in ``struct`` order.
         x: ``(size, C)`` dense right-hand side.
@@ -116,4 +122,7 @@ def csr_matmul(
     Returns:
         ``(size, C)`` product.
     """
-    return _CSRMatmul.apply(values, x, struct, transpose)
+    compute = accumulation_dtype(x.dtype)
+    with full_precision(x.device.type):
+        y = _CSRMatmul.apply(values.to(compute), x.to(compute), struct, transpose)
+    return y.to(x.dtype)

@@ -153,20 +153,36 @@ def check_tol(tol: object) -> float:
     return check_open_unit("tol", tol)
 
 
-def check_coeffs(coeffs: object) -> Tensor:
-    """Check polynomial coefficients: a non-empty 1-D float sequence or tensor."""
+def check_coeffs(coeffs: object) -> list[float] | Tensor:
+    """Check polynomial coefficients: a non-empty 1-D float sequence or tensor.
+
+    A sequence is checked as Python numbers and returned as a list of floats, so no tensor is
+    made here (the check also works while modules are built on the meta device).
+    """
     if isinstance(coeffs, Tensor):
         if not coeffs.is_floating_point():
             raise TypeError(f"coeffs: expected a floating-point tensor, got dtype {coeffs.dtype}")
-        out = coeffs
-    elif isinstance(coeffs, Sequence) and not isinstance(coeffs, str):
-        if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in coeffs):
-            raise TypeError(f"coeffs: expected a sequence of numbers, got {coeffs!r}")
-        out = torch.tensor([float(c) for c in coeffs], dtype=torch.float64)
-    else:
+        if coeffs.dim() != 1 or coeffs.numel() == 0:
+            raise ValueError(
+                f"coeffs: expected a non-empty 1-D sequence, got shape {tuple(coeffs.shape)}"
+            )
+        if coeffs.device.type != "meta" and not bool(torch.isfinite(coeffs).all()):
+            raise ValueError("coeffs: expected finite values, got NaN or inf")
+        return coeffs
+    if not isinstance(coeffs, Sequence) or isinstance(coeffs, str):
         raise TypeError(f"coeffs: expected a sequence of floats or a tensor, got {coeffs!r}")
-    if out.dim() != 1 or out.numel() == 0:
-        raise ValueError(f"coeffs: expected a non-empty 1-D sequence, got shape {tuple(out.shape)}")
-    if not bool(torch.isfinite(out).all()):
-        raise ValueError("coeffs: expected finite values, got NaN or inf")
-    return out
+    if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in coeffs):
+        raise TypeError(f"coeffs: expected a sequence of numbers, got {coeffs!r}")
+    if len(coeffs) == 0:
+        raise ValueError("coeffs: expected a non-empty 1-D sequence, got an empty one")
+    values = [float(c) for c in coeffs]
+    if not all(math.isfinite(c) for c in values):
+        raise ValueError(f"coeffs: expected finite values, got {values}")
+    return values
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Check a flag: ``True`` or ``False`` (not 0/1, not a string)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return value

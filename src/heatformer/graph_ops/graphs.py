@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from heatformer.graph_ops import _validation as V
+from heatformer.graph_ops._precision import accumulation_dtype
 from heatformer.graph_ops._sparse import CSRStructure, csr_matmul
 
 if TYPE_CHECKING:
@@ -208,6 +209,15 @@ class Graph(ABC):
     def _weight_rows(self, start: int, stop: int) -> Tensor:
         """Differentiable dense rows ``W[..., start:stop, :]`` flattened to ``(Bf, rows, N)``."""
 
+    @abstractmethod
+    def to(self, dtype: torch.dtype) -> Graph:
+        """The same graph computed in ``dtype`` (differentiable; ``self`` if already there).
+
+        An implicit graph recomputes its weights in ``dtype`` (a ``SoftmaxGraph`` casts
+        ``q`` and ``k``), so e.g. ``graph.to(torch.float64).to_dense()`` of a bfloat16
+        attention graph has rows that sum to 1 in float64.
+        """
+
     # ---- derived, written once -------------------------------------------------------------
 
     def _score_rows(self, start: int, stop: int) -> Tensor:
@@ -273,7 +283,7 @@ class Graph(ABC):
         idx = torch.cat(idx_blocks, dim=1)
         w = torch.cat(w_blocks, dim=1)
         shape = (*self.batch_shape, self.num_nodes, k)
-        return SparseGraph.from_ell(idx.reshape(shape), w.reshape(shape))
+        return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape))
 
     def threshold(
         self, eps: float, *, renormalize: bool = False, block_size: int | None = None
@@ -304,7 +314,7 @@ class Graph(ABC):
             rows.append(b * n + i + s)
             cols.append(b * n + j)
             vals.append(w[b, i, j])
-        return SparseGraph(
+        return SparseGraph._trusted(
             torch.cat(rows), torch.cat(cols), torch.cat(vals), num_nodes=n,
             batch_shape=self.batch_shape,
         )  # fmt: skip
@@ -442,6 +452,13 @@ class DenseGraph(Graph):
     def to_dense(self) -> Tensor:
         return self.weight
 
+    def to(self, dtype: torch.dtype) -> DenseGraph:
+        if dtype == self.dtype:
+            return self
+        graph = DenseGraph.__new__(DenseGraph)  # the weights were checked already
+        graph.weight = graph._tensor = self.weight.to(dtype)
+        return graph
+
     def symmetrize(self) -> DenseGraph:
         return DenseGraph(0.5 * (self.weight + self.weight.transpose(-1, -2)))
 
@@ -561,6 +578,14 @@ class SoftmaxGraph(Graph):
     def _blocks(self, block_size: int | None) -> list[tuple[int, int]]:
         return super()._blocks(self.block_size if block_size is None else block_size)
 
+    def to(self, dtype: torch.dtype) -> SoftmaxGraph:
+        if dtype == self.dtype:
+            return self
+        return SoftmaxGraph(
+            self.q.to(dtype), self.k.to(dtype), scale=self.scale, mask=self.mask,
+            causal=self.causal, block_size=self.block_size,
+        )  # fmt: skip
+
     # ---- slabs -----------------------------------------------------------------------------
 
     def _flat(self) -> tuple[Tensor, Tensor]:
@@ -584,18 +609,35 @@ class SoftmaxGraph(Graph):
         q, k = self._flat()
         s = (q[:, start:stop] @ k.transpose(-1, -2)) * self.scale  # (Bf, rows, N)
         allowed = self._allowed_rows(start, stop)
-        if allowed is not None:
-            s = s.masked_fill(~allowed, float("-inf"))
-        return s
+        return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
 
     def _weight_rows(self, start: int, stop: int) -> Tensor:
-        return self._softmax(self._score_rows(start, stop))
+        return self._weight_rows_from(*self._flat(), start, stop)
 
-    def _softmax(self, s: Tensor) -> Tensor:
-        """Row softmax of masked scores. Only a key mask can leave a row without any allowed
-        key (a causal row always keeps its diagonal), so without one the plain softmax is
-        exact and three passes over the ``(Bf, rows, N)`` slab cheaper."""
-        return torch.softmax(s, dim=-1) if self.mask is None else _safe_softmax(s)
+    def _weight_rows_from(self, q: Tensor, k: Tensor, start: int, stop: int) -> Tensor:
+        """Rows ``start:stop`` of ``P`` from ``q``, ``k`` ``(Bf, N, E)``: ``(Bf, rows, N)``."""
+        s = (q[:, start:stop] @ k.transpose(-1, -2)) * self.scale  # (Bf, rows, N)
+        return self._masked_softmax(s, self._allowed_rows(start, stop))
+
+    def _masked_softmax(
+        self, s: Tensor, allowed: Tensor | None, *, cut_gradient: bool = False
+    ) -> Tensor:
+        """The one masked-score softmax of every slab (dense rows, transpose products, top-k).
+
+        Only a key mask can leave a row without an allowed key (a causal row keeps its
+        diagonal), so without one the plain softmax of the ``-inf``-filled scores is exact.
+        With one (or ``cut_gradient``), disallowed entries are structural zeros: an empty row
+        gives 0, not NaN, and no gradient reaches (or, in half precision, overflows at) an
+        entry that cannot carry weight. A NaN score of an allowed entry stays NaN.
+        """
+        if allowed is None:
+            return torch.softmax(s, dim=-1)
+        s = s.masked_fill(~allowed, float("-inf"))
+        if self.mask is None and not cut_gradient:
+            return torch.softmax(s, dim=-1)
+        has = allowed.any(-1, keepdim=True)
+        p = torch.softmax(torch.where(has, s, 0.0), dim=-1)
+        return torch.where(allowed, p, 0.0)
 
     def _kept_weights(self, start: int, stop: int, idx: Tensor) -> Tensor:
         def kept(q: Tensor, k: Tensor) -> Tensor:
@@ -605,8 +647,9 @@ class SoftmaxGraph(Graph):
             allowed = self._allowed_rows(start, stop)
             if allowed is not None:
                 allowed = allowed.expand(k.shape[0], -1, -1).gather(-1, idx)
-                s = s.masked_fill(~allowed, float("-inf"))
-            return self._softmax(s)
+            # a kept entry that is not allowed (a row with fewer than k keys) stays a
+            # structural zero: no gradient flows through it
+            return self._masked_softmax(s, allowed, cut_gradient=True)
 
         q, k = self._flat()
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
@@ -667,13 +710,6 @@ class SoftmaxGraph(Graph):
             out = out + (checkpoint(fn, q, k, xb, use_reentrant=False) if grad else fn(q, k, xb))
         return unfold(out)
 
-    def _weight_rows_from(self, q: Tensor, k: Tensor, start: int, stop: int) -> Tensor:
-        s = (q[:, start:stop] @ k.transpose(-1, -2)) * self.scale
-        allowed = self._allowed_rows(start, stop)
-        if allowed is not None:
-            s = s.masked_fill(~allowed, float("-inf"))
-        return self._softmax(s)
-
     def row_has_edge(self) -> Tensor:
         """Bool ``(..., N)``: which rows have at least one allowed key."""
         if self._row_has_edge is None:
@@ -702,11 +738,53 @@ class SoftmaxGraph(Graph):
         return self.propagate_transpose(ones).squeeze(-1)
 
 
-def _safe_softmax(s: Tensor) -> Tensor:
-    """Softmax over the last dim; rows that are all ``-inf`` give 0 (not NaN), also in backward."""
-    has = torch.isfinite(s).any(-1, keepdim=True)
-    s = torch.where(has, s, torch.zeros_like(s))
-    return torch.softmax(s, dim=-1) * has
+def _check_weights(name: str, weight: Tensor) -> None:
+    if not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
+        raise ValueError(f"{name}: expected finite, non-negative edge weights")
+
+
+def _check_edges(
+    row: object,
+    col: object,
+    weight: object,
+    num_nodes: int,
+    batch_shape: torch.Size,
+    *,
+    index_name: str = "row, col",
+    weight_name: str = "weight",
+) -> None:
+    """The checks of a user-given edge list (global indices of a batch of graphs)."""
+    weight = V.check_float_tensor(weight_name, weight)
+    names = index_name.split(", ") if "," in index_name else [index_name] * 2
+    for name, idx in zip(names, (row, col), strict=True):
+        if not isinstance(idx, Tensor) or idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(
+                f"{name}: expected an integer tensor, got "
+                f"{getattr(idx, 'dtype', type(idx).__name__)}"
+            )
+    row, col = cast(Tensor, row), cast(Tensor, col)
+    if not (row.dim() == col.dim() == weight.dim() == 1) or not (
+        row.numel() == col.numel() == weight.numel()
+    ):
+        raise ValueError(
+            f"{index_name}, {weight_name}: expected E source indices, E target indices and E "
+            f"weights, got shapes {tuple(row.shape)}, {tuple(col.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
+    size = _numel(batch_shape) * num_nodes
+    if row.numel() == 0:
+        return
+    with torch.no_grad():
+        lo, hi = int(torch.minimum(row.min(), col.min())), int(torch.maximum(row.max(), col.max()))
+        if lo < 0 or hi >= size:
+            where = f"batch shape {tuple(batch_shape)} and " if len(batch_shape) else ""
+            raise ValueError(
+                f"{index_name}: expected indices in [0, {size}) for {where}num_nodes "
+                f"{num_nodes}, got [{lo}, {hi}]"
+            )
+        if bool(((row // num_nodes) != (col // num_nodes)).any()):
+            raise ValueError(f"{index_name}: an edge joins two different graphs of the batch")
+        _check_weights(weight_name, weight)
 
 
 class SparseGraph(Graph):
@@ -748,49 +826,53 @@ class SparseGraph(Graph):
         batch_shape: tuple[int, ...] | torch.Size = (),
     ) -> None:
         num_nodes = V.check_positive_int("num_nodes", num_nodes)
-        weight = V.check_float_tensor("weight", weight)
-        for name, idx in (("row", row), ("col", col)):
-            if not isinstance(idx, Tensor) or idx.dtype not in (torch.int32, torch.int64):
-                raise TypeError(
-                    f"{name}: expected an integer tensor, got {getattr(idx, 'dtype', type(idx))}"
-                )
-        if not (row.dim() == col.dim() == weight.dim() == 1) or not (
-            row.numel() == col.numel() == weight.numel()
-        ):
-            raise ValueError(
-                f"row, col, weight: expected three 1-D tensors of equal length, got shapes "
-                f"{tuple(row.shape)}, {tuple(col.shape)}, {tuple(weight.shape)}"
-            )
-        self._batch_shape = torch.Size(batch_shape)
+        _check_edges(row, col, weight, num_nodes, torch.Size(batch_shape))
+        self._init(row.long(), col.long(), weight, num_nodes, torch.Size(batch_shape), sort=True)
+
+    def _init(
+        self,
+        row: Tensor,
+        col: Tensor,
+        weight: Tensor,
+        num_nodes: int,
+        batch_shape: torch.Size,
+        *,
+        sort: bool,
+    ) -> None:
+        self._batch_shape = batch_shape
         self._n = num_nodes
-        size = _numel(self._batch_shape) * num_nodes
-        row, col = row.long(), col.long()
-        if row.numel() > 0:
-            with torch.no_grad():
-                if (
-                    int(row.min()) < 0
-                    or int(row.max()) >= size
-                    or int(col.min()) < 0
-                    or int(col.max()) >= size
-                ):
-                    raise ValueError(
-                        f"row, col: expected indices in [0, {size}) for batch shape "
-                        f"{tuple(self._batch_shape)} and num_nodes {num_nodes}"
-                    )
-                if bool(((row // num_nodes) != (col // num_nodes)).any()):
-                    raise ValueError("row, col: an edge joins two different graphs of the batch")
-                if not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
-                    raise ValueError("weight: expected finite, non-negative edge weights")
-        key = row * size + col
-        if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):  # sort to row-major
-            order = torch.argsort(key, stable=True)
-            row, col, weight = row[order], col[order], weight[order]
+        size = _numel(batch_shape) * num_nodes
+        if sort:
+            key = row * size + col
+            if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):  # sort to row-major
+                order = torch.argsort(key, stable=True)
+                row, col, weight = row[order], col[order], weight[order]
         counts = torch.bincount(row, minlength=size)
         crow = torch.zeros(size + 1, dtype=torch.long, device=row.device)
         crow[1:] = torch.cumsum(counts, 0)
         self._struct = CSRStructure(crow, col, row, size)
         self._transposed: tuple[CSRStructure, Tensor] | None = None
         self.weight = self._tensor = weight
+
+    @classmethod
+    def _trusted(
+        cls,
+        row: Tensor,
+        col: Tensor,
+        weight: Tensor,
+        *,
+        num_nodes: int,
+        batch_shape: torch.Size,
+        sort: bool = True,
+    ) -> SparseGraph:
+        """Build from edges the library made itself: no validation, no host sync for it.
+
+        ``row``/``col`` are int64 global indices in range; non-finite weights pass through
+        (NaN in, NaN out). With ``sort=False`` the entries must already be row-major.
+        """
+        graph = cls.__new__(cls)
+        graph._init(row, col, weight, num_nodes, torch.Size(batch_shape), sort=sort)
+        return graph
 
     # ---- constructors ----------------------------------------------------------------------
 
@@ -799,26 +881,49 @@ class SparseGraph(Graph):
         """Build from ``k`` neighbours per node (ELLPACK layout).
 
         Args:
-            indices: ``(..., N, k)`` integer column indices of each node's out-edges.
-            weight: ``(..., N, k)`` their weights.
+            indices: ``(..., N, k)`` integer column indices in ``[0, N)`` of each node's
+                out-edges.
+            weight: ``(..., N, k)`` their finite, non-negative weights.
+
+        Raises:
+            TypeError: ``indices`` not an integer tensor, ``weight`` not a floating one.
+            ValueError: mismatched shapes, indices out of range, negative or non-finite
+                weights.
         """
         if not isinstance(indices, Tensor) or indices.dtype not in (torch.int32, torch.int64):
-            raise TypeError("indices: expected an integer tensor of shape (..., N, k)")
+            raise TypeError(
+                f"indices: expected an integer tensor of shape (..., N, k), got "
+                f"{getattr(indices, 'dtype', type(indices).__name__)}"
+            )
         weight = V.check_float_tensor("weight", weight, min_dim=2)
-        if indices.shape != weight.shape:
+        if indices.shape != weight.shape or indices.dim() < 2:
             raise ValueError(
-                f"weight: expected the shape of indices {tuple(indices.shape)}, "
+                f"weight: expected the shape of indices {tuple(indices.shape)} (..., N, k), "
                 f"got {tuple(weight.shape)}"
             )
+        n = int(indices.shape[-2])
+        with torch.no_grad():
+            if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= n):
+                raise ValueError(
+                    f"indices: expected column indices in [0, {n}), got "
+                    f"[{int(indices.min())}, {int(indices.max())}]"
+                )
+            _check_weights("weight", weight)
+        return cls._from_ell(indices, weight)
+
+    @classmethod
+    def _from_ell(cls, indices: Tensor, weight: Tensor) -> SparseGraph:
+        """:meth:`from_ell` without checks, for indices the library made (e.g. top-k)."""
         *batch_list, n, k = indices.shape
-        batch = tuple(batch_list)
+        batch = torch.Size(batch_list)
         bf = _numel(batch)
         base = (torch.arange(bf, device=indices.device) * n).view(bf, 1, 1)
         row = (base + torch.arange(n, device=indices.device).view(1, n, 1)).expand(bf, n, k)
         col = indices.reshape(bf, n, k).long() + base
-        return cls(
-            row.reshape(-1), col.reshape(-1), weight.reshape(-1), num_nodes=n, batch_shape=batch
-        )
+        return cls._trusted(
+            row.reshape(-1), col.reshape(-1), weight.reshape(-1), num_nodes=n, batch_shape=batch,
+            sort=False,  # rows in order; columns within a row in any order suit the kernel
+        )  # fmt: skip
 
     @classmethod
     def from_edge_index(
@@ -829,19 +934,39 @@ class SparseGraph(Graph):
         Args:
             edge_index: ``(2, E)`` integer tensor; edge ``e`` goes ``edge_index[0, e] ->
                 edge_index[1, e]`` and becomes the entry ``W[src, dst]``.
-            edge_weight: ``(E,)`` weights (default 1).
+            edge_weight: ``(E,)`` finite, non-negative weights (default 1).
             num_nodes: ``N`` (default ``edge_index.max() + 1``).
+
+        Raises:
+            TypeError: ``edge_index`` not an integer tensor, ``edge_weight`` not a floating
+                one, ``num_nodes`` not an int.
+            ValueError: wrong shapes, indices outside ``[0, num_nodes)``, negative or
+                non-finite weights.
         """
-        if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        if not isinstance(edge_index, Tensor) or edge_index.dtype not in (
+            torch.int32,
+            torch.int64,
+        ):
+            got = getattr(edge_index, "dtype", type(edge_index).__name__)
+            raise TypeError(f"edge_index: expected an integer tensor of shape (2, E), got {got}")
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
             raise ValueError(
-                f"edge_index: expected an integer tensor of shape (2, E), got "
-                f"{tuple(edge_index.shape) if isinstance(edge_index, Tensor) else type(edge_index)}"
+                f"edge_index: expected an integer tensor of shape (2, E), got shape "
+                f"{tuple(edge_index.shape)}"
             )
         if edge_weight is None:
             edge_weight = torch.ones(edge_index.shape[1], device=edge_index.device)
         if num_nodes is None:
             num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 1
-        return cls(edge_index[0], edge_index[1], edge_weight, num_nodes=num_nodes)
+        num_nodes = V.check_positive_int("num_nodes", num_nodes)
+        row, col = edge_index[0], edge_index[1]
+        _check_edges(
+            row, col, edge_weight, num_nodes, torch.Size(),
+            index_name="edge_index", weight_name="edge_weight",
+        )  # fmt: skip
+        return cls._trusted(
+            row.long(), col.long(), edge_weight, num_nodes=num_nodes, batch_shape=torch.Size()
+        )
 
     @classmethod
     def from_networkx(
@@ -930,7 +1055,8 @@ class SparseGraph(Graph):
         return unfold(y.reshape(bf, n, c))
 
     def _degree(self, index: Tensor) -> Tensor:
-        d = self.weight.new_zeros(self._struct.size).index_add(0, index, self.weight)
+        w = self.weight.to(accumulation_dtype(self.dtype))  # half precision sums in float32
+        d = w.new_zeros(self._struct.size).index_add(0, index, w).to(self.dtype)
         return d.reshape(*self.batch_shape, self.num_nodes)
 
     def out_degree(self) -> Tensor:
@@ -963,7 +1089,7 @@ class SparseGraph(Graph):
 
     def symmetrize(self) -> SparseGraph:
         s = self._struct
-        return SparseGraph(
+        return SparseGraph._trusted(
             torch.cat([s.row, s.col]), torch.cat([s.col, s.row]),
             0.5 * torch.cat([self.weight, self.weight]), num_nodes=self.num_nodes,
             batch_shape=self.batch_shape,
@@ -972,9 +1098,9 @@ class SparseGraph(Graph):
     def row_normalize(self) -> SparseGraph:
         """The random-walk graph ``D_out^+ W`` (rows with edges sum to 1)."""
         inv = _safe_reciprocal(self.out_degree()).reshape(-1)
-        return SparseGraph(
+        return SparseGraph._trusted(
             self._struct.row, self._struct.col, self.weight * inv[self._struct.row],
-            num_nodes=self.num_nodes, batch_shape=self.batch_shape,
+            num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
         )  # fmt: skip
 
     def threshold(
@@ -982,14 +1108,23 @@ class SparseGraph(Graph):
     ) -> SparseGraph:
         eps = V.check_threshold(eps)
         keep = (self.weight.detach() >= eps).nonzero(as_tuple=True)[0]
-        graph = SparseGraph(
+        graph = SparseGraph._trusted(
             self._struct.row[keep], self._struct.col[keep], self.weight[keep],
-            num_nodes=self.num_nodes, batch_shape=self.batch_shape,
+            num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
         )  # fmt: skip
         return graph.row_normalize() if renormalize else graph
 
     def to_sparse(self) -> SparseGraph:
         return self
+
+    def to(self, dtype: torch.dtype) -> SparseGraph:
+        if dtype == self.dtype:
+            return self
+        graph = SparseGraph.__new__(SparseGraph)  # same structure, cast weights
+        graph._batch_shape, graph._n = self._batch_shape, self._n
+        graph._struct, graph._transposed = self._struct, self._transposed
+        graph.weight = graph._tensor = self.weight.to(dtype)
+        return graph
 
     def to_edge_index(self) -> tuple[Tensor, Tensor]:
         """``(edge_index (2, E), edge_weight (E,))``; batched graphs as a disjoint union."""
@@ -1053,6 +1188,9 @@ class SymmetrizedGraph(Graph):
 
     def symmetrize(self) -> SymmetrizedGraph:
         return self
+
+    def to(self, dtype: torch.dtype) -> SymmetrizedGraph:
+        return self if dtype == self.dtype else SymmetrizedGraph(self.base.to(dtype))
 
 
 def topk_graph(

@@ -22,6 +22,11 @@ truncation error is at most ``tol * max|x|`` (in the 2-norm sense for ``"sym"``)
 ``"exact"`` -- ``torch.linalg.matrix_exp(-t L) @ x`` on the dense Laplacian: ``O(N^3)``, for
 small graphs and as a reference.
 
+Precision: float16/bfloat16 signals are propagated in their own dtype, but the series
+accumulates in float32; ``"exact"`` runs in float64 for every input dtype (``matrix_exp``
+returns NaN in half precision, and at large ``t`` float32 loses ``t * 1e-7`` of accuracy); the
+result is rounded to the input dtype once (see :mod:`heatformer.graph_ops._precision`).
+
 References:
     Kondor, R. & Lafferty, J. (2002). Diffusion kernels on graphs and other discrete input
     spaces. ICML.
@@ -32,13 +37,13 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from heatformer.graph_ops import _validation as V
+from heatformer.graph_ops._methods import Method, check_method, select_method
+from heatformer.graph_ops._precision import accumulation_dtype, full_precision
 from heatformer.graph_ops.graphs import Graph
 from heatformer.graph_ops.laplacian import GraphGenerator, _check_graph, laplacian_matrix
 
@@ -46,6 +51,10 @@ __all__ = ["HEAT_METHODS", "HeatMethod", "heat_kernel", "poisson_order", "select
 
 #: Largest graph for which ``"exact"`` forms and exponentiates the dense Laplacian.
 EXACT_MAX_NODES = 2048
+#: What the dense routes (``"exact"`` here, PPR's ``"solve"``) compute in, whatever the input
+#: dtype: they are the references and the fallbacks for large ``t`` / small ``alpha``, where a
+#: float32 rounding of the Laplacian's null space is amplified by ``t`` (or ``1/alpha``).
+DENSE_DTYPE = torch.float64
 #: Largest total number of propagations ``"series"`` accepts before refusing.
 SERIES_MAX_TERMS = 5000
 #: Largest ``tau = c t`` handled in one series sub-step.
@@ -82,9 +91,17 @@ def _series_plan(tau_max: float, tol: float) -> tuple[int, int]:
 
 
 def _tau(gen: GraphGenerator, t: Tensor | float) -> Tensor:
-    """``tau = c t``, shape ``batch_shape`` (``t`` broadcasts from the right, e.g. per head)."""
-    t_tensor = torch.as_tensor(t, dtype=gen.graph.dtype, device=gen.graph.device)
-    return gen.scale * t_tensor
+    """``tau = c t`` in the accumulation dtype, shape ``batch_shape`` (``t`` broadcasts from the
+    right, e.g. per head)."""
+    return gen.scale.to(accumulation_dtype(gen.graph.dtype)) * _as_tensor(t, gen.scale)
+
+
+def _as_tensor(t: Tensor | float, like: Tensor) -> Tensor:
+    """``t`` as a tensor in the accumulation dtype of ``like`` (differentiable for a tensor)."""
+    dtype = accumulation_dtype(like.dtype)
+    if isinstance(t, Tensor):
+        return t.to(device=like.device, dtype=dtype)
+    return torch.tensor(t, device=like.device, dtype=dtype)
 
 
 def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float) -> Tensor:
@@ -92,18 +109,18 @@ def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol:
     tau = _tau(gen, t)
     tau_max = float(tau.detach().max()) if tau.numel() else 0.0
     s, order = _series_plan(tau_max, tol)
-    step = (tau / s)[..., None, None]  # (..., 1, 1): per-graph weights
-    y = x
+    step = (tau / s)[..., None, None]  # (..., 1, 1): per-graph weights, accumulation dtype
+    y = x.to(step.dtype)
     for _ in range(s):
         weight = torch.exp(-step)  # e^{-tau} tau^k / k!, by recursion
-        term = y
-        acc = weight * term
+        term = y.to(x.dtype)  # products with the graph in the signal's dtype
+        acc = weight * y
         for k in range(1, order + 1):
             term = gen.markov(term)
             weight = weight * step / k
             acc = torch.addcmul(acc, weight, term)  # acc + weight * term, one pass
         y = acc
-    return y
+    return y.to(x.dtype)
 
 
 def _series_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: float) -> str | None:
@@ -120,11 +137,15 @@ def _series_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: flo
 
 
 def _exact(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float) -> Tensor:
-    lap = laplacian_matrix(graph, normalization)  # (..., N, N)
-    t_tensor = torch.as_tensor(t, dtype=lap.dtype, device=lap.device)
-    if t_tensor.dim() > 0:
-        t_tensor = t_tensor.expand(graph.batch_shape)
-    return torch.linalg.matrix_exp(-t_tensor[..., None, None] * lap) @ x
+    # float64 whatever the input: exp(-tL) amplifies a rounding of L's null space by e^{t eps},
+    # so the graph itself is recomputed in float64 (see DENSE_DTYPE)
+    with full_precision(x.device.type):
+        lap = laplacian_matrix(graph.to(DENSE_DTYPE), normalization)  # (..., N, N)
+        t_tensor = t.to(DENSE_DTYPE) if isinstance(t, Tensor) else t
+        if isinstance(t_tensor, Tensor) and t_tensor.dim() > 0:
+            t_tensor = t_tensor.expand(graph.batch_shape)[..., None, None]
+        y = torch.linalg.matrix_exp(-t_tensor * lap) @ x.to(DENSE_DTYPE)
+    return y.to(x.dtype)
 
 
 def _exact_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: float) -> str | None:
@@ -136,29 +157,16 @@ def _exact_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: floa
     return None
 
 
-@dataclass(frozen=True)
-class HeatMethod:
-    """One way to compute ``exp(-t L) x``.
+#: One way to compute ``exp(-t L) x``: ``compute(graph, x, t, normalization, tol)`` and
+#: ``refuse(graph, t, normalization, tol)``.
+HeatMethod = Method
 
-    Attributes:
-        name: registry key.
-        compute: ``(graph, x, t, normalization, tol) -> y``.
-        refuse: same arguments minus ``x``; the reason it cannot serve the call, or None.
-        summary: one line for error messages and docs.
-    """
-
-    name: str
-    compute: Callable[[Graph, Tensor, Tensor | float, str, float], Tensor]
-    refuse: Callable[[Graph, Tensor | float, str, float], str | None]
-    summary: str
-
-
-HEAT_METHODS: dict[str, HeatMethod] = {
-    "series": HeatMethod(
+HEAT_METHODS: dict[str, Method] = {
+    "series": Method(
         "series", _series, _series_refuse,
         "positive Poisson-weighted series in M, one propagate per term; O(N) memory",
     ),
-    "exact": HeatMethod(
+    "exact": Method(
         "exact", _exact, _exact_refuse,
         "torch.linalg.matrix_exp of the dense Laplacian; O(N^3), small graphs",
     ),
@@ -167,35 +175,19 @@ HEAT_METHODS: dict[str, HeatMethod] = {
 
 def check_heat_method(method: object) -> str:
     """Check a method name: ``"auto"`` or a key of :data:`HEAT_METHODS`."""
-    if not isinstance(method, str):
-        raise TypeError(f"method: expected a str, got {type(method).__name__}")
-    if method != "auto" and method not in HEAT_METHODS:
-        raise ValueError(f"method: expected one of {['auto', *HEAT_METHODS]}, got {method!r}")
-    return method
+    return check_method(method, HEAT_METHODS)
 
 
 def select_heat_method(
     graph: Graph, t: Tensor | float, normalization: str, tol: float, method: str = "auto"
-) -> HeatMethod:
+) -> Method:
     """Resolve ``method`` for this call; ``"auto"`` takes the first method that accepts it.
 
     Raises:
         ValueError: unknown method (lists the valid names), or a refused method / no method
             accepting the call (says why for each).
     """
-    if check_heat_method(method) == "auto":
-        reasons = []
-        for candidate in HEAT_METHODS.values():
-            reason = candidate.refuse(graph, t, normalization, tol)
-            if reason is None:
-                return candidate
-            reasons.append(f"{candidate.name!r}: {reason}")
-        raise ValueError("method: no heat-kernel method accepts this call: " + "; ".join(reasons))
-    chosen = HEAT_METHODS[method]
-    reason = chosen.refuse(graph, t, normalization, tol)
-    if reason is not None:
-        raise ValueError(f"method: {method!r} refused: {reason}")
-    return chosen
+    return select_method(HEAT_METHODS, method, "heat-kernel", graph, t, normalization, tol)
 
 
 def heat_kernel(

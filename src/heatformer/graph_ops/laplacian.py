@@ -42,13 +42,16 @@ Example (path graph 0 - 1 - 2):
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from heatformer.graph_ops import _validation as V
+from heatformer.graph_ops._precision import accumulation_dtype, full_precision
 from heatformer.graph_ops.graphs import Graph, _safe_reciprocal, _safe_rsqrt
 
-__all__ = ["GraphGenerator", "laplacian", "laplacian_matrix", "spectrum"]
+__all__ = ["GraphGenerator", "adjacency_matrix", "laplacian", "laplacian_matrix", "spectrum"]
 
 
 def _check_graph(graph: object) -> Graph:
@@ -169,18 +172,54 @@ def laplacian_matrix(graph: Graph, normalization: str = "rw") -> Tensor:
     """
     graph = _check_graph(graph)
     V.check_normalization(normalization)
-    w = graph.to_dense()
+    return dense_laplacian(graph.to_dense(), normalization)
+
+
+def dense_laplacian(w: Tensor, normalization: str) -> Tensor:
+    """The Laplacian of explicit weights ``w`` ``(..., N, N)`` (no checks; see
+    :func:`laplacian_matrix`)."""
     n = w.shape[-1]
-    eye = torch.eye(n, dtype=w.dtype, device=w.device)
     if normalization == "combinatorial":
         return torch.diag_embed(w.sum(-1)) - w
     if normalization == "rw":
         d = w.sum(-1)
         return torch.diag_embed((d > 0).to(w.dtype)) - _safe_reciprocal(d).unsqueeze(-1) * w
+    eye = torch.eye(n, dtype=w.dtype, device=w.device)
     ws = 0.5 * (w + w.transpose(-1, -2))
     d = ws.sum(-1)
     s = _safe_rsqrt(d)
     return eye * (d > 0).to(w.dtype).unsqueeze(-1) - s.unsqueeze(-1) * ws * s.unsqueeze(-2)
+
+
+def adjacency_matrix(graph: Graph, normalization: str = "rw") -> Tensor:
+    """The dense normalized adjacency ``A`` ``(..., N, N)`` that the operators propagate with.
+
+    ``D_out^+ W`` for ``"rw"``, ``D^{+1/2} W_s D^{+1/2}`` for ``"sym"`` and ``I - L / c`` for
+    ``"combinatorial"`` (``c`` the largest out-degree, 1 for a graph without edges), as
+    :meth:`GraphGenerator.adjacency` applies it; computed from ``graph.to_dense()``.
+
+    Example:
+        >>> import torch
+        >>> from heatformer.graph_ops import DenseGraph
+        >>> g = DenseGraph(torch.tensor([[0., 1., 0.], [1., 0., 1.], [0., 1., 0.]]))
+        >>> adjacency_matrix(g, "rw")
+        tensor([[0.0000, 1.0000, 0.0000],
+                [0.5000, 0.0000, 0.5000],
+                [0.0000, 1.0000, 0.0000]])
+    """
+    graph = _check_graph(graph)
+    V.check_normalization(normalization)
+    w = graph.to_dense()
+    if normalization == "rw":
+        return _safe_reciprocal(w.sum(-1)).unsqueeze(-1) * w
+    if normalization == "sym":
+        ws = 0.5 * (w + w.transpose(-1, -2))
+        s = _safe_rsqrt(ws.sum(-1))
+        return s.unsqueeze(-1) * ws * s.unsqueeze(-2)
+    dmax = w.sum(-1).amax(-1)
+    c = torch.where(dmax > 0, dmax, torch.ones_like(dmax))[..., None, None]
+    eye = torch.eye(w.shape[-1], dtype=w.dtype, device=w.device)
+    return eye - dense_laplacian(w, "combinatorial") / c
 
 
 def spectrum(graph: Graph, normalization: str = "rw", *, atol: float = 1e-6) -> Tensor:
@@ -198,7 +237,13 @@ def spectrum(graph: Graph, normalization: str = "rw", *, atol: float = 1e-6) -> 
         atol: tolerance of the symmetry test ``max|W - W^T| <= atol * max|W|``.
 
     Returns:
-        ``(..., N)`` real (symmetric case) or complex tensor.
+        ``(..., N)`` real (symmetric case) or complex tensor; float16/bfloat16 graphs are
+        solved in float32 and give float32 (complex64) eigenvalues. A graph with no nodes
+        gives an empty ``(..., 0)`` tensor.
+
+    Raises:
+        TypeError: ``graph`` not a Graph, ``atol`` not a number.
+        ValueError: unknown ``normalization``, ``atol`` negative or not finite.
 
     Example:
         >>> import torch
@@ -209,12 +254,22 @@ def spectrum(graph: Graph, normalization: str = "rw", *, atol: float = 1e-6) -> 
     """
     graph = _check_graph(graph)
     V.check_normalization(normalization)
-    w = graph.to_dense().detach()
-    sym_w = bool((w - w.transpose(-1, -2)).abs().amax() <= atol * w.abs().amax().clamp_min(1e-30))
-    if normalization == "sym" or (sym_w and normalization == "combinatorial"):
-        return torch.linalg.eigvalsh(laplacian_matrix(graph, normalization).detach())
-    if sym_w and normalization == "rw":
-        return torch.linalg.eigvalsh(laplacian_matrix(graph, "sym").detach())
-    ev = torch.linalg.eigvals(laplacian_matrix(graph, normalization).detach())
+    if isinstance(atol, bool) or not isinstance(atol, (int, float)):
+        raise TypeError(f"atol: expected a float >= 0, got {type(atol).__name__}")
+    if not (math.isfinite(atol) and atol >= 0):
+        raise ValueError(f"atol: expected a finite float >= 0, got {atol!r}")
+    dtype = accumulation_dtype(graph.dtype)  # no half-precision eigensolvers
+    n = graph.num_nodes
+    if n == 0:  # nothing to solve; the shape and dtype an N-node answer would have
+        return torch.zeros((*graph.batch_shape, 0), dtype=dtype, device=graph.device)
+    with full_precision(graph.device.type):
+        w = graph.to(dtype).to_dense().detach()
+        asym = (w - w.transpose(-1, -2)).abs().amax()
+        sym_w = bool(asym <= atol * w.abs().amax().clamp_min(1e-30))
+        if normalization == "sym" or (sym_w and normalization == "combinatorial"):
+            return torch.linalg.eigvalsh(dense_laplacian(w, normalization))
+        if sym_w and normalization == "rw":
+            return torch.linalg.eigvalsh(dense_laplacian(w, "sym"))
+        ev = torch.linalg.eigvals(dense_laplacian(w, normalization))
     order = torch.argsort(ev.real, dim=-1)
     return ev.gather(-1, order)

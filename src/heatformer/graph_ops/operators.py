@@ -28,26 +28,54 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
 
 from heatformer.graph_ops import _validation as V
+from heatformer.graph_ops._methods import Method, check_method, select_method
+from heatformer.graph_ops._precision import accumulation_dtype, full_precision
 from heatformer.graph_ops.graphs import Graph
-from heatformer.graph_ops.heat import check_heat_method, heat_kernel
-from heatformer.graph_ops.laplacian import GraphGenerator, _check_graph
+from heatformer.graph_ops.heat import (
+    DENSE_DTYPE,
+    EXACT_MAX_NODES,
+    SERIES_MAX_TERMS,
+    check_heat_method,
+    heat_kernel,
+)
+from heatformer.graph_ops.laplacian import GraphGenerator, _check_graph, adjacency_matrix
 
 __all__ = [
     "OPERATORS",
+    "PPR_METHODS",
     "Attention",
     "DiffusionOperator",
     "HeatKernel",
     "Laplacian",
     "PersonalizedPageRank",
     "Polynomial",
+    "ppr_order",
     "resolve_operator",
 ]
+
+
+def _parameter(
+    value: float | list[float],
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+    *,
+    transform: Callable[[float], float] | None = None,
+) -> Tensor:
+    """A parameter's initial tensor in the factory dtype (default: torch's default dtype),
+    rounded once from the float64 ``value`` (optionally ``transform``-ed in float64)."""
+    values = value if isinstance(value, list) else [value]
+    if transform is not None:
+        values = [transform(v) for v in values]
+    data = torch.tensor(values, dtype=torch.float64)
+    data = data if isinstance(value, list) else data[0]
+    return data.to(device=device, dtype=dtype or torch.get_default_dtype())
 
 
 class DiffusionOperator(nn.Module):
@@ -55,6 +83,9 @@ class DiffusionOperator(nn.Module):
 
     #: registry name used in head specs such as ``"attention:6,laplacian:2"``.
     name: str = "operator"
+    #: constructor keyword arguments worth trying, the defaults first: the docs show them and
+    #: the test-suite's combination matrix runs every one (a new operator lists its own).
+    examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -86,6 +117,7 @@ class Attention(DiffusionOperator):
     """
 
     name = "attention"
+    examples = ({},)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
@@ -117,9 +149,21 @@ class Laplacian(DiffusionOperator):
     """
 
     name = "laplacian"
+    examples = (
+        {},
+        {"step": 0.5},
+        {"normalization": "sym"},
+        {"normalization": "combinatorial", "learnable": True},
+    )
 
     def __init__(
-        self, normalization: str = "rw", *, step: float = 1.0, learnable: bool = False
+        self,
+        normalization: str = "rw",
+        *,
+        step: float = 1.0,
+        learnable: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.normalization = V.check_normalization(normalization)
@@ -128,11 +172,11 @@ class Laplacian(DiffusionOperator):
         if not math.isfinite(step):
             raise ValueError(f"step: expected a finite value, got {step}")
         self.step: Tensor
-        self.learnable = bool(learnable)
+        self.learnable = V.check_bool("learnable", learnable)
         if learnable:
-            self.step = nn.Parameter(torch.tensor(float(step)))
+            self.step = nn.Parameter(_parameter(float(step), device, dtype))
         else:  # float64, cast to the signal's dtype at use
-            value = torch.tensor(float(step), dtype=torch.float64)
+            value = torch.tensor(float(step), dtype=torch.float64, device=device)
             self.register_buffer("step", value, persistent=False)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
@@ -146,7 +190,9 @@ class Laplacian(DiffusionOperator):
         return self.step.to(lam.dtype) * lam
 
     def extra_repr(self) -> str:
-        return f"normalization={self.normalization!r}, step={float(self.step):g}"
+        step = float(self.step.detach())
+        learnable = ", learnable=True" if self.learnable else ""
+        return f"normalization={self.normalization!r}, step={step:g}{learnable}"
 
 
 class HeatKernel(DiffusionOperator):
@@ -173,6 +219,13 @@ class HeatKernel(DiffusionOperator):
     """
 
     name = "heat"
+    examples = (
+        {},
+        {"t": 0.3, "normalization": "sym"},
+        {"t": 40.0, "normalization": "combinatorial", "tol": 1e-8},
+        {"t": 1.7, "learnable": True},
+        {"t": 1e4},  # beyond the series: the exact method
+    )
 
     def __init__(
         self,
@@ -181,6 +234,9 @@ class HeatKernel(DiffusionOperator):
         method: str = "auto",
         tol: float = 1e-6,
         learnable: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         given_tensor = isinstance(t, Tensor)
@@ -188,23 +244,30 @@ class HeatKernel(DiffusionOperator):
             bad = [v for v in t if isinstance(v, bool) or not isinstance(v, (int, float))]
             if bad:
                 raise TypeError(f"t: expected a list of floats, got an entry {bad[0]!r}")
-            t = torch.tensor([float(v) for v in t], dtype=torch.float64)
-        t = V.check_time(t)
+            for v in t:  # checked as numbers, before any tensor exists (meta-device safe)
+                V.check_time(float(v))
+            values: float | list[float] | Tensor = [float(v) for v in t]
+        else:
+            values = V.check_time(t)
         self.normalization = V.check_normalization(normalization)
         self.method = check_heat_method(method)
         self.tol = V.check_tol(tol)
-        # a float or list keeps float64 precision; a tensor keeps its dtype
-        t_tensor = torch.as_tensor(t, dtype=None if given_tensor else torch.float64)
-        t_tensor = t_tensor.detach().clone()
-        self.learnable = bool(learnable)
+        self.learnable = V.check_bool("learnable", learnable)
         if self.learnable:
-            if bool((t_tensor <= 0).any()):
+            positive = (
+                bool((values > 0).all()) if isinstance(values, Tensor)
+                else min(values if isinstance(values, list) else [values]) > 0
+            )  # fmt: skip
+            if not positive:
                 raise ValueError("t: a learnable t is parametrized as exp(log_t); expected t > 0")
-            if not given_tensor:
-                t_tensor = t_tensor.to(torch.get_default_dtype())
-            self.log_t = nn.Parameter(t_tensor.log())
-        else:
-            self.register_buffer("_t", t_tensor, persistent=False)
+            if isinstance(values, Tensor):  # a tensor keeps its dtype unless one is asked for
+                log_t = values.detach().clone().log().to(device=device, dtype=dtype)
+            else:  # log in float64, then the factory dtype: no float32 detour
+                log_t = _parameter(values, device, dtype, transform=math.log)
+            self.log_t = nn.Parameter(log_t)
+        else:  # a float or list keeps float64 precision; a tensor keeps its dtype
+            fixed = torch.as_tensor(values, dtype=None if given_tensor else torch.float64)
+            self.register_buffer("_t", fixed.detach().clone().to(device), persistent=False)
 
     @property
     def t(self) -> Tensor:
@@ -215,9 +278,13 @@ class HeatKernel(DiffusionOperator):
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
-        t: Tensor | float = self.t
-        if isinstance(t, Tensor):
-            t = float(t) if (t.dim() == 0 and not self.learnable) else t.to(x.dtype)
+        t: Tensor | float
+        if self.learnable:  # exp in the signal's precision (float32 for half), not the param's
+            t = self.log_t.to(accumulation_dtype(x.dtype)).exp()
+        else:
+            t = cast(Tensor, self._t)
+            if t.dim() == 0:
+                t = float(t)  # a fixed scalar time: exact, and no tensor arithmetic per call
         return heat_kernel(
             graph, x, t, normalization=self.normalization, method=self.method, tol=self.tol
         )
@@ -236,17 +303,38 @@ class HeatKernel(DiffusionOperator):
 
 
 class PersonalizedPageRank(DiffusionOperator):
-    r"""Personalized PageRank diffusion ``alpha (I - (1 - alpha) A)^{-1} x``.
+    r"""Personalized PageRank diffusion ``y = alpha (I - (1 - alpha) A)^{-1} x``.
 
-    Computed as the truncated series ``alpha sum_{k=0}^{K} (1-alpha)^k A^k x`` with ``K`` the
-    smallest order whose tail ``(1-alpha)^{K+1}`` is at most ``tol``. ``A`` is the normalized
-    adjacency of ``normalization`` (``D_out^+ W`` for ``"rw"``; see
-    :class:`~heatformer.graph_ops.laplacian.GraphGenerator`).
+    ``A`` is the normalized adjacency of ``normalization`` (``D_out^+ W`` for ``"rw"``; see
+    :class:`~heatformer.graph_ops.laplacian.GraphGenerator`). Two methods
+    (:data:`PPR_METHODS`), chosen per call by ``method="auto"``:
+
+    - ``"series"``: ``alpha sum_{k=0}^{K} (1-alpha)^k A^k x`` with ``K`` the smallest order
+      whose tail ``(1-alpha)^{K+1}`` is at most ``tol`` (:attr:`order` propagations, about
+      ``ln(1/tol) / alpha``); refused beyond ``SERIES_MAX_TERMS`` propagations.
+    - ``"solve"``: a dense solve of ``(I - (1-alpha) A) y = alpha x``: ``O(N^3)``, whatever
+      ``alpha``; refused for ``N > EXACT_MAX_NODES``.
+
+    A small ``alpha`` on a large graph is refused with a message that states the cost.
+
+    Dangling nodes: a node without out-edges (e.g. a fully masked attention row) has a zero
+    row of ``A``, so the walk loses the mass that reaches it and ``y_i = alpha x_i`` there.
+    NetworkX's :func:`~networkx.pagerank` instead redistributes a dangling node's mass
+    (``dangling=``); heatformer does not.
+
+    Precision: float16/bfloat16 signals accumulate the series in float32; the dense solve
+    runs in float64 for every input dtype (its condition number grows as ``1/alpha``); the
+    result has the input dtype.
 
     Args:
         alpha: teleport probability in (0, 1).
         normalization: ``"rw"``, ``"sym"`` or ``"combinatorial"``.
-        tol: truncation tolerance in (0, 1).
+        tol: truncation tolerance of the series in (0, 1).
+        method: ``"auto"``, ``"series"`` or ``"solve"``.
+
+    Raises:
+        ValueError: ``alpha`` or ``tol`` outside (0, 1), or ``method="series"`` with an
+            ``alpha`` so small that the series needs more than ``SERIES_MAX_TERMS`` terms.
 
     Example:
         >>> import torch
@@ -255,27 +343,45 @@ class PersonalizedPageRank(DiffusionOperator):
         >>> x = torch.tensor([[1.], [0.]], dtype=torch.float64)
         >>> PersonalizedPageRank(alpha=0.5)(g, x).squeeze(-1)   # 0.5 (I - 0.5 A)^{-1} e_0
         tensor([0.6667, 0.3333], dtype=torch.float64)
+        >>> PersonalizedPageRank(alpha=1e-9).order > SERIES_MAX_TERMS   # auto: dense solve
+        True
     """
 
     name = "ppr"
+    examples = (
+        {},
+        {"alpha": 0.5, "normalization": "sym"},
+        {"alpha": 0.05, "normalization": "combinatorial"},
+        {"alpha": 1e-6},  # beyond the series: the dense solve
+    )
 
-    def __init__(self, alpha: float = 0.15, normalization: str = "rw", tol: float = 1e-6) -> None:
+    def __init__(
+        self,
+        alpha: float = 0.15,
+        normalization: str = "rw",
+        tol: float = 1e-6,
+        method: str = "auto",
+    ) -> None:
         super().__init__()
         self.alpha = V.check_open_unit("alpha", alpha)
         self.normalization = V.check_normalization(normalization)
         self.tol = V.check_tol(tol)
-        self.order = max(0, math.ceil(math.log(self.tol) / math.log(1.0 - self.alpha)) - 1)
+        self.method = check_method(method, PPR_METHODS)
+        #: propagations of the ``"series"`` method
+        self.order = ppr_order(self.alpha, self.tol)
+        if self.method == "series":
+            reason = _ppr_series_reason(self.alpha, self.tol)
+            if reason is not None:
+                raise ValueError(f"alpha: method 'series' refused: {reason}")
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
-        gen = GraphGenerator(graph, self.normalization)
-        term, acc = x, self.alpha * x
-        weight = self.alpha
-        for _ in range(self.order):
-            term = gen.adjacency(term)
-            weight *= 1.0 - self.alpha
-            acc = acc + weight * term
-        return acc
+        chosen = select_method(
+            PPR_METHODS, self.method, "personalized-PageRank", graph, self.alpha,
+            self.normalization, self.tol,
+        )  # fmt: skip
+        y: Tensor = chosen.compute(graph, x, self.alpha, self.normalization, self.tol)
+        return y
 
     def frequency_response(self, lam: Tensor, *, scale: float | Tensor = 1.0) -> Tensor:
         """Response at eigenvalue ``lam`` of the Laplacian ``L = scale (I - A)``.
@@ -286,7 +392,79 @@ class PersonalizedPageRank(DiffusionOperator):
         return self.alpha / (1.0 - (1.0 - self.alpha) * (1.0 - lam / scale))
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha:g}, normalization={self.normalization!r}, order={self.order}"
+        return (
+            f"alpha={self.alpha:g}, normalization={self.normalization!r}, tol={self.tol:g}, "
+            f"method={self.method!r}, order={self.order}"
+        )
+
+
+def ppr_order(alpha: float, tol: float) -> int:
+    """Smallest ``K`` with ``(1 - alpha)^{K+1} <= tol``: the series' propagations.
+
+    Example:
+        >>> ppr_order(0.15, 1e-6), ppr_order(0.5, 0.25)
+        (85, 1)
+    """
+    return max(0, math.ceil(math.log(tol) / math.log1p(-alpha)) - 1)
+
+
+def _ppr_series_reason(alpha: float, tol: float) -> str | None:
+    order = ppr_order(alpha, tol)
+    if order <= SERIES_MAX_TERMS:
+        return None
+    smallest = -math.expm1(math.log(tol) / (SERIES_MAX_TERMS + 1))
+    return (
+        f"needs {order} propagations (about ln(1/tol)/alpha for alpha={alpha:g}, tol={tol:g}), "
+        f"more than SERIES_MAX_TERMS = {SERIES_MAX_TERMS}; alpha >= {smallest:.3g} stays under "
+        f"it at this tol"
+    )
+
+
+def _ppr_series(graph: Graph, x: Tensor, alpha: float, normalization: str, tol: float) -> Tensor:
+    gen = GraphGenerator(graph, normalization)
+    term, acc = x, alpha * x.to(accumulation_dtype(x.dtype))  # half precision sums in float32
+    weight = alpha
+    for _ in range(ppr_order(alpha, tol)):
+        term = gen.adjacency(term)
+        weight *= 1.0 - alpha
+        acc = torch.add(acc, term, alpha=weight)
+    return acc.to(x.dtype)
+
+
+def _ppr_series_refuse(graph: Graph, alpha: float, normalization: str, tol: float) -> str | None:
+    return _ppr_series_reason(alpha, tol)
+
+
+def _ppr_solve(graph: Graph, x: Tensor, alpha: float, normalization: str, tol: float) -> Tensor:
+    # float64 whatever the input: the system's condition number grows as 1/alpha, and a row
+    # sum of A rounded to 1 + 1e-7 > alpha would flip its smallest eigenvalue's sign
+    with full_precision(x.device.type):
+        a = adjacency_matrix(graph.to(DENSE_DTYPE), normalization)  # (..., N, N)
+        eye = torch.eye(graph.num_nodes, dtype=DENSE_DTYPE, device=a.device)
+        y = alpha * torch.linalg.solve(eye - (1.0 - alpha) * a, x.to(DENSE_DTYPE))
+    return y.to(x.dtype)
+
+
+def _ppr_solve_refuse(graph: Graph, alpha: float, normalization: str, tol: float) -> str | None:
+    if graph.num_nodes > EXACT_MAX_NODES:
+        return (
+            f"forms the dense N x N adjacency and costs O(N^3); N = {graph.num_nodes} > "
+            f"EXACT_MAX_NODES = {EXACT_MAX_NODES}"
+        )
+    return None
+
+
+#: The ways to compute personalized PageRank, in the order ``method="auto"`` tries them.
+PPR_METHODS: dict[str, Method] = {
+    "series": Method(
+        "series", _ppr_series, _ppr_series_refuse,
+        "truncated series alpha sum (1-alpha)^k A^k x; about ln(1/tol)/alpha propagations",
+    ),
+    "solve": Method(
+        "solve", _ppr_solve, _ppr_solve_refuse,
+        "dense solve of (I - (1-alpha) A) y = alpha x; O(N^3), small graphs, any alpha",
+    ),
+}  # fmt: skip
 
 
 class Polynomial(DiffusionOperator):
@@ -309,30 +487,47 @@ class Polynomial(DiffusionOperator):
     """
 
     name = "polynomial"
+    examples = (
+        {},
+        {"coeffs": [0.5, -1.0, 0.25], "normalization": "sym"},
+        {"coeffs": [0.0, 1.0, -0.5], "learnable": True},
+    )
 
     def __init__(
         self,
         coeffs: list[float] | tuple[float, ...] | Tensor = (1.0, -1.0),
         normalization: str = "rw",
         learnable: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        c = V.check_coeffs(coeffs).detach().clone()
+        values = V.check_coeffs(coeffs)
         self.normalization = V.check_normalization(normalization)
+        self.learnable = V.check_bool("learnable", learnable)
         self.coeffs: Tensor
-        if learnable:
+        if self.learnable:
+            c = (
+                values.detach().clone().to(device=device, dtype=dtype)
+                if isinstance(values, Tensor)
+                else _parameter(values, device, dtype)
+            )
             self.coeffs = nn.Parameter(c)
-        else:
-            self.register_buffer("coeffs", c, persistent=False)
+        else:  # float64 (a tensor keeps its dtype), cast to the signal's dtype at use
+            c = torch.as_tensor(values, dtype=None if isinstance(values, Tensor) else torch.float64)
+            self.register_buffer("coeffs", c.detach().clone().to(device), persistent=False)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
         gen = GraphGenerator(graph, self.normalization)
-        c = self.coeffs.to(dtype=x.dtype, device=x.device)
-        y = c[-1] * x
+        acc = accumulation_dtype(x.dtype)  # half precision: Horner's sums in float32
+        c = self.coeffs.to(dtype=acc, device=x.device)
+        xa = x.to(acc)
+        y = c[-1] * xa
         for k in range(c.numel() - 2, -1, -1):
-            y = gen.laplacian(y) + c[k] * x
-        return y
+            y = gen.laplacian(y.to(x.dtype)).to(acc) + c[k] * xa
+        return y.to(x.dtype)
 
     def frequency_response(self, lam: Tensor) -> Tensor:
         c = self.coeffs.to(lam.dtype)
@@ -342,8 +537,9 @@ class Polynomial(DiffusionOperator):
         return y
 
     def extra_repr(self) -> str:
-        coeffs = [round(float(v), 4) for v in self.coeffs]
-        return f"coeffs={coeffs}, normalization={self.normalization!r}"
+        coeffs = [round(float(v), 4) for v in self.coeffs.detach()]
+        learnable = ", learnable=True" if self.learnable else ""
+        return f"coeffs={coeffs}, normalization={self.normalization!r}{learnable}"
 
 
 #: name -> operator class; the one place strings become operators.
@@ -357,12 +553,20 @@ OPERATORS: dict[str, type[DiffusionOperator]] = {
 _ALIASES = {"pagerank": "ppr", "personalized_pagerank": "ppr", "poly": "polynomial"}
 
 
-def resolve_operator(name: str | DiffusionOperator, **kwargs: Any) -> DiffusionOperator:
+def resolve_operator(
+    name: str | DiffusionOperator,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    **kwargs: Any,
+) -> DiffusionOperator:
     """Turn a name (and keyword arguments) into an operator; an operator passes through.
 
     Args:
         name: one of ``"attention"``, ``"laplacian"``, ``"heat"``, ``"ppr"`` (alias
             ``"pagerank"``), ``"polynomial"``; case-insensitive.
+        device, dtype: factory kwargs for operators with parameters (a learnable ``t`` is
+            created in ``dtype`` directly, never rounded through float32 first).
         **kwargs: the operator's constructor arguments, e.g. ``t=2.0``.
 
     Raises:
@@ -387,11 +591,19 @@ def resolve_operator(name: str | DiffusionOperator, **kwargs: Any) -> DiffusionO
             f"(aliases: {sorted(_ALIASES)})"
         )
     factory = OPERATORS[key]
-    accepted = list(inspect.signature(factory).parameters)
+    signature = inspect.signature(factory).parameters
+    accepted = [p for p in signature if p not in _FACTORY_KWARGS]
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
         raise TypeError(f"{key}: unknown parameter(s) {unknown}; expected some of {accepted}")
+    factory_kwargs = {
+        k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None and k in signature
+    }
     try:
-        return factory(**kwargs)
+        return factory(**kwargs, **factory_kwargs)
     except TypeError as err:
         raise TypeError(f"{key}: {err}") from None
+
+
+#: constructor arguments that are not operator parameters (never written in a head spec)
+_FACTORY_KWARGS = ("device", "dtype")

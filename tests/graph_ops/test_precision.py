@@ -1,0 +1,170 @@
+"""Half precision, non-finite inputs and the bounded PPR: the defects of issue 10, pinned.
+
+- float16/bfloat16 top-k graphs propagate (the CSR product runs in float32), forward and
+  backward, and return the input dtype;
+- the heat kernel at large ``t`` in half precision is finite and right (the dense route runs
+  in float64), and so is every dense route in float32;
+- personalized PageRank with a tiny ``alpha`` does not run ``ln(1/tol)/alpha`` propagations:
+  ``"auto"`` takes the dense solve, ``"series"`` is refused with its cost;
+- NaN in, NaN out: a NaN query reaches the same rows in every layout, mask and graph kind
+  (as in ``scaled_dot_product_attention``), never a silent zero row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+import torch.nn.functional as F
+
+from heatformer.graph_ops import (
+    PPR_METHODS,
+    DenseGraph,
+    HeatKernel,
+    Laplacian,
+    PersonalizedPageRank,
+    SoftmaxGraph,
+    spectrum,
+)
+from heatformer.graph_ops.operators import ppr_order
+from references import adjacency_reference, laplacian_reference, softmax_reference
+
+HALF = [torch.float16, torch.bfloat16]
+
+
+def _qkv(dtype: torch.dtype, n: int = 16, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, 2, n, 8, generator=gen).to(dtype) for _ in range(3))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_precision_topk_propagates_forward_and_backward(dtype: torch.dtype) -> None:
+    q, k, v = (t.requires_grad_(True) for t in _qkv(dtype))
+    graph = SoftmaxGraph(q, k, causal=True).topk(4)
+    y = graph.propagate(v)
+    assert y.dtype == dtype and bool(torch.isfinite(y).all())
+    (y.float() ** 2).sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.dtype == dtype and bool(torch.isfinite(t.grad).all())
+    # the float32 product of the same (rounded) graph, rounded once
+    ref = SoftmaxGraph(q.detach().float(), k.detach().float(), causal=True).topk(4)
+    expected = ref.propagate(v.detach().float())
+    torch.testing.assert_close(y.float(), expected, atol=0.03, rtol=0.03)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_precision_topk_under_autocast(dtype: torch.dtype) -> None:
+    """What ``--bf16 --topk`` runs: float32 inputs, top-k graphs built under autocast."""
+    q, k, v = _qkv(torch.float32)
+    with torch.autocast("cpu", dtype=dtype):
+        qp, kp, vp = (t @ torch.eye(8) for t in (q, k, v))  # autocast makes them half
+        y = SoftmaxGraph(qp, kp).topk(3).propagate(vp)
+    assert y.dtype == dtype and bool(torch.isfinite(y).all())
+
+
+@pytest.mark.parametrize("dtype", [*HALF, torch.float32], ids=str)
+def test_heat_kernel_at_large_t_is_finite_and_right(dtype: torch.dtype) -> None:
+    """t = 1e4 is beyond the series, so "auto" takes the exact method; it was all NaN in
+    bfloat16 (matrix_exp in half precision) and off by t * 1e-7 in float32."""
+    q, k, v = _qkv(dtype, n=32)
+    op = HeatKernel(t=1e4)
+    y = op(SoftmaxGraph(q, k), v)
+    assert y.dtype == dtype and bool(torch.isfinite(y).all())
+    p = softmax_reference(q.double().numpy(), k.double().numpy())
+    expected = np.empty((*p.shape[:-1], v.shape[-1]))
+    for h in range(2):
+        lap = laplacian_reference(p[0, h], "rw")
+        expected[0, h] = scipy.linalg.expm(-1e4 * lap) @ v[0, h].double().numpy()
+    tol = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    np.testing.assert_allclose(y.double().numpy(), expected, atol=tol * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_precision_spectrum_is_solved_in_float32(dtype: torch.dtype) -> None:
+    w = torch.rand(5, 5, generator=torch.Generator().manual_seed(0))
+    ev = spectrum(DenseGraph(w.to(dtype)), "sym")
+    assert ev.dtype == torch.float32
+    expected = np.linalg.eigvalsh(laplacian_reference(w.to(dtype).double().numpy(), "sym"))
+    np.testing.assert_allclose(ev.numpy(), expected, atol=1e-5)
+
+
+def test_ppr_orders_are_bounded_and_small_alpha_takes_the_dense_solve() -> None:
+    """alpha = 1e-5 and 1e-9 needed 1,381,544 and 13,815,510,941 propagations (a hang)."""
+    assert [PersonalizedPageRank(alpha=a).order for a in (0.15, 0.5)] == [85, 19]
+    assert ppr_order(1e-9, 1e-6) > 10**10  # the series' cost, never run
+    q, k, x = (t.double() for t in _qkv(torch.float64, n=12))
+    graph = SoftmaxGraph(q, k)
+    for alpha in (1e-5, 1e-9):
+        assert PPR_METHODS["series"].refuse(graph, alpha, "rw", 1e-6) is not None
+        y = PersonalizedPageRank(alpha=alpha)(graph, x)
+        p = softmax_reference(q.numpy(), k.numpy())
+        expected = np.stack([
+            alpha * np.linalg.solve(
+                np.eye(12) - (1 - alpha) * adjacency_reference(p[0, h], "rw"), x[0, h].numpy()
+            )
+            for h in range(2)
+        ])[None]  # fmt: skip
+        # the system's condition number is about 1/alpha: float64 keeps ~1e-16/alpha
+        np.testing.assert_allclose(y.numpy(), expected, atol=max(1e-12, 1e-15 / alpha))
+
+
+def test_ppr_refusals_state_the_cost() -> None:
+    with pytest.raises(ValueError, match=r"^alpha: method 'series' refused: needs 13815510551 "
+                                         r"propagations .* alpha >= 0\.00276"):  # fmt: skip
+        PersonalizedPageRank(alpha=1e-9, method="series")
+    q, k, x = _qkv(torch.float32, n=2049, seed=1)
+    big = SoftmaxGraph(q[:, :1], k[:, :1])
+    with pytest.raises(ValueError, match=r"^method: no personalized-PageRank method accepts"
+                                         r".*'series': needs .*'solve': .*N = 2049"):  # fmt: skip
+        PersonalizedPageRank(alpha=1e-4)(big, x[:, :1])
+
+
+def test_ppr_dangling_nodes_lose_their_mass() -> None:
+    """A node without out-edges keeps only the teleport share alpha x_i (documented; NetworkX
+    redistributes it instead)."""
+    w = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    x = torch.tensor([[1.0], [2.0], [4.0]], dtype=torch.float64)
+    y = PersonalizedPageRank(alpha=0.5)(DenseGraph(w), x).squeeze(-1)
+    # y2 = a x2; y1 = a x1 + (1-a) y2; y0 = a x0 + (1-a) y1
+    assert torch.allclose(y, torch.tensor([1.5, 2.0, 2.0], dtype=torch.float64))
+
+
+# ---- NaN in, NaN out ------------------------------------------------------------------------
+
+
+LAYOUTS = {"2-D": (6, 4), "3-D": (2, 6, 4), "4-D": (1, 2, 6, 4)}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "key-mask"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nan_query_gives_nan_rows_in_every_layout(layout: str, masked: bool, causal: bool) -> None:
+    shape = LAYOUTS[layout]
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
+    x = torch.randn(*shape[:-1], 3, generator=gen)
+    q[..., 2, 1] = math.nan
+    mask = torch.ones(6, dtype=torch.bool)
+    mask[4] = False  # key 4 padded: the masked paths of every method
+    attn_mask = mask.expand(6, 6) if masked else None
+    graph = SoftmaxGraph(q, k, mask=attn_mask, causal=causal)
+    sdpa = F.scaled_dot_product_attention(
+        q, k, x, attn_mask=None if attn_mask is None else attn_mask & ~_future(causal),
+        is_causal=causal and attn_mask is None,
+    )  # fmt: skip
+    expected = sdpa.isnan().any(-1)
+    assert bool(expected[..., 2].all()) and not bool(expected[..., 3].any())
+    for what, y in {
+        "propagate": graph.propagate(x),
+        "to_dense": graph.to_dense() @ x,
+        "topk": graph.topk(3).propagate(x),
+        "laplacian": Laplacian()(graph, x),
+    }.items():
+        assert torch.equal(y.isnan().any(-1), expected), what
+
+
+def _future(causal: bool) -> torch.Tensor:
+    return torch.ones(6, 6, dtype=torch.bool).triu(1) if causal else torch.zeros(6, 6, dtype=bool)
