@@ -175,7 +175,7 @@ class DiffusionAttention(nn.Module):
         self.topk, self.causal, self.dropout = topk, bool(causal), float(dropout)
         self.topk_block_size = topk_block_size
         self.zero_init = zero_init
-        head_ops = parse_heads(operators, num_heads)
+        head_ops = parse_heads(operators, num_heads, **factory)  # names: made in dtype
         self.spec = format_heads(head_ops)
         # unique operators (parameters register once) and the heads each one serves
         unique: list[DiffusionOperator] = []
@@ -196,7 +196,11 @@ class DiffusionAttention(nn.Module):
                     f"(W + W^T)/2, which would let earlier tokens see later ones; heads {sym} "
                     f"cannot be used with causal=True (use 'rw' or 'combinatorial')"
                 )
-        self.operators = nn.ModuleList(unique).to(**factory)  # registers parameters
+        given = [] if isinstance(operators, str) else list(operators)
+        for op in unique:  # instances the caller made move to the layer's device and dtype
+            if any(op is item for item in given):
+                op.to(**factory)
+        self.operators = nn.ModuleList(unique)  # registers parameters
         self._groups: list[tuple[DiffusionOperator, list[int]]] = list(zip(unique, heads_of))
         fused_heads = sorted(h for op, hs in self._groups for h in hs if _fused(op))
         self._fused_heads = fused_heads

@@ -17,11 +17,20 @@ operators only here, through :func:`heatformer.graph_ops.resolve_operator`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import torch
 
 from heatformer.graph_ops import DiffusionOperator, resolve_operator
 
-__all__ = ["count_heads", "format_heads", "parse_heads", "parse_layer_heads", "split_layers"]
+__all__ = [
+    "count_heads",
+    "format_heads",
+    "format_operator",
+    "parse_heads",
+    "parse_layer_heads",
+    "split_layers",
+]
 
 _ENTRY = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\[([^\]]*)\])?\s*(?::\s*(\S+))?\s*$")
 LAYER_SEPARATORS = "|;"
@@ -111,12 +120,21 @@ def _parse_params(text: str | None, spec: str) -> dict[str, object]:
         if "=" not in item:
             raise ValueError(f"heads: expected key=value inside [...] in {spec!r}, got {item!r}")
         key, value = item.split("=", 1)
+        if key.strip() in ("device", "dtype"):
+            raise ValueError(
+                f"heads: {key.strip()!r} in {spec!r} is not an operator parameter; set the "
+                f"layer's {key.strip()} (DiffusionAttention(..., {key.strip()}=...)) instead"
+            )
         params[key.strip()] = _parse_value(value)
     return params
 
 
 def parse_heads(
-    spec: str | Sequence[DiffusionOperator | str], num_heads: int
+    spec: str | Sequence[DiffusionOperator | str],
+    num_heads: int,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> list[DiffusionOperator]:
     """One operator per head from a spec string or a per-head list.
 
@@ -126,6 +144,8 @@ def parse_heads(
         spec: a spec string (see the module docstring) or a sequence of ``num_heads``
             operators / operator names.
         num_heads: ``H``.
+        device, dtype: factory kwargs for the operators made from names (instances in
+            ``spec`` are returned as they are).
 
     Returns:
         A list of ``num_heads`` operators.
@@ -167,7 +187,8 @@ def parse_heads(
                     )
                 count = int(count_text)
             try:
-                op = resolve_operator(name, **_parse_params(params_text, spec))
+                params = _parse_params(params_text, spec)
+                op = resolve_operator(name, device=device, dtype=dtype, **params)
             except (ValueError, TypeError) as err:
                 raise ValueError(f"heads: in {spec!r}: {err}") from None
             ops.extend([op] * count)
@@ -186,7 +207,8 @@ def parse_heads(
         out = []
         for item in spec:
             if isinstance(item, str):  # equal names share one instance
-                resolved.setdefault(item, resolve_operator(item))
+                if item not in resolved:
+                    resolved[item] = resolve_operator(item, device=device, dtype=dtype)
                 out.append(resolved[item])
             elif isinstance(item, DiffusionOperator):
                 out.append(item)
@@ -222,6 +244,29 @@ def parse_layer_heads(heads: str | Sequence[str], n_layer: int) -> list[str]:
             f"heads: expected one spec per layer ({n_layer} layers), got {len(layers)}: {heads!r}"
         )
     return [str(h).strip() for h in layers]
+
+
+def format_operator(name: str, params: Mapping[str, object] | None = None) -> str:
+    """One spec entry (no count) from a name and constructor arguments: the inverse of the
+    parser, e.g. for :attr:`~heatformer.graph_ops.DiffusionOperator.examples`.
+
+    Example:
+        >>> format_operator("polynomial", {"coeffs": [0.5, -1.0], "learnable": True})
+        'polynomial[coeffs=(0.5 -1.0);learnable=true]'
+        >>> format_operator("attention")
+        'attention'
+    """
+    if not params:
+        return name
+
+    def text(value: object) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (list, tuple)):
+            return "(" + " ".join(repr(float(v)) for v in value) + ")"
+        return repr(value) if isinstance(value, float) else str(value)
+
+    return f"{name}[" + ";".join(f"{key}={text(value)}" for key, value in params.items()) + "]"
 
 
 def format_heads(ops: Sequence[DiffusionOperator]) -> str:

@@ -135,11 +135,15 @@ def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
     )
 
 
-def _check_config(cfg: Any) -> None:
-    for field in ("n_layer", "n_head", "n_embd"):
-        check_size(field, getattr(cfg, field))
-    if cfg.n_embd % cfg.n_head != 0:
-        raise ValueError(f"n_embd: expected a multiple of n_head ({cfg.n_head}), got {cfg.n_embd}")
+def _check_token_ids(idx: Tensor, vocab_size: int) -> None:
+    """Token ids in ``[0, vocab_size)`` (an embedding lookup outside it is an opaque error)."""
+    if idx.numel() == 0:
+        return
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(
+            f"idx: expected token ids in [0, vocab_size={vocab_size}), got ids in [{lo}, {hi}]"
+        )
 
 
 # ---- configs ---------------------------------------------------------------------------------
@@ -160,6 +164,32 @@ class _StackConfig:
     zero_init: bool = False  # zero the attention output projections (no-op at init)
     mlp_ratio: int = 4
 
+    #: size fields of the config, each a positive int (subclasses add theirs)
+    _sizes: ClassVar[tuple[str, ...]] = ("n_layer", "n_head", "n_embd", "mlp_ratio")
+
+    def __post_init__(self) -> None:
+        for name in self._sizes:
+            check_size(name, getattr(self, name))
+        check_size("topk", self.topk, optional=True)
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd: expected a multiple of n_head ({self.n_head}), got {self.n_embd}"
+            )
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
+            raise TypeError(f"dropout: expected a float in [0, 1), got {self.dropout!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1), got {self.dropout}")
+        tokens = self.max_tokens()
+        if self.topk is not None and self.topk > tokens:
+            raise ValueError(
+                f"topk: expected at most the {tokens} tokens a sequence can hold (the longest "
+                f"sequence of this config), got {self.topk}"
+            )
+
+    def max_tokens(self) -> int:
+        """The most tokens one attention graph of this model can have."""
+        raise NotImplementedError  # pragma: no cover - every config defines it
+
 
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig(_StackConfig):
@@ -167,6 +197,11 @@ class GPTConfig(_StackConfig):
 
     vocab_size: int = 256  # byte-level by default
     block_size: int = 256  # longest context (learned absolute positions)
+
+    _sizes = (*_StackConfig._sizes, "vocab_size", "block_size")
+
+    def max_tokens(self) -> int:
+        return self.block_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +213,23 @@ class ViTConfig(_StackConfig):
     in_channels: int = 1
     num_classes: int = 10
     pool: str = "cls"  # "cls" token or "mean" of the patch tokens
+
+    _sizes = (*_StackConfig._sizes, "image_size", "patch_size", "in_channels", "num_classes")
+
+    def __post_init__(self) -> None:
+        for name in self._sizes:  # max_tokens needs them
+            check_size(name, getattr(self, name))
+        if self.image_size % self.patch_size != 0:
+            raise ValueError(
+                f"patch_size: expected a divisor of image_size ({self.image_size}), "
+                f"got {self.patch_size}"
+            )
+        if self.pool not in ("cls", "mean"):
+            raise ValueError(f"pool: expected 'cls' or 'mean', got {self.pool!r}")
+        super().__post_init__()
+
+    def max_tokens(self) -> int:
+        return (self.image_size // self.patch_size) ** 2 + (1 if self.pool == "cls" else 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +243,18 @@ class SequenceClassifierConfig(_StackConfig):
     pool: str = "last"  # "last" token, "mean" over real tokens, or a "cls" token
     # (in front; at the end when causal, so that it sees the whole sequence)
     causal: bool = True
+
+    _sizes = (*_StackConfig._sizes, "vocab_size", "num_classes", "block_size")
+
+    def __post_init__(self) -> None:
+        if self.pool not in ("last", "mean", "cls"):
+            raise ValueError(f"pool: expected 'last', 'mean' or 'cls', got {self.pool!r}")
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"causal: expected a bool, got {type(self.causal).__name__}")
+        super().__post_init__()
+
+    def max_tokens(self) -> int:
+        return self.block_size + (1 if self.pool == "cls" else 0)
 
 
 # ---- models ----------------------------------------------------------------------------------
@@ -230,7 +294,6 @@ class GPT(_ConfigModel):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config: expected GPTConfig, got {type(config).__name__}")
-        _check_config(config)
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
@@ -251,6 +314,7 @@ class GPT(_ConfigModel):
                 f"idx: sequence length {offset + idx.shape[1]} exceeds block_size "
                 f"{self.config.block_size}"
             )
+        _check_token_ids(idx, self.config.vocab_size)
 
     def forward(self, idx: Tensor, caches: list[KVCache] | None = None) -> Tensor:
         """Logits ``(B, N, vocab_size)``; with ``caches`` (one per layer) ``idx`` holds only
@@ -347,14 +411,6 @@ class ViT(_ConfigModel):
         super().__init__()
         if not isinstance(config, ViTConfig):
             raise TypeError(f"config: expected ViTConfig, got {type(config).__name__}")
-        _check_config(config)
-        if config.image_size % config.patch_size != 0:
-            raise ValueError(
-                f"patch_size: expected a divisor of image_size ({config.image_size}), "
-                f"got {config.patch_size}"
-            )
-        if config.pool not in ("cls", "mean"):
-            raise ValueError(f"pool: expected 'cls' or 'mean', got {config.pool!r}")
         self.config = config
         num_patches = (config.image_size // config.patch_size) ** 2
         self.patch = nn.Conv2d(
@@ -403,9 +459,6 @@ class SequenceClassifier(_ConfigModel):
             raise TypeError(
                 f"config: expected SequenceClassifierConfig, got {type(config).__name__}"
             )
-        _check_config(config)
-        if config.pool not in ("last", "mean", "cls"):
-            raise ValueError(f"pool: expected 'last', 'mean' or 'cls', got {config.pool!r}")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         extra = 1 if config.pool == "cls" else 0
@@ -424,6 +477,7 @@ class SequenceClassifier(_ConfigModel):
             raise ValueError(
                 f"idx: sequence length {idx.shape[1]} exceeds block_size {self.config.block_size}"
             )
+        _check_token_ids(idx, self.config.vocab_size)
         x = self.tok_emb(idx)  # (B, N, D)
         cls_last = self.config.causal  # a causal cls token must come last to see the sequence
         if self.cls is not None:  # the cls token is always a real token
