@@ -70,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Argument names used by the library that differ from the option's dest.
-_ALIASES = {"text_path": "text", "npz_path": "npz", "out_dir": "out", "seeds": "seed"}
+_ALIASES = {
+    "text_path": "text",
+    "npz_path": "npz",
+    "out_dir": "out",
+    "seeds": "seed",
+    "operators": "heads",  # a layer refusing its operators: the schedule the user gave
+}
 
 
 def _name_the_option(message: str, parser: argparse.ArgumentParser) -> str:
