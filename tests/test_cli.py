@@ -292,6 +292,37 @@ def test_no_analysis_prints_no_analysis_columns_note(
     assert "analysis columns" not in printed
 
 
+def test_progress_into_a_redirected_stderr_is_plain_lines(text: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = [a for a in tiny(text, out, "--steps", "20") if a != "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "stderr.log"
+    with log.open("w") as handle:  # a file, as in `make demo 2> log`
+        done = subprocess.run(
+            [sys.executable, "-m", "heatformer", "train", *argv],
+            stdout=subprocess.PIPE, stderr=handle, text=True, timeout=120, env=env,
+        )  # fmt: skip
+    assert done.returncode == 0
+    err = log.read_text()
+    assert "\r" not in err
+    lines = err.splitlines()
+    steps = [line for line in lines if line.startswith("c00-attention-s0: step ")]
+    assert [int(re.match(r"c00-attention-s0: step (\d+)/20 ", line)[1]) for line in steps] == [
+        2, 4, 6, 8, 10, 12, 14, 16, 18, 20,
+    ]  # fmt: skip
+    for line in steps:
+        assert re.fullmatch(r"c00-attention-s0: step \d+/20 \(\d+%\), loss \d\.\d+, \d+ s", line)
+    assert lines[-1].startswith("out: run 1/1 (100%), ")
+    assert len(lines) == 11
+
+    again = subprocess.run(
+        [sys.executable, "-m", "heatformer", "analyze", str(out)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert again.returncode == 0
+    assert re.fullmatch(r"analyze out: run 1/1 \(100%\), \d+ s\n", again.stderr)
+
+
 def test_planned_stop_exits_0_then_resume_finishes(
     text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

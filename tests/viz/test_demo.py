@@ -52,6 +52,22 @@ def test_training_reduces_the_loss(demo) -> None:
         assert last < first - 1.5
 
 
+def test_demo_training_reports_progress(capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = b"abcdefgh" * 64
+    kwargs = {"heads": "attention:1,laplacian:1", "steps": 20, "n_head": 2, "n_embd": 16,
+              "block_size": 16}  # fmt: skip
+    _, losses = train_tiny_gpt(corpus, progress=True, **kwargs)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "\r" not in err and len(lines) == 10  # one line per 10 %, stderr is not a terminal
+    assert [int(re.search(r"step (\d+)/20", line)[1]) for line in lines] == list(range(2, 21, 2))
+    assert lines[-1].startswith(
+        f"demo attention:1,laplacian:1: step 20/20 (100%), loss {losses[-1]:.4g}, "
+    )
+    train_tiny_gpt(corpus, **kwargs)  # progress is off by default (library use)
+    assert capsys.readouterr().err == ""
+
+
 def test_snapshot_reads_every_layer_and_head() -> None:
     model, losses = train_tiny_gpt(b"abcdefgh" * 64, heads="attention:1,laplacian:1", steps=3,
                                    n_head=2, n_embd=16, block_size=16)  # fmt: skip
@@ -96,8 +112,14 @@ def test_cli_demo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "ab cd",
     ]
     assert main(argv) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert f"open {(out / 'index.html').resolve()}" in printed
+    progress = captured.err.splitlines()  # training steps, then the pictures
+    assert [line.split(", ")[0] for line in progress] == [
+        *(f"demo attention:2,laplacian:2: step {n}/5 ({20 * n}%)" for n in range(1, 6)),
+        *(f"demo pictures: picture {n}/6 ({100 * n / 6:.0f}%)" for n in range(1, 7)),
+    ]
     assert sorted(p.name for p in out.iterdir()) == [
         "attention_graph.png", "attention_heads.png", "heat_flow.png", "index.html",
         "laplacian_vs_attention.png", "spectrum.png", "topk.png",

@@ -38,6 +38,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="train only the model with Laplacian heads (skips the token-geometry picture)",
     )  # fmt: skip
     parser.add_argument("--no-gif", action="store_true", help="skip the animated GIF")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress report (training, pictures)"
+    )
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -53,7 +56,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     result = build_demo(
         args.out, text=args.text, steps=args.steps, seed=args.seed, layer=args.layer,
-        compare=not args.no_compare, gif=not args.no_gif,
+        compare=not args.no_compare, gif=not args.no_gif, progress=not args.no_progress,
     )  # fmt: skip
     for name, (first, last) in result.losses.items():
         print(f"{name:<26} training loss {first:.3f} -> {last:.3f} nats/byte")

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heatformer._progress import Progress
 from heatformer.experiments.checkpoint import atomic_write_json, load_checkpoint, read_json
 from heatformer.experiments.distributed import DistContext, resolve_device
 from heatformer.experiments.harness import TaskHarness, make_harness
@@ -327,7 +328,8 @@ def run_compare(
         ctx: device and DDP context; default: one process on ``spec.device``.
         stop: a stop flag (set by Ctrl-C via :meth:`StopSignal.installed`).
         stop_at_step: stop every run at this step, as if interrupted (tests).
-        progress: show tqdm bars (overall and per run; rank 0 only).
+        progress: report progress on stderr, overall and per run (rank 0 only; see
+            :mod:`heatformer._progress`: bars on a terminal, plain lines otherwise).
         model_factory: builds a model from ``(harness, heads)``; default the reference
             model of the task.
         task: a prebuilt task object (tests use tiny ones).
@@ -355,21 +357,14 @@ def run_compare(
             if not is_finished(out / "runs" / name):
                 load_run_checkpoint(harness, heads, seed, out / "runs" / name)
 
-    from tqdm.auto import tqdm
-
     invocation = _Invocation(out, ctx, started)
     invocation.save()
     outcome = "failed"
     records: list[dict[str, Any]] = []
     done = sum(is_finished(out / "runs" / name) for _, _, name in plan)
     try:
-        with tqdm(
-            total=len(plan),
-            initial=done,
-            desc="runs",
-            position=0,
-            dynamic_ncols=True,
-            disable=not (progress and ctx.is_main),
+        with Progress(
+            len(plan), out.name, initial=done, unit="run", enabled=progress and ctx.is_main
         ) as bar:
             for heads, seed, name in plan:
                 run_dir = out / "runs" / name
@@ -434,7 +429,7 @@ def analyze(
             reference model.
         task: a prebuilt task object (tests).
         device: where to run the models.
-        progress: show a tqdm bar.
+        progress: report progress on stderr (see :mod:`heatformer._progress`).
 
     Returns:
         The rebuilt :class:`CompareReport`.
@@ -443,8 +438,6 @@ def analyze(
         FileNotFoundError: ``out_dir`` holds no comparison.
         ValueError: no run has finished yet, or a checkpoint does not match its run.
     """
-    from tqdm.auto import tqdm
-
     started = time.perf_counter()
     out = Path(out_dir)
     spec = load_spec(out).resolved()
@@ -455,20 +448,22 @@ def analyze(
     plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[2])]
     if not plan:
         raise ValueError(f"{out}: expected at least one finished run to analyze, got none")
-    for heads, _seed, name in tqdm(plan, desc="analyze", disable=not progress):
-        run_dir = out / "runs" / name
-        record = read_json(run_dir / RESULT_NAME)
-        saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
-        if saved is None or int(saved["step"]) != spec.steps:
-            raise ValueError(
-                f"{run_dir}: expected the final checkpoint of a finished run, found none"
-            )
-        model = factory(harness, heads)
-        model.load_state_dict(saved["model"])
-        model.to(ctx.device)
-        record["analysis"] = harness.layer_metrics(model, ctx.device)
-        atomic_write_json(run_dir / RESULT_NAME, record)
-        records.append(record)
+    with Progress(len(plan), f"analyze {out.name}", unit="run", enabled=progress) as bar:
+        for heads, _seed, name in plan:
+            run_dir = out / "runs" / name
+            record = read_json(run_dir / RESULT_NAME)
+            saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
+            if saved is None or int(saved["step"]) != spec.steps:
+                raise ValueError(
+                    f"{run_dir}: expected the final checkpoint of a finished run, found none"
+                )
+            model = factory(harness, heads)
+            model.load_state_dict(saved["model"])
+            model.to(ctx.device)
+            record["analysis"] = harness.layer_metrics(model, ctx.device)
+            atomic_write_json(run_dir / RESULT_NAME, record)
+            records.append(record)
+            bar.update(1)
     previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}
     invocations = _read_invocations(out)
     trained = previous.get("environment") or (

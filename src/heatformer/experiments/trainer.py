@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from heatformer._progress import Progress
 from heatformer.experiments.checkpoint import (
     atomic_write_json,
     load_checkpoint,
@@ -282,7 +283,8 @@ def train_run(
         stop: a stop flag (e.g. set by Ctrl-C); checked after every step.
         stop_at_step: stop as if interrupted when the run reaches this step (for tests
             and time-sliced jobs); ignored if ``>= spec.steps``.
-        progress: show a tqdm bar (rank 0 only).
+        progress: report progress on stderr (rank 0 only; see :mod:`heatformer._progress`:
+            a bar on a terminal, one line per 10 % of the steps otherwise).
         model_factory: builds the model; default ``harness.build_model``.
 
     Returns:
@@ -392,16 +394,13 @@ def train_run(
     eval_every = spec.eval_every or spec.steps
     ckpt_every = spec.ckpt_every or eval_every
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(
-        total=spec.steps,
+    bar = Progress(
+        spec.steps,
+        run_dir.name,
         initial=step,
-        desc=f"{heads} s{seed}",
         position=1,
         leave=False,
-        dynamic_ncols=True,
-        disable=not (progress and ctx.is_main),
+        enabled=progress and ctx.is_main,
     )
     smoothed = train_loss[-1] if train_loss else math.nan
     model.train()
@@ -436,8 +435,7 @@ def train_run(
             train_loss.append(value)
             train_time += time.perf_counter() - started
             smoothed = value if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * value
-            bar.update(1)
-            bar.set_postfix(loss=f"{smoothed:.4f}", refresh=False)
+            bar.update(1, loss=smoothed)
             if step % eval_every == 0 or step == spec.steps:
                 evals.append({"step": step, **harness.evaluate(model, device, bf16=spec.bf16)})
             if stop_requested and step < spec.steps:

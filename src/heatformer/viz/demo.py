@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from heatformer._progress import Progress
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,
@@ -117,6 +118,7 @@ def train_tiny_gpt(
     n_embd: int = 64,
     lr: float = 3e-3,
     max_seconds: float | None = None,
+    progress: bool = False,
 ) -> tuple[nn.Module, list[float]]:
     """Train a tiny byte-level :class:`~heatformer.models.GPT` with AdamW (a plain loop).
 
@@ -128,6 +130,8 @@ def train_tiny_gpt(
         block_size, batch_size, n_layer, n_head, n_embd: model and batch sizes.
         lr: learning rate.
         max_seconds: stop early after this much wall time (``None``: no limit).
+        progress: report the steps on stderr (:mod:`heatformer._progress`: a bar on a
+            terminal, one line per 10 % otherwise), as ``demo <heads>``.
 
     Returns:
         ``(model in eval mode, training loss of every step)``.
@@ -151,6 +155,7 @@ def train_tiny_gpt(
     offsets = torch.arange(block_size + 1)  # (N+1,)
     losses: list[float] = []
     start = time.perf_counter()
+    bar = Progress(steps, f"demo {heads}", enabled=progress, leave=False)
     model.train()
     for _ in range(steps):
         starts = torch.randint(0, data.numel() - block_size - 1, (batch_size, 1), generator=gen)
@@ -162,8 +167,10 @@ def train_tiny_gpt(
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        bar.update(1, loss=losses[-1])
         if max_seconds is not None and time.perf_counter() - start > max_seconds:
             break
+    bar.close()
     model.eval()
     return model, losses
 
@@ -320,6 +327,7 @@ def render_demo(
     losses: Mapping[str, tuple[float, float]] | None = None,
     meta: str = "",
     gif: bool = True,
+    progress: bool = False,
 ) -> DemoResult:
     """Write the demo's pictures and ``index.html`` for given attention snapshots.
 
@@ -335,6 +343,7 @@ def render_demo(
         losses: ``{config: (first, last)}`` training losses, shown on the page.
         meta: a line of HTML-escaped text about the run, shown under the title.
         gif: also write the animated GIF of the heat flow.
+        progress: report the pictures written on stderr (:mod:`heatformer._progress`).
 
     Returns:
         The :class:`DemoResult`.
@@ -364,6 +373,13 @@ def render_demo(
     layer_no = layer % len(layers)
     files: list[str] = []
     page = _Page()
+    bar = Progress(
+        6 + bool(gif) + bool(per_layer), "demo pictures", unit="picture", enabled=progress
+    )
+
+    def wrote(name: str) -> None:
+        files.append(name)
+        bar.update(1)
 
     def name_of(h: int) -> str:
         return f"head {h} ({_op_label(snap.operators[h])})"
@@ -374,7 +390,7 @@ def render_demo(
         title=f"layer {layer_no}, {name_of(att)}: arrows from query to key",
         save=out / "attention_graph.png",
     )  # fmt: skip
-    files.append("attention_graph.png")
+    wrote("attention_graph.png")
     page.add(
         "Attention is a graph",
         "Every token is a node. Query <i>i</i> sends an edge to each key <i>j</i> it attends "
@@ -400,7 +416,7 @@ def render_demo(
             ax.set_ylabel("")
             ax.tick_params(labelsize=5 if n > 20 else 7)
     save_figure(fig, out / "attention_heads.png")
-    files.append("attention_heads.png")
+    wrote("attention_heads.png")
     page.add(
         "The same graphs as matrices, every head of every layer",
         "Row <i>i</i> is query <i>i</i>, column <i>j</i> key <i>j</i>; the upper triangle is "
@@ -412,7 +428,7 @@ def render_demo(
     )
     # 2. spectrum
     plot_spectra(snap.graph, att, save=out / "spectrum.png")
-    files.append("spectrum.png")
+    wrote("spectrum.png")
     page.add(
         "Its Laplacian spectrum",
         "The random-walk Laplacian of an attention graph is <code>L = I − P</code>. Its "
@@ -432,14 +448,14 @@ def render_demo(
         snap.graph, source, (0.0, 0.5, 1.0, 2.0, 4.0), index=att, tokens=tokens,
         save=out / "heat_flow.png",
     )  # fmt: skip
-    files.append("heat_flow.png")
+    wrote("heat_flow.png")
     shown = ["heat_flow.png"]
     if gif:
         animate_heat_diffusion(
             snap.graph, source, torch.linspace(0.0, 6.0, 25), index=att, tokens=tokens,
             save=out / "heat_flow.gif",
         )  # fmt: skip
-        files.append("heat_flow.gif")
+        wrote("heat_flow.gif")
         shown.append("heat_flow.gif")
     page.add(
         "Heat flow of a one-hot signal",
@@ -470,7 +486,7 @@ def render_demo(
         title=f"one value channel on layer {layer_no}, head {lap_head}",
     )  # fmt: skip
     save_figure(fig, out / "laplacian_vs_attention.png")
-    files.append("laplacian_vs_attention.png")
+    wrote("laplacian_vs_attention.png")
     page.add(
         "A Laplacian head is high-pass, an attention head low-pass",
         "Left: an operator <code>f(L)</code> multiplies the part of a signal along a "
@@ -486,7 +502,7 @@ def render_demo(
     )
     # 5. top-k pruning
     plot_topk_pruning(snap.graph, att, ks=(None, 4, 2), tokens=tokens, save=out / "topk.png")
-    files.append("topk.png")
+    wrote("topk.png")
     page.add(
         "Top-k pruning",
         "Each query keeps only its <i>k</i> heaviest edges, renormalized to sum 1. The graph "
@@ -501,7 +517,7 @@ def render_demo(
             per_layer, ylabel="within-sequence share of variance", first_layer=0,
             title="how far apart the tokens of a sequence stay", save=out / "geometry.png",
         )  # fmt: skip
-        files.append("geometry.png")
+        wrote("geometry.png")
         page.add(
             "Token geometry across layers",
             "The share of the token variance that lies within a sequence (the rest is "
@@ -515,6 +531,7 @@ def render_demo(
         f"<code>{html.escape(k)}</code> training loss {a:.2f} → {b:.2f} nats/byte"
         for k, (a, b) in (losses or {}).items()
     )
+    bar.close()
     index = out / "index.html"
     _write_page(
         index,
@@ -579,6 +596,7 @@ def build_demo(
     gif: bool = True,
     max_train_seconds: float | None = 15.0,
     num_threads: int | None = 1,
+    progress: bool = False,
 ) -> DemoResult:
     """Train small GPTs briefly, look at their attention on ``text``, write the pictures + page.
 
@@ -594,6 +612,8 @@ def build_demo(
         max_train_seconds: stop training a model early after this many seconds.
         num_threads: torch CPU threads while the demo runs (1 is fastest for these tiny
             models; restored afterwards); ``None`` leaves the setting alone.
+        progress: report the training steps and the pictures on stderr
+            (:mod:`heatformer._progress`; ``heatformer demo`` turns it on).
 
     Returns:
         The :class:`DemoResult`.
@@ -629,7 +649,7 @@ def build_demo(
         for name, heads in configs.items():
             model, curve = train_tiny_gpt(
                 data_bytes, heads=heads, steps=steps, seed=seed, n_layer=DEMO_LAYERS,
-                max_seconds=max_train_seconds,
+                max_seconds=max_train_seconds, progress=progress,
             )  # fmt: skip
             models[name] = model
             losses[name] = (curve[0], float(sum(curve[-10:]) / len(curve[-10:])))
@@ -643,7 +663,7 @@ def build_demo(
         )
         result = render_demo(
             out_dir, layers, text="".join(labels), layer=layer, per_layer=per_layer,
-            losses=losses, gif=gif,
+            losses=losses, gif=gif, progress=progress,
             meta=f"Two-layer byte-level GPTs (4 heads, width 64) trained for {done} steps "
             f"(seed {seed}) on the source of {len(CORPUS_MODULES)} standard-library modules.",
         )  # fmt: skip
