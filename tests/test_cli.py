@@ -144,6 +144,20 @@ def test_python_m_heatformer_runs_the_command() -> None:
         (["compare", "--seeds", "0"], "--seeds: expected a count >= 1, got 0"),
         (["compare", "--layers", "0"], "--layers: expected a positive int, got 0"),
         (["compare", "--heads", "attention:2", "--n-head", "4"], "--heads: expected head counts"),
+        # used to be clamped to N silently (topk_graph refuses the same input)
+        (
+            ["train", "--topk", "1000", "--seq-len", "32"],
+            "--topk: expected at most seq_len (32) edges per query, got 1000",
+        ),
+        (
+            ["compare", "--task", "recall", "--topk", "129"],
+            "--topk: expected at most seq_len (128) edges per query, got 129",
+        ),
+        (
+            ["train", "--task", "digits", "--topk", "18"],
+            "--topk: expected at most 17 edges per query (the ViT's tokens: 16 patches + cls), "
+            "got 18",
+        ),
     ],
 )
 def test_bad_input_gives_one_clear_line_and_exit_2(

@@ -130,6 +130,27 @@ def test_spec_refuses_nan_and_non_positive_values(field: str, value: float, mess
     assert getattr(CompareSpec(**{field: edge}), field) == edge
 
 
+@pytest.mark.parametrize(
+    ("task", "seq_len", "limit"), [("chars", 32, 32), ("chars", None, 128), ("recall", 16, 16)]
+)
+def test_topk_is_at_most_the_sequence_length(task: str, seq_len: int | None, limit: int) -> None:
+    assert CompareSpec(task=task, seq_len=seq_len, topk=limit).topk == limit  # k = N: dense
+    message = f"topk: expected at most seq_len ({limit}) edges per query, got {limit + 1}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CompareSpec(task=task, seq_len=seq_len, topk=limit + 1)
+
+
+def test_topk_of_a_vit_is_at_most_its_tokens() -> None:
+    from heatformer.experiments.harness import make_harness
+
+    harness = make_harness(CompareSpec(task="digits", patch_size=4, topk=5))  # 4 patches + cls
+    model = harness.build_model("attention")
+    assert model.blocks[0].attn.topk == 5
+    assert model(harness.data.test_images[:3]).shape == (3, 10)  # k = N tokens runs
+    with pytest.raises(ValueError, match=re.escape("at most 5 edges per query (the ViT's tokens")):
+        make_harness(CompareSpec(task="digits", patch_size=4, topk=6))
+
+
 def test_fingerprint_ignores_runtime_fields_only() -> None:
     base = CompareSpec()
     assert base.fingerprint() == CompareSpec(device="cpu", name="x", analysis=False).fingerprint()

@@ -299,6 +299,13 @@ class DigitsHarness(TaskHarness):
                 f"patch_size: expected a divisor of the image size {height}, "
                 f"got {self.spec.patch_size}"
             )
+        patches = (height // self.spec.patch_size) ** 2
+        topk = self.spec.topk
+        if topk is not None and topk > patches + 1:  # the ViT reads patches + a cls token
+            raise ValueError(
+                f"topk: expected at most {patches + 1} edges per query (the ViT's tokens: "
+                f"{patches} patches + cls), got {topk}"
+            )
 
     def model_config(self, heads: str) -> Any:
         from heatformer.models import ViTConfig

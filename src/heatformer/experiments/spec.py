@@ -87,7 +87,7 @@ class CompareSpec:
     n_layer: int = 4  # transformer blocks
     n_head: int | None = None  # heads per layer; None: the sum of the schedule's counts
     n_embd: int = 128  # model width D
-    topk: int | None = None  # sparsify every attention graph to k edges per query
+    topk: int | None = None  # sparsify every attention graph to k <= N edges per query
     dropout: float = 0.0
     patch_size: int = 2  # digits (ViT) only
     text: str | None = None  # chars: a text file or folder (None: Python's stdlib)
@@ -129,6 +129,12 @@ class CompareSpec:
         for name in ("eval_every", "ckpt_every", "seq_len", "n_head", "topk", "analysis_size"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
+        if self.topk is not None and self.task in TASK_DEFAULT_SEQ_LEN:  # digits: the harness
+            seq_len = self.seq_len if self.seq_len is not None else TASK_DEFAULT_SEQ_LEN[self.task]
+            if self.topk > seq_len:  # the model would quietly keep every edge
+                raise ValueError(
+                    f"topk: expected at most seq_len ({seq_len}) edges per query, got {self.topk}"
+                )
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: expected an int >= 0, got {self.warmup_steps}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
