@@ -207,3 +207,20 @@ def test_from_scipy_dtype_rules() -> None:
 def test_from_scipy_non_square() -> None:
     with pytest.raises(ValueError, match="matrix"):
         SparseGraph.from_scipy(scipy.sparse.csr_array(np.ones((2, 3))))
+
+
+def test_isolated_node_diagonal_is_zero_here_and_one_in_pyg() -> None:
+    """The documented difference: PyG's normalized ``get_laplacian`` puts 1 on the diagonal
+    of an isolated node, heatformer (like NetworkX) puts 0; elsewhere they agree."""
+    from torch_geometric.utils import get_laplacian, to_dense_adj
+
+    edge_index = torch.tensor([[0, 1], [1, 0]])  # nodes 0 - 1, node 2 isolated
+    graph = SparseGraph.from_edge_index(edge_index, torch.ones(2, dtype=torch.float64), 3)
+    for normalization in ("sym", "rw"):
+        index, weight = get_laplacian(
+            edge_index, torch.ones(2, dtype=torch.float64), normalization, num_nodes=3
+        )
+        pyg = to_dense_adj(index, edge_attr=weight, max_num_nodes=3)[0]
+        ours = laplacian_matrix(graph, normalization)
+        assert float(pyg[2, 2]) == 1.0 and float(ours[2, 2]) == 0.0
+        torch.testing.assert_close(ours[:2, :2], pyg[:2, :2])
