@@ -450,7 +450,7 @@ def test_key_mask_all_true_equals_no_mask(mh) -> None:
 @pytest.mark.parametrize("spec", ["laplacian[normalization=sym]:4", "heat[normalization=sym]:4"])
 def test_causal_sym_heads_are_refused(spec) -> None:
     """(W + W^T)/2 would let earlier tokens see later ones: a clear error instead."""
-    with pytest.raises(ValueError, match="operators: the 'sym' normalization"):
+    with pytest.raises(ValueError, match=r"^operators: expected heads that read only the past"):
         DiffusionAttention(16, 4, spec, causal=True)
 
 
@@ -729,3 +729,17 @@ def test_autocast_may_mix_input_and_parameter_dtypes() -> None:
         y = layer(x.bfloat16())
     assert y.dtype == torch.bfloat16 and y.shape == (2, 5, 16)
     torch.testing.assert_close(y.float(), layer(x), atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_operator_parameters_are_made_in_the_layer_dtype(dtype) -> None:
+    """A learnable t of 1.7 in a float64 layer is 1.7 to float64 round-off (it held
+    1.7 + 2.2e-8 when log t was made in float32 and cast)."""
+    layer = DiffusionAttention(8, 2, "heat[t=1.7;learnable=true]:1,laplacian[learnable=true]:1",
+                               dtype=dtype)  # fmt: skip
+    heat, lap = layer.operators
+    assert heat.log_t.dtype == lap.step.dtype == dtype
+    assert float(heat.t) == float(torch.tensor(1.7, dtype=dtype))
+    assert abs(float(heat.t) - 1.7) < (1e-15 if dtype == torch.float64 else 2e-7)
+    fixed = DiffusionAttention(8, 2, "heat[t=1.7]:2", dtype=torch.float32).operators[0]
+    assert fixed.t.dtype == torch.float64 and float(fixed.t) == 1.7  # fixed times stay exact

@@ -54,8 +54,8 @@ def test_sequence_of_names_shares_instances_by_name() -> None:
     ("spec", "num_heads", "match"),
     [
         ("laplacain:2,attention:2", 4, r"laplacain"),
-        ("attention:3", 4, r"add up to 3 heads.*num_heads is 4"),
-        ("attention:3,laplacian:2", 4, r"add up to 5 heads"),
+        ("attention:3", 4, r"expected counts adding up to num_heads = 4, got 3 heads"),
+        ("attention:3,laplacian:2", 4, r"got 5 heads"),
         ("heat[t=-1]:4", 4, r"t: expected a finite value >= 0, got -1"),
         ("heat[tt=1]:4", 4, r"tt"),
         ("attention:0,laplacian:4", 4, r"positive head count"),

@@ -4,6 +4,7 @@ save/load, torch.compile and a short training run."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 import pytest
@@ -230,11 +231,11 @@ def test_gpt_input_errors() -> None:
         model(torch.zeros(2, 4))
     with pytest.raises(TypeError, match=r"idx: expected a \(B, N\) LongTensor"):
         model(torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ValueError, match="sequence length 17 exceeds block_size 16"):
+    with pytest.raises(ValueError, match="at most block_size = 16 tokens, got a sequence of 17"):
         model(torch.zeros(1, 17, dtype=torch.long))
     caches = [KVCache() for _ in model.blocks]
     model(torch.zeros(1, 12, dtype=torch.long), caches)
-    with pytest.raises(ValueError, match="sequence length 17 exceeds block_size 16"):
+    with pytest.raises(ValueError, match="at most block_size = 16 tokens, got a sequence of 17"):
         model(torch.zeros(1, 5, dtype=torch.long), caches)
     with pytest.raises(TypeError, match="config: expected GPTConfig"):
         GPT(ViTConfig())  # type: ignore[arg-type]
@@ -244,6 +245,49 @@ def test_gpt_input_errors() -> None:
         GPT(GPTConfig(n_layer=0))
     with pytest.raises(TypeError, match=r"^n_embd: expected a positive int, got float$"):
         GPT(GPTConfig(n_embd=64.0))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: GPTConfig(vocab_size=0), r"^vocab_size: expected a positive int, got 0$"),
+        (lambda: GPTConfig(block_size=0), r"^block_size: expected a positive int, got 0$"),
+        (lambda: ViTConfig(num_classes=0), r"^num_classes: expected a positive int, got 0$"),
+        (lambda: ViTConfig(in_channels=0), r"^in_channels: expected a positive int, got 0$"),
+        (lambda: SequenceClassifierConfig(num_classes=0), r"^num_classes: expected a positive"),
+        (lambda: GPTConfig(mlp_ratio=0), r"^mlp_ratio: expected a positive int, got 0$"),
+        (lambda: GPTConfig(dropout=1.0), r"^dropout: expected a probability in \[0, 1\)"),
+        (lambda: GPTConfig(block_size=32, topk=33), r"^topk: expected at most the 32 tokens"),
+        # 8x8 images in 2x2 patches: 16 patches and a cls token
+        (lambda: ViTConfig(topk=18), r"^topk: expected at most the 17 tokens"),
+        (lambda: ViTConfig(topk=17, pool="mean"), r"^topk: expected at most the 16 tokens"),
+        (lambda: SequenceClassifierConfig(block_size=8, topk=9), r"^topk: expected at most the 8"),
+    ],
+)
+def test_configs_refuse_impossible_sizes_when_made(make, match) -> None:
+    """A config a model cannot use is refused at once, not at the first forward."""
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_configs_accept_topk_up_to_the_longest_sequence() -> None:
+    assert ViTConfig(topk=17).max_tokens() == 17
+    assert SequenceClassifierConfig(block_size=8, topk=9, pool="cls").max_tokens() == 9
+    assert GPTConfig(block_size=32, topk=32).max_tokens() == 32
+
+
+def test_token_ids_outside_the_vocabulary_are_named() -> None:
+    model = tiny_gpt()
+    vocab = model.config.vocab_size
+    for bad, shown in ((vocab, f"[0, {vocab}]"), (-1, "[-1, 0]")):
+        idx = torch.zeros(1, 4, dtype=torch.long)
+        idx[0, 2] = bad
+        pattern = rf"^idx: expected token ids in \[0, vocab_size={vocab}\), got ids in "
+        with pytest.raises(ValueError, match=pattern + re.escape(shown)):
+            model(idx)
+    clf = tiny_classifier("last", True)
+    with pytest.raises(ValueError, match=r"^idx: expected token ids in \[0, vocab_size=13\)"):
+        clf(torch.full((1, 4), 13, dtype=torch.long))
 
 
 def test_gpt_is_causal() -> None:
@@ -373,7 +417,7 @@ def test_classifier_errors() -> None:
     model = tiny_classifier("last", True)
     with pytest.raises(TypeError, match=r"idx: expected a \(B, N\) LongTensor"):
         model(torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="sequence length 11 exceeds block_size 10"):
+    with pytest.raises(ValueError, match="at most block_size = 10 tokens, got a sequence of 11"):
         model(torch.zeros(1, 11, dtype=torch.long))
 
 

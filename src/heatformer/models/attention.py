@@ -192,9 +192,10 @@ class DiffusionAttention(nn.Module):
             sym = [op.name for op in unique if getattr(op, "normalization", None) == "sym"]
             if sym:
                 raise ValueError(
-                    f"operators: the 'sym' normalization symmetrizes the attention graph "
-                    f"(W + W^T)/2, which would let earlier tokens see later ones; heads {sym} "
-                    f"cannot be used with causal=True (use 'rw' or 'combinatorial')"
+                    f"operators: expected heads that read only the past in a causal layer, got "
+                    f"'sym' heads {sym}: the 'sym' normalization symmetrizes the attention "
+                    f"graph (W + W^T)/2, which would let earlier tokens see later ones (use "
+                    f"'rw' or 'combinatorial')"
                 )
         given = [] if isinstance(operators, str) else list(operators)
         for op in unique:  # instances the caller made move to the layer's device and dtype

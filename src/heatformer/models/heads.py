@@ -122,8 +122,8 @@ def _parse_params(text: str | None, spec: str) -> dict[str, object]:
         key, value = item.split("=", 1)
         if key.strip() in ("device", "dtype"):
             raise ValueError(
-                f"heads: {key.strip()!r} in {spec!r} is not an operator parameter; set the "
-                f"layer's {key.strip()} (DiffusionAttention(..., {key.strip()}=...)) instead"
+                f"heads: expected operator parameters in {spec!r}, got {key.strip()!r}, which "
+                f"belongs to the layer: DiffusionAttention(..., {key.strip()}=...)"
             )
         params[key.strip()] = _parse_value(value)
     return params
@@ -186,16 +186,16 @@ def parse_heads(
                         f"got {count_text!r}"
                     )
                 count = int(count_text)
+            params = _parse_params(params_text, spec)
             try:
-                params = _parse_params(params_text, spec)
                 op = resolve_operator(name, device=device, dtype=dtype, **params)
             except (ValueError, TypeError) as err:
                 raise ValueError(f"heads: in {spec!r}: {err}") from None
             ops.extend([op] * count)
         if len(ops) != num_heads:
             raise ValueError(
-                f"heads: the counts in {spec!r} add up to {len(ops)} heads, but num_heads is "
-                f"{num_heads}"
+                f"heads: expected counts adding up to num_heads = {num_heads}, got {len(ops)} "
+                f"heads in {spec!r}"
             )
         return ops
     if isinstance(spec, Sequence):

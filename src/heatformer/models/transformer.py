@@ -311,8 +311,8 @@ class GPT(_ConfigModel):
             )
         if offset + idx.shape[1] > self.config.block_size:
             raise ValueError(
-                f"idx: sequence length {offset + idx.shape[1]} exceeds block_size "
-                f"{self.config.block_size}"
+                f"idx: expected at most block_size = {self.config.block_size} tokens, got a "
+                f"sequence of {offset + idx.shape[1]}"
             )
         _check_token_ids(idx, self.config.vocab_size)
 
@@ -475,7 +475,8 @@ class SequenceClassifier(_ConfigModel):
             raise TypeError("idx: expected a (B, N) LongTensor of token ids")
         if idx.shape[1] > self.config.block_size:
             raise ValueError(
-                f"idx: sequence length {idx.shape[1]} exceeds block_size {self.config.block_size}"
+                f"idx: expected at most block_size = {self.config.block_size} tokens, got a "
+                f"sequence of {idx.shape[1]}"
             )
         _check_token_ids(idx, self.config.vocab_size)
         x = self.tok_emb(idx)  # (B, N, D)
