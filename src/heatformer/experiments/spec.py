@@ -380,7 +380,7 @@ def run_name(index: int, heads: str, seed: int) -> str:
 #: Named settings for ``heatformer compare --preset NAME``; explicit flags override them.
 PRESETS: dict[str, dict[str, Any]] = {
     # attention only vs 2 Laplacian heads vs 2 heat heads, small GPT on the stdlib corpus;
-    # about 3-4 minutes on 2 CPU cores (see docs/reproducing.md).
+    # about 80 s on 2 CPU cores with --threads 1 (see docs/reproducing.md).
     "demo": {
         "task": "chars",
         "heads": ("attention:4", "attention:2,laplacian:2", "attention:2,heat:2"),
