@@ -25,7 +25,7 @@ import torch
 
 from heatformer.graph_ops import (
     DenseGraph,
-    GraphGenerator,
+    GraphLaplacian,
     SparseGraph,
     laplacian,
     laplacian_matrix,
@@ -179,7 +179,7 @@ def test_generator_adjacency_markov_and_scale(gh, graph_kind, normalization) -> 
         w = gh.random_weights(3, 6, batch=(2,), symmetric=False, isolated=(5,))
         g = gh.graph_from_weights(w, graph_kind, torch.float64)
     x = torch.randn(2, 6, 3, dtype=torch.float64)
-    gen = GraphGenerator(g, normalization)
+    gen = GraphLaplacian(g, normalization)
     dmax = w.sum(-1).max(-1)
     scale = dmax if normalization == "combinatorial" else np.ones(2)
     gh.assert_close_np(gen.scale, scale, atol=1e-12)

@@ -52,7 +52,7 @@ def test_operator_equals_reference(gh, operator_spec, source, device) -> None:
 @pytest.mark.parametrize("alpha", [0.05, 0.5, 0.95])
 @pytest.mark.parametrize("source", SOURCES)
 def test_ppr_equals_dense_solve(gh, source, alpha, normalization) -> None:
-    """``alpha (I - (1 - alpha) A)^{-1} x`` with ``A`` from DESIGN.md / GraphGenerator."""
+    """``alpha (I - (1 - alpha) A)^{-1} x`` with ``A`` from DESIGN.md / GraphLaplacian."""
     g, x, w = build(gh, source, seed=1)
     op = PersonalizedPageRank(alpha=alpha, normalization=normalization, tol=1e-12)
     expected = gh.ppr_reference(w, gh.to_numpy(x), alpha, normalization)

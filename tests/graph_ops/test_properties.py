@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,
-    GraphGenerator,
+    GraphLaplacian,
     heat_kernel,
     laplacian_matrix,
     spectrum,
@@ -84,7 +84,7 @@ def test_rw_normalized_rows_sum_to_one_or_zero(gh, params) -> None:
     for kind in ("dense", "sparse"):
         g = gh.graph_from_weights(w, kind, torch.float64)
         gh.assert_close_np(
-            GraphGenerator(g, "rw").adjacency(ones).squeeze(-1), expected, atol=1e-12
+            GraphLaplacian(g, "rw").adjacency(ones).squeeze(-1), expected, atol=1e-12
         )
         gh.assert_close_np(g.topk(params["n"]).out_degree(), expected, atol=1e-12)
         rw = np.eye(params["n"]) * expected[..., None] - laplacian_matrix(g, "rw").numpy()

@@ -147,7 +147,7 @@ def test_topk_n_of_weights_is_row_normalized(gh) -> None:
 def test_k_out_of_range(gh, k_top) -> None:
     case = gh.make_attention(0, n=6)
     for kind in gh.GRAPH_KINDS:
-        with pytest.raises(ValueError, match=rf"^k: expected 1 <= k <= 6, got {k_top}$"):
+        with pytest.raises(ValueError, match=rf"^k_top: expected 1 <= k_top <= 6, got {k_top}$"):
             case.graph(kind).topk(k_top)
 
 
@@ -160,20 +160,34 @@ def test_topk_graph_errors_name_k_top(gh, k_top, error) -> None:
         topk_graph(case.q, case.k, k_top=k_top)
 
 
-def test_softmax_topk_rejects_zero_block_size(gh) -> None:
-    """``DenseGraph.topk(k, block_size=0)`` raises; the softmax graph must too."""
+def test_softmax_topk_rejects_zero_row_block(gh) -> None:
+    """``DenseGraph.topk(k, row_block=0)`` raises; the softmax graph must too."""
     case = gh.make_attention(0, n=6)
-    with pytest.raises(ValueError, match=r"^block_size:"):
-        case.graph("dense").topk(2, block_size=0)
-    with pytest.raises(ValueError, match=r"^block_size:"):
-        case.graph("softmax").topk(2, block_size=0)
+    with pytest.raises(ValueError, match=r"^row_block:"):
+        case.graph("dense").topk(2, row_block=0)
+    with pytest.raises(ValueError, match=r"^row_block:"):
+        case.graph("softmax").topk(2, row_block=0)
+
+
+def test_block_size_is_the_old_name_of_row_block(gh) -> None:
+    """The renamed keyword still works, with one DeprecationWarning; both at once is refused."""
+    case = gh.make_attention(0, n=6)
+    new = case.graph("softmax").topk(2, row_block=2)
+    with pytest.warns(DeprecationWarning, match="block_size= was renamed row_block="):
+        import heatformer.checks as checks
+
+        checks._WARNED.discard(("block_size", "row_block"))
+        old = case.graph("softmax").topk(2, block_size=2)
+    torch.testing.assert_close(old.to_dense(), new.to_dense())
+    with pytest.raises(TypeError, match=r"^block_size: is the old name of 'row_block'"):
+        case.graph("softmax").topk(2, block_size=2, row_block=2)
 
 
 def test_k_must_be_an_int(gh) -> None:
     g = gh.make_attention(0, n=6).graph("softmax")
-    with pytest.raises(TypeError, match=r"^k:"):
+    with pytest.raises(TypeError, match=r"^k_top:"):
         g.topk(2.0)
-    with pytest.raises(TypeError, match=r"^k:"):
+    with pytest.raises(TypeError, match=r"^k_top:"):
         g.topk(True)
 
 

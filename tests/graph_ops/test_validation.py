@@ -156,7 +156,7 @@ def test_sparse_constructors_reject() -> None:
         SparseGraph.from_edge_index(edges, torch.tensor([1, 2]))
     with pytest.raises(ValueError, match=r"^edge_index, edge_weight: expected E source"):
         SparseGraph.from_edge_index(edges, torch.ones(3))
-    with pytest.raises(TypeError, match=r"^num_nodes: expected an int"):
+    with pytest.raises(TypeError, match=r"^num_nodes: expected a positive int"):
         SparseGraph.from_edge_index(edges, num_nodes=2.0)
     with pytest.raises(ValueError, match=r"^indices: expected column indices in \[0, 3\)"):
         SparseGraph.from_ell(torch.full((3, 2), 3), torch.ones(3, 2))
@@ -174,8 +174,8 @@ def test_graph_methods_reject(graph) -> None:
             graph.threshold(bad)
         with pytest.raises(ValueError, match=r"^eps:"):
             graph.to_sparse().threshold(bad)
-    with pytest.raises(ValueError, match=r"^block_size:"):
-        graph.topk(2, block_size=-1)
+    with pytest.raises(ValueError, match=r"^row_block:"):
+        graph.topk(2, row_block=-1)
     q, k = _qk()
     with pytest.raises(ValueError, match=r"^k_top: expected 1 <= k_top <= 4, got 5$"):
         topk_graph(q, k, k_top=5)

@@ -2,20 +2,23 @@
 
 This subpackage knows nothing about transformers. Everything is written against one small
 protocol, "multiply a block of vectors by the graph" (:meth:`Graph.propagate`), so no
-operator ever needs the ``N x N`` matrix.
+operator ever needs the ``N x N`` matrix. One module per concept:
+
+- :mod:`~heatformer.graph_ops.protocol` -- the :class:`Graph` protocol (knows no kind);
+- :mod:`~heatformer.graph_ops.dense`, :mod:`~heatformer.graph_ops.softmax`,
+  :mod:`~heatformer.graph_ops.sparse`, :mod:`~heatformer.graph_ops.symmetrized` -- the kinds;
+- :mod:`~heatformer.graph_ops.sparsify` -- top-k, thresholding; :mod:`~heatformer.graph_ops.
+  interop` -- NetworkX, SciPy, PyG;
+- :mod:`~heatformer.graph_ops.builders` -- graph kinds for layers (:data:`GRAPHS`);
+- :mod:`~heatformer.graph_ops.laplacian`, :mod:`~heatformer.graph_ops.heat` and
+  :mod:`~heatformer.graph_ops.operators` -- Laplacians, heat methods, diffusion operators.
 """
 
-from heatformer.graph_ops.graphs import (
-    DenseGraph,
-    Graph,
-    SoftmaxGraph,
-    SparseGraph,
-    SymmetrizedGraph,
-    topk_graph,
-)
+from heatformer.graph_ops.builders import GRAPHS, GraphBuilder, resolve_graph
+from heatformer.graph_ops.dense import DenseGraph
 from heatformer.graph_ops.heat import HEAT_METHODS, HeatMethod, heat_kernel, select_heat_method
 from heatformer.graph_ops.laplacian import (
-    GraphGenerator,
+    GraphLaplacian,
     adjacency_matrix,
     laplacian,
     laplacian_matrix,
@@ -28,12 +31,19 @@ from heatformer.graph_ops.operators import (
     DiffusionOperator,
     HeatKernel,
     Laplacian,
+    NormalizedOperator,
     PersonalizedPageRank,
     Polynomial,
     resolve_operator,
 )
+from heatformer.graph_ops.protocol import Graph
+from heatformer.graph_ops.softmax import SoftmaxGraph
+from heatformer.graph_ops.sparse import SparseGraph
+from heatformer.graph_ops.sparsify import topk_graph
+from heatformer.graph_ops.symmetrized import SymmetrizedGraph
 
 __all__ = [
+    "GRAPHS",
     "HEAT_METHODS",
     "OPERATORS",
     "PPR_METHODS",
@@ -41,10 +51,12 @@ __all__ = [
     "DenseGraph",
     "DiffusionOperator",
     "Graph",
-    "GraphGenerator",
+    "GraphBuilder",
+    "GraphLaplacian",
     "HeatKernel",
     "HeatMethod",
     "Laplacian",
+    "NormalizedOperator",
     "PersonalizedPageRank",
     "Polynomial",
     "SoftmaxGraph",
@@ -54,8 +66,17 @@ __all__ = [
     "heat_kernel",
     "laplacian",
     "laplacian_matrix",
+    "resolve_graph",
     "resolve_operator",
     "select_heat_method",
     "spectrum",
     "topk_graph",
 ]
+
+
+def __getattr__(name: str) -> object:  # renamed public names: warn once, point to the new one
+    if name == "GraphGenerator":
+        from heatformer.graph_ops import laplacian
+
+        return laplacian.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

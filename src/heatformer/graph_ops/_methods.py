@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from heatformer import checks as V
+
 __all__ = ["Method", "check_method", "select_method"]
 
 
@@ -38,9 +40,9 @@ class Method:
 def check_method(method: object, registry: Mapping[str, Method]) -> str:
     """Check a method name: ``"auto"`` or a key of ``registry``."""
     if not isinstance(method, str):
-        raise TypeError(f"method: expected a str, got {type(method).__name__}")
+        raise V.bad_type("method", f"expected a str, got {type(method).__name__}")
     if method != "auto" and method not in registry:
-        raise ValueError(f"method: expected one of {['auto', *registry]}, got {method!r}")
+        raise V.bad_value("method", f"expected one of {['auto', *registry]}, got {method!r}")
     return method
 
 
@@ -64,9 +66,9 @@ def select_method(registry: Mapping[str, Method], method: str, what: str, *args:
             if reason is None:
                 return candidate
             reasons.append(f"{candidate.name!r}: {reason}")
-        raise ValueError(f"method: no {what} method accepts this call: " + "; ".join(reasons))
+        raise V.bad_value("method", f"no {what} method accepts this call: " + "; ".join(reasons))
     chosen = registry[method]
     reason = chosen.refuse(*args)
     if reason is not None:
-        raise ValueError(f"method: {method!r} refused: {reason}")
+        raise V.bad_value("method", f"{method!r} refused: {reason}")
     return chosen

@@ -5,7 +5,7 @@ returns ``None`` (supported) or the reason it cannot serve a call, so ``method="
 explain its choice and a refused method says why.
 
 ``"series"`` -- the positive Poisson-weighted series. With ``L = c (I - M)``
-(:class:`~heatformer.graph_ops.laplacian.GraphGenerator`) and ``tau = c t``,
+(:class:`~heatformer.graph_ops.laplacian.GraphLaplacian`) and ``tau = c t``,
 
 .. math::
 
@@ -41,11 +41,11 @@ import math
 import torch
 from torch import Tensor
 
-from heatformer.graph_ops import _validation as V
+from heatformer import checks as V
 from heatformer.graph_ops._methods import Method, check_method, select_method
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
-from heatformer.graph_ops.graphs import Graph
-from heatformer.graph_ops.laplacian import GraphGenerator, _check_graph, laplacian_matrix
+from heatformer.graph_ops.laplacian import GraphLaplacian, _check_graph, laplacian_matrix
+from heatformer.graph_ops.protocol import Graph
 
 __all__ = ["HEAT_METHODS", "HeatMethod", "heat_kernel", "poisson_order", "select_heat_method"]
 
@@ -90,7 +90,7 @@ def _series_plan(tau_max: float, tol: float) -> tuple[int, int]:
     return s, poisson_order(tau_max / s, tol / s)
 
 
-def _tau(gen: GraphGenerator, t: Tensor | float) -> Tensor:
+def _tau(gen: GraphLaplacian, t: Tensor | float) -> Tensor:
     """``tau = c t`` in the accumulation dtype, shape ``batch_shape`` (``t`` broadcasts from the
     right, e.g. per head)."""
     return gen.scale.to(accumulation_dtype(gen.graph.dtype)) * _as_tensor(t, gen.scale)
@@ -105,7 +105,7 @@ def _as_tensor(t: Tensor | float, like: Tensor) -> Tensor:
 
 
 def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float) -> Tensor:
-    gen = GraphGenerator(graph, normalization)
+    gen = GraphLaplacian(graph, normalization)
     tau = _tau(gen, t)
     tau_max = float(tau.detach().max()) if tau.numel() else 0.0
     s, order = _series_plan(tau_max, tol)
@@ -124,7 +124,7 @@ def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol:
 
 
 def _series_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: float) -> str | None:
-    gen = GraphGenerator(graph, normalization)
+    gen = GraphLaplacian(graph, normalization)
     tau_max = float(_tau(gen, t).detach().max())
     s, order = _series_plan(tau_max, tol)
     if s * order > SERIES_MAX_TERMS:
@@ -235,9 +235,10 @@ def heat_kernel(
         except RuntimeError:
             ok = False
         if not ok:
-            raise ValueError(
-                f"t: expected a shape that broadcasts (from the right) to the graph's batch "
-                f"shape {tuple(graph.batch_shape)}, e.g. one time per head; got {tuple(t.shape)}"
+            raise V.bad_value(
+                "t",
+                f"expected a shape that broadcasts (from the right) to the graph's batch "
+                f"shape {tuple(graph.batch_shape)}, e.g. one time per head; got {tuple(t.shape)}",
             )
     return select_heat_method(graph, t, normalization, tol, method).compute(
         graph, x, t, normalization, tol

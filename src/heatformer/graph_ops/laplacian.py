@@ -47,23 +47,38 @@ import math
 import torch
 from torch import Tensor
 
-from heatformer.graph_ops import _validation as V
+from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
-from heatformer.graph_ops.graphs import Graph, _safe_reciprocal, _safe_rsqrt
+from heatformer.graph_ops.protocol import Graph, _safe_reciprocal, _safe_rsqrt
 
-__all__ = ["GraphGenerator", "adjacency_matrix", "laplacian", "laplacian_matrix", "spectrum"]
+__all__ = ["GraphLaplacian", "adjacency_matrix", "laplacian", "laplacian_matrix", "spectrum"]
+
+
+def __getattr__(name: str) -> object:  # the name before 0.2: warn once, point to the new one
+    if name == "GraphGenerator":
+        import warnings
+
+        warnings.warn(
+            "GraphGenerator was renamed GraphLaplacian (it is the Laplacian of one graph, as "
+            "actions on signals); the old name will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return GraphLaplacian
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_graph(graph: object) -> Graph:
     if not isinstance(graph, Graph):
-        raise TypeError(
-            f"graph: expected a heatformer Graph (DenseGraph, SoftmaxGraph, SparseGraph), "
-            f"got {type(graph).__name__}"
+        raise V.bad_type(
+            "graph",
+            f"expected a heatformer Graph (DenseGraph, SoftmaxGraph, SparseGraph), "
+            f"got {type(graph).__name__}",
         )
     return graph
 
 
-class GraphGenerator:
+class GraphLaplacian:
     """The Laplacian of one graph and normalization, as actions on signals ``(..., N, C)``.
 
     Degrees are computed once at construction; every method is differentiable.
@@ -114,6 +129,14 @@ class GraphGenerator:
             return ws * self._sqrt_inv
         return x - self.laplacian(x) / self.scale[..., None, None]
 
+    def identity(self, x: Tensor) -> Tensor:
+        """``I' x``: ``x`` on the nodes with out-edges, 0 on the others (``x`` when every row
+        is known to have an edge)."""
+        if self.graph._rows_nonempty:
+            return x
+        has = (self.graph.out_degree() > 0).to(x.dtype).unsqueeze(-1)  # (..., N, 1)
+        return has * x
+
     def laplacian(self, x: Tensor) -> Tensor:
         """``L x``, shape ``(..., N, C)``."""
         if self.normalization == "combinatorial":
@@ -154,7 +177,7 @@ def laplacian(graph: Graph, x: Tensor, normalization: str = "rw") -> Tensor:
     """
     graph = _check_graph(graph)
     V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
-    return GraphGenerator(graph, normalization).laplacian(x)
+    return GraphLaplacian(graph, normalization).laplacian(x)
 
 
 def laplacian_matrix(graph: Graph, normalization: str = "rw") -> Tensor:
@@ -196,7 +219,7 @@ def adjacency_matrix(graph: Graph, normalization: str = "rw") -> Tensor:
 
     ``D_out^+ W`` for ``"rw"``, ``D^{+1/2} W_s D^{+1/2}`` for ``"sym"`` and ``I - L / c`` for
     ``"combinatorial"`` (``c`` the largest out-degree, 1 for a graph without edges), as
-    :meth:`GraphGenerator.adjacency` applies it; computed from ``graph.to_dense()``.
+    :meth:`GraphLaplacian.adjacency` applies it; computed from ``graph.to_dense()``.
 
     Example:
         >>> import torch
@@ -255,9 +278,9 @@ def spectrum(graph: Graph, normalization: str = "rw", *, atol: float = 1e-6) -> 
     graph = _check_graph(graph)
     V.check_normalization(normalization)
     if isinstance(atol, bool) or not isinstance(atol, (int, float)):
-        raise TypeError(f"atol: expected a float >= 0, got {type(atol).__name__}")
+        raise V.bad_type("atol", f"expected a float >= 0, got {type(atol).__name__}")
     if not (math.isfinite(atol) and atol >= 0):
-        raise ValueError(f"atol: expected a finite float >= 0, got {atol!r}")
+        raise V.bad_value("atol", f"expected a finite float >= 0, got {atol!r}")
     dtype = accumulation_dtype(graph.dtype)  # no half-precision eigensolvers
     n = graph.num_nodes
     if n == 0:  # nothing to solve; the shape and dtype an N-node answer would have

@@ -27,7 +27,7 @@ from heatformer.graph_ops import (
     resolve_operator,
     spectrum,
 )
-from heatformer.graph_ops._validation import NORMALIZATIONS, check_normalization
+from heatformer.checks import NORMALIZATIONS, check_normalization
 from heatformer.viz._common import (
     PathLike,
     axes_or_new,

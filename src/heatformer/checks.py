@@ -1,0 +1,291 @@
+"""The one set of argument checks, and the errors they raise.
+
+Policy: a wrong *kind* of object (type, dtype) is a :class:`TypeError`, a wrong *value*
+(shape, range) a :class:`ValueError`; the message reads "``name``: expected X, got Y". The
+errors raised here are :class:`ArgumentTypeError` / :class:`ArgumentValueError`, subclasses of
+those two that also carry the argument's name in :attr:`ArgumentError.argument`, so a caller
+(the command line) can tell which option was wrong without reading the message. Checks run at
+public boundaries, once; hot loops trust what they get. Nothing here uses ``assert``.
+
+Example:
+    >>> try:
+    ...     check_positive_int("n_layer", 0)
+    ... except ValueError as err:
+    ...     print(err.argument, "|", err.detail)
+    n_layer | expected a positive int, got 0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "NORMALIZATIONS",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "ArgumentValueError",
+    "bad_type",
+    "bad_value",
+    "check_bool",
+    "check_coeffs",
+    "check_float_tensor",
+    "check_mask",
+    "check_normalization",
+    "check_open_unit",
+    "check_positive_int",
+    "check_signal",
+    "check_square",
+    "check_threshold",
+    "check_time",
+    "check_tol",
+    "renamed",
+]
+
+
+_T = TypeVar("_T")
+
+
+class ArgumentError(Exception):
+    """A bad argument: ``str(err)`` is ``"argument: detail"``.
+
+    Attributes:
+        argument: the name of the argument (or config field) that was wrong.
+        detail: what was expected and what came.
+    """
+
+    def __init__(self, argument: str, detail: str) -> None:
+        super().__init__(argument, detail)
+        self.argument = argument
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.argument}: {self.detail}"
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """A wrong kind of argument (type or dtype)."""
+
+
+class ArgumentValueError(ArgumentError, ValueError):
+    """A wrong value (shape, range, name)."""
+
+
+def bad_type(argument: str, detail: str) -> ArgumentTypeError:
+    """The error for an argument of the wrong kind: ``raise bad_type("x", "expected ...")``."""
+    return ArgumentTypeError(argument, detail)
+
+
+def bad_value(argument: str, detail: str) -> ArgumentValueError:
+    """The error for an argument with a wrong value: ``raise bad_value("k", "expected ...")``."""
+    return ArgumentValueError(argument, detail)
+
+
+NORMALIZATIONS: tuple[str, ...] = ("rw", "sym", "combinatorial")
+
+
+def check_float_tensor(name: str, value: object, *, min_dim: int = 0) -> Tensor:
+    """Check that ``value`` is a floating-point tensor with at least ``min_dim`` dims."""
+    if not isinstance(value, Tensor):
+        raise bad_type(name, f"expected a torch.Tensor, got {type(value).__name__}")
+    if not (value.is_floating_point()):
+        raise bad_type(
+            name,
+            f"expected a floating-point tensor (float16/bfloat16/float32/float64), "
+            f"got dtype {value.dtype}",
+        )
+    if value.dim() < min_dim:
+        raise bad_value(
+            name, f"expected at least {min_dim} dimensions, got shape {tuple(value.shape)}"
+        )
+    return value
+
+
+def check_square(name: str, weight: Tensor) -> int:
+    """Check that the last two dims of ``weight`` are equal; return N."""
+    if weight.shape[-1] != weight.shape[-2]:
+        raise bad_value(
+            name, f"expected a square (..., N, N) weight matrix, got shape {tuple(weight.shape)}"
+        )
+    return int(weight.shape[-1])
+
+
+def check_normalization(normalization: object) -> str:
+    """Check that ``normalization`` is one of ``"rw"``, ``"sym"``, ``"combinatorial"``."""
+    if not isinstance(normalization, str) or normalization not in NORMALIZATIONS:
+        raise bad_value(
+            "normalization", f"expected one of {list(NORMALIZATIONS)}, got {normalization!r}"
+        )
+    return normalization
+
+
+def check_signal(
+    x: object,
+    num_nodes: int,
+    batch_shape: torch.Size,
+    dtype: torch.dtype | None = None,
+    *,
+    name: str = "x",
+) -> Tensor:
+    """Check a signal ``x`` of shape ``(..., N, C)`` against a graph with ``num_nodes`` nodes.
+
+    The leading dims of ``x`` must broadcast with the graph's ``batch_shape``; its dtype must
+    be the graph's ``dtype`` when given.
+    """
+    x = check_float_tensor(name, x, min_dim=2)
+    if dtype is not None and x.dtype != dtype:
+        raise bad_type(name, f"expected the graph's dtype {dtype}, got {x.dtype}")
+    if x.shape[-2] != num_nodes:
+        raise bad_value(
+            name,
+            f"expected shape (..., N={num_nodes}, C), got {tuple(x.shape)} "
+            f"(dim -2 must equal the graph's num_nodes)",
+        )
+    try:
+        torch.broadcast_shapes(x.shape[:-2], batch_shape)
+    except RuntimeError:
+        raise bad_value(
+            name,
+            f"leading dims {tuple(x.shape[:-2])} do not broadcast with the graph's "
+            f"batch shape {tuple(batch_shape)}",
+        ) from None
+    return x
+
+
+def check_mask(mask: object, batch_shape: torch.Size, num_nodes: int) -> Tensor:
+    """Check a boolean attention mask broadcastable to ``(*batch_shape, N, N)``."""
+    if not isinstance(mask, Tensor):
+        raise bad_type("mask", f"expected a bool torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise bad_type(
+            "mask",
+            f"expected dtype torch.bool (True = may attend, as in "
+            f"scaled_dot_product_attention), got {mask.dtype}",
+        )
+    target = (*batch_shape, num_nodes, num_nodes)
+    try:
+        shape = torch.broadcast_shapes(mask.shape, target)
+    except RuntimeError:
+        shape = None
+    if shape is None or tuple(shape) != target:
+        raise bad_value(
+            "mask", f"expected a shape broadcastable to {target}, got {tuple(mask.shape)}"
+        )
+    return mask
+
+
+def check_positive_int(
+    name: str, value: object, *, upper: int | None = None, optional: bool = False
+) -> int:
+    """Check an int ``value >= 1`` (and ``<= upper``); with ``optional``, None passes too.
+
+    Messages: "expected a positive int, got 0", or with ``upper`` "expected 1 <= k <= 8, got 9".
+    """
+    if optional and value is None:
+        return value  # type: ignore[return-value]
+    what = "None or a positive int" if optional else "a positive int"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_type(name, f"expected {what}, got {type(value).__name__}")
+    if upper is not None and not 1 <= value <= upper:
+        raise bad_value(name, f"expected 1 <= {name} <= {upper}, got {value}")
+    if value < 1:
+        raise bad_value(name, f"expected {what}, got {value!r}")
+    return value
+
+
+def check_threshold(eps: object) -> float:
+    """Check an edge-weight threshold: a float ``> 0``."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise bad_type("eps", f"expected a float threshold > 0, got {type(eps).__name__}")
+    if not eps > 0:
+        raise bad_value("eps", f"expected a threshold > 0, got {eps!r}")
+    return float(eps)
+
+
+def check_time(t: object, *, name: str = "t") -> Tensor | float:
+    """Check a diffusion time: a finite, non-negative float or floating tensor."""
+    if isinstance(t, bool):
+        raise bad_type(name, "expected a float or a floating-point tensor, got bool")
+    if isinstance(t, (int, float)):
+        if not math.isfinite(t) or t < 0:
+            raise bad_value(name, f"expected a finite value >= 0, got {t}")
+        return float(t)
+    if isinstance(t, Tensor):
+        if not t.is_floating_point():
+            raise bad_type(name, f"expected a floating-point tensor, got dtype {t.dtype}")
+        if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+            shown = t.detach().cpu().flatten()[:8].tolist()
+            raise bad_value(name, f"expected finite values >= 0, got {shown}")
+        return t
+    raise bad_type(name, f"expected a float or a floating-point tensor, got {type(t).__name__}")
+
+
+def check_open_unit(name: str, value: object) -> float:
+    """Check ``0 < value < 1``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad_type(name, f"expected a float in (0, 1), got {type(value).__name__}")
+    if not (0.0 < float(value) < 1.0):
+        raise bad_value(name, f"expected a value in the open interval (0, 1), got {value}")
+    return float(value)
+
+
+def check_tol(tol: object) -> float:
+    """Check a tolerance ``0 < tol < 1``."""
+    return check_open_unit("tol", tol)
+
+
+def check_coeffs(coeffs: object) -> list[float] | Tensor:
+    """Check polynomial coefficients: a non-empty 1-D float sequence or tensor.
+
+    A sequence is checked as Python numbers and returned as a list of floats, so no tensor is
+    made here (the check also works while modules are built on the meta device).
+    """
+    if isinstance(coeffs, Tensor):
+        if not coeffs.is_floating_point():
+            raise bad_type("coeffs", f"expected a floating-point tensor, got dtype {coeffs.dtype}")
+        if coeffs.dim() != 1 or coeffs.numel() == 0:
+            raise bad_value(
+                "coeffs", f"expected a non-empty 1-D sequence, got shape {tuple(coeffs.shape)}"
+            )
+        if coeffs.device.type != "meta" and not bool(torch.isfinite(coeffs).all()):
+            raise bad_value("coeffs", "expected finite values, got NaN or inf")
+        return coeffs
+    if not isinstance(coeffs, Sequence) or isinstance(coeffs, str):
+        raise bad_type("coeffs", f"expected a sequence of floats or a tensor, got {coeffs!r}")
+    if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in coeffs):
+        raise bad_type("coeffs", f"expected a sequence of numbers, got {coeffs!r}")
+    if len(coeffs) == 0:
+        raise bad_value("coeffs", "expected a non-empty 1-D sequence, got an empty one")
+    values = [float(c) for c in coeffs]
+    if not all(math.isfinite(c) for c in values):
+        raise bad_value("coeffs", f"expected finite values, got {values}")
+    return values
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Check a flag: ``True`` or ``False`` (not 0/1, not a string)."""
+    if not isinstance(value, bool):
+        raise bad_type(name, f"expected a bool, got {type(value).__name__}")
+    return value
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def renamed(old: str, new: str, old_value: _T | None, new_value: _T | None) -> _T | None:
+    """The value of a keyword argument that was renamed: ``new_value``, or ``old_value`` (with
+    one :class:`DeprecationWarning` per name pair) when only the old keyword was given."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise bad_type(old, f"is the old name of {new!r}; expected one of them, got both")
+    if (old, new) not in _WARNED:
+        import warnings
+
+        _WARNED.add((old, new))
+        warnings.warn(f"{old}= was renamed {new}=", DeprecationWarning, stacklevel=3)
+    return old_value

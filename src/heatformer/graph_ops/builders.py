@@ -1,0 +1,249 @@
+r"""Graph kinds: how an attention layer turns its queries and keys into a graph.
+
+Every kind is a :class:`GraphBuilder` subclass plus one entry of :data:`GRAPHS`, resolved from
+a spec string at the boundary (a config, the command line) by :func:`resolve_graph`:
+
+==========================  =================================================================
+``"softmax"``               the dense attention graph ``P = softmax(q k^T / sqrt(E))``
+                            (:class:`~heatformer.graph_ops.SoftmaxGraph`, never ``N x N``)
+``"topk[k=32]"``            its ``k`` strongest keys per query, renormalized
+                            (:class:`~heatformer.graph_ops.SparseGraph`, ``N k`` memory)
+==========================  =================================================================
+
+An entry declares what it supports -- causal masking, key masks, incremental decoding
+(:meth:`GraphBuilder.decode`, which the KV cache calls), how many past keys decoding needs
+(:meth:`GraphBuilder.cache_size`) -- and code that uses a kind asks the entry, never its class.
+A new kind from outside the library is one subclass and ``GRAPHS["name"] = MyBuilder`` (see
+``examples/custom_graph.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from heatformer import checks as V
+from heatformer.graph_ops._spec import format_entry, parse_entry
+from heatformer.graph_ops.protocol import Graph
+from heatformer.graph_ops.softmax import SoftmaxGraph
+from heatformer.graph_ops.sparsify import _stable_topk_indices
+
+__all__ = [
+    "GRAPHS",
+    "GraphBuilder",
+    "SoftmaxBuilder",
+    "TopkBuilder",
+    "decode_allowed",
+    "resolve_graph",
+]
+
+
+class GraphBuilder:
+    """One graph kind, with its parameters (``TopkBuilder(k=32)``).
+
+    Subclasses set :attr:`name` and the capability flags, implement :meth:`build` and, when
+    :attr:`incremental`, :meth:`decode`. Parameters are constructor keyword arguments, kept in
+    :attr:`params` so that :attr:`spec` writes the kind back as a string.
+    """
+
+    #: registry name, the head of the spec (``"topk"`` in ``"topk[k=32]"``)
+    name: ClassVar[str] = ""
+    #: builds causal graphs (``causal=True``)
+    supports_causal: ClassVar[bool] = True
+    #: takes a key mask (padding)
+    supports_key_mask: ClassVar[bool] = True
+    #: :meth:`decode` serves KV-cache decoding, equal to recomputing the full graph
+    incremental: ClassVar[bool] = False
+    #: parameter sets worth testing, the defaults first (the combination matrix runs them)
+    examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+
+    def __init__(self, **params: Any) -> None:
+        self.params: dict[str, Any] = params
+
+    @property
+    def spec(self) -> str:
+        """The kind as a spec string, e.g. ``"topk[k=32]"`` (parsed back by
+        :func:`resolve_graph`)."""
+        return format_entry(self.name, self.params, sep=",")
+
+    def build(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        row_block: int | None = None,
+    ) -> Graph:
+        """The graph of queries ``q`` and keys ``k`` (``(..., N, E)`` each).
+
+        Args:
+            q, k: queries and keys.
+            mask: bool, broadcastable to ``(..., N, N)``, ``True`` = may attend.
+            causal: forbid attending to later positions.
+            row_block: query rows per block in chunked work (None: the default slab).
+        """
+        raise NotImplementedError  # pragma: no cover - every kind defines it
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, past: int) -> Tensor:
+        """``P v`` for new queries of a causal sequence, the keys of every earlier token cached.
+
+        Args:
+            q: ``(B, H, n, E)`` queries at positions ``past ... past + n - 1``.
+            k, v: ``(B, H, T, E)``, ``(B, H, T, C)``: the cached keys and values, the new
+                tokens' included (``T = past + n`` unless :meth:`cache_size` lets the cache
+                drop old keys).
+            past: tokens before the new ones.
+
+        Returns:
+            ``(B, H, n, C)``: rows ``past ... past + n - 1`` of ``P v`` for the full sequence.
+        """
+        raise NotImplementedError(f"graph kind {self.name!r} has no incremental decoding")
+
+    def cache_size(self) -> int | None:
+        """Most recent keys decoding needs (None: all of them)."""
+        return None
+
+    def check_nodes(self, max_nodes: int) -> None:
+        """Refuse parameters that no graph of at most ``max_nodes`` nodes can honour (a config
+        calls this with its longest sequence)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GraphBuilder) and self.spec == other.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)
+
+
+def decode_allowed(n: int, total: int, past: int, device: torch.device) -> Tensor:
+    """Bool ``(n, T)``: which of ``T`` cached keys each of ``n`` new queries may see (causal).
+
+    The cache holds the most recent ``T`` tokens, so slot ``j`` is absolute position
+    ``past + n - T + j``; new query ``i`` is at ``past + i``.
+    """
+    first = past + n - total  # absolute position of cache slot 0
+    pos_k = first + torch.arange(total, device=device)
+    return pos_k <= (past + torch.arange(n, device=device)).unsqueeze(-1)  # (n, T)
+
+
+class SoftmaxBuilder(GraphBuilder):
+    """``"softmax"``: the dense attention graph (one fused SDPA call per ``propagate``)."""
+
+    name = "softmax"
+    incremental = True
+
+    def build(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        row_block: int | None = None,
+    ) -> Graph:
+        return SoftmaxGraph(q, k, mask=mask, causal=causal, row_block=row_block)
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, past: int) -> Tensor:
+        allowed = decode_allowed(q.shape[-2], k.shape[-2], past, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
+class TopkBuilder(GraphBuilder):
+    """``"topk[k=K]"``: the ``K`` strongest allowed keys of every query, renormalized.
+
+    A sequence shorter than ``K`` keeps all its keys (e.g. the first steps of generation);
+    configs refuse a ``K`` above their longest sequence. Decoding ranks the new queries'
+    scores against the cache exactly as building the full graph does, so it equals
+    recomputation.
+
+    Args:
+        k: edges per query, a positive int.
+    """
+
+    name = "topk"
+    incremental = True
+    examples = ({"k": 3},)
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k=V.check_positive_int("k", k))
+        self.k = k
+
+    def check_nodes(self, max_nodes: int) -> None:
+        if self.k > max_nodes:
+            raise V.bad_value(
+                "graph",
+                f"{self.spec}: expected k at most the {max_nodes} tokens a sequence can hold, "
+                f"got {self.k}",
+            )
+
+    def build(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        row_block: int | None = None,
+    ) -> Graph:
+        graph = SoftmaxGraph(q, k, mask=mask, causal=causal, row_block=row_block)
+        return graph.topk(min(self.k, graph.num_nodes), row_block=row_block)
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, past: int) -> Tensor:
+        allowed = decode_allowed(q.shape[-2], k.shape[-2], past, q.device)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, n, T)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        idx = _stable_topk_indices(scores, min(self.k, scores.shape[-1]))  # (B, H, n, K)
+        kept = scores.gather(-1, idx)
+        w = torch.softmax(kept, dim=-1).masked_fill(kept == float("-inf"), 0.0)
+        v_kept = v.unsqueeze(-3).expand(*idx.shape[:-1], *v.shape[-2:])  # (B, H, n, T, C)
+        v_kept = v_kept.gather(-2, idx.unsqueeze(-1).expand(*idx.shape, v.shape[-1]))
+        return (w.unsqueeze(-1) * v_kept).sum(-2)  # (B, H, n, C)
+
+
+#: name -> graph kind; the one place strings become graph builders.
+GRAPHS: dict[str, type[GraphBuilder]] = {
+    "softmax": SoftmaxBuilder,
+    "topk": TopkBuilder,
+}
+
+
+def resolve_graph(spec: str | GraphBuilder) -> GraphBuilder:
+    """Turn a graph spec (``"softmax"``, ``"topk[k=32]"``) into a builder; a builder passes.
+
+    Raises:
+        ValueError: an unknown kind (the valid names are listed), bad syntax or parameters.
+        TypeError: ``spec`` of the wrong type.
+
+    Example:
+        >>> resolve_graph("topk[k=32]")
+        TopkBuilder('topk[k=32]')
+        >>> resolve_graph("topk[k=32]").incremental
+        True
+    """
+    if isinstance(spec, GraphBuilder):
+        return spec
+    if not isinstance(spec, str):
+        raise V.bad_type("graph", f"expected a graph spec string, got {type(spec).__name__}")
+    name, params = parse_entry(spec, what="graph")
+    key = name.lower()
+    if key not in GRAPHS:
+        raise V.bad_value("graph", f"expected one of {sorted(GRAPHS)}, got {name!r} in {spec!r}")
+    factory = GRAPHS[key]
+    accepted = [p for p in inspect.signature(factory).parameters if p not in ("self", "params")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise V.bad_value(
+            "graph", f"{key}: unknown parameter(s) {unknown} in {spec!r}; expected {accepted}"
+        )
+    try:
+        return factory(**params)
+    except (TypeError, ValueError) as err:
+        raise V.bad_value("graph", f"in {spec!r}: {err}") from None

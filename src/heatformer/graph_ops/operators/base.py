@@ -1,0 +1,112 @@
+r"""Diffusion operators: one contract, ``op(graph, x) -> y``.
+
+Every operator is an :class:`torch.nn.Module` (so it can own parameters such as a learnable
+diffusion time) whose ``forward(graph, x)`` maps a signal ``x`` of shape ``(..., N, C)`` on a
+:class:`~heatformer.graph_ops.Graph` to ``(..., N, C)``, differentiably in ``x``, in the graph's
+tensors (weights, ``q``, ``k``) and in its own parameters. Each also gives its
+``frequency_response(lam)``: the factor it applies to an eigenvector of its Laplacian with
+eigenvalue ``lam``.
+
+- ``Attention()``: ``D_out^+ W x`` (= ``P x`` on attention); response ``1 - lam``.
+- ``Laplacian()``: ``step * L x`` (= ``x - P x``); response ``step * lam``.
+- ``HeatKernel(t)``: ``exp(-t L) x``; response ``exp(-t lam)``.
+- ``PersonalizedPageRank(alpha)``: ``alpha sum_k (1-alpha)^k A^k x``; response
+  ``alpha / (1 - (1-alpha)(1-lam))``.
+- ``Polynomial(c)``: ``sum_k c_k L^k x``; response ``sum_k c_k lam^k``.
+
+Strings become operators only through :func:`~heatformer.graph_ops.resolve_operator`; each
+operator is one module of this package plus one entry of
+:data:`~heatformer.graph_ops.OPERATORS`, and declares what it can do (:attr:`~DiffusionOperator.
+reads_transpose`, :meth:`~DiffusionOperator.affine_coefficients`, ``examples``).
+
+References:
+    Zhang, A. & Papyan, V. (2026). Laplacian heads. arXiv:2602.09297.
+    Kondor, R. & Lafferty, J. (2002). Diffusion kernels on graphs. ICML.
+    Klicpera, J., Weißenberger, S. & Günnemann, S. (2019). Diffusion improves graph
+    learning (GDC). NeurIPS.
+    Chamberlain, B. et al. (2021). GRAND: Graph neural diffusion. ICML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from heatformer import checks as V
+from heatformer.graph_ops.laplacian import _check_graph
+from heatformer.graph_ops.protocol import Graph
+
+__all__ = ["DiffusionOperator", "NormalizedOperator"]
+
+
+def _parameter(
+    value: float | list[float],
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+    *,
+    transform: Callable[[float], float] | None = None,
+) -> Tensor:
+    """A parameter's initial tensor in the factory dtype (default: torch's default dtype),
+    rounded once from the float64 ``value`` (optionally ``transform``-ed in float64)."""
+    values = value if isinstance(value, list) else [value]
+    if transform is not None:
+        values = [transform(v) for v in values]
+    data = torch.tensor(values, dtype=torch.float64)
+    data = data if isinstance(value, list) else data[0]
+    return data.to(device=device, dtype=dtype or torch.get_default_dtype())
+
+
+class DiffusionOperator(nn.Module):
+    """Base class: ``forward(graph, x) -> y`` with ``x, y`` of shape ``(..., N, C)``."""
+
+    #: registry name used in head specs such as ``"attention:6,laplacian:2"``.
+    name: str = "operator"
+    #: constructor keyword arguments worth trying, the defaults first: the docs show them and
+    #: the test-suite's combination matrix runs every one (a new operator lists its own).
+    examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+
+    def forward(self, graph: Graph, x: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def frequency_response(self, lam: Tensor) -> Tensor:  # pragma: no cover - abstract
+        """The factor applied to a Laplacian eigenvector with eigenvalue ``lam``."""
+        raise NotImplementedError
+
+    # ---- capabilities: what code that uses an operator asks it (never its class) ----------
+
+    @property
+    def reads_transpose(self) -> bool:
+        """Whether the output reads ``W^T`` (e.g. a symmetrized graph): row ``i`` then depends
+        on the queries that attend to ``i``, so a causal layer must refuse the operator."""
+        return False
+
+    def affine_coefficients(self) -> tuple[Tensor, Tensor] | None:
+        r"""``(a, b)`` when the operator is affine in one propagation, else None:
+
+        .. math:: \mathrm{op}(G, x) = a \, D_{out}^{+} W x + b \, I' x
+
+        (``I'`` keeps the nodes that have out-edges). On an attention graph that is
+        ``a P v + b v``, so a layer serves every such head from its single fused SDPA call,
+        and from the KV cache. Scalars (0-dim tensors, differentiable if learnable).
+        """
+        return None
+
+    def _check(self, graph: Graph, x: Tensor) -> None:
+        graph = _check_graph(graph)
+        V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
+
+
+class NormalizedOperator(DiffusionOperator):
+    """An operator built on one of the three Laplacian normalizations (``self.normalization``).
+
+    The ``"sym"`` normalization symmetrizes the graph, so it reads ``W^T``.
+    """
+
+    normalization: str = "rw"
+
+    @property
+    def reads_transpose(self) -> bool:
+        return self.normalization == "sym"

@@ -1,0 +1,88 @@
+"""``Laplacian()``: the Laplacian head ``step * L x`` (= ``x - P x`` with ``"rw"``)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from heatformer import checks as V
+from heatformer.graph_ops.laplacian import GraphLaplacian
+from heatformer.graph_ops.operators.base import NormalizedOperator, _parameter
+from heatformer.graph_ops.protocol import Graph
+
+__all__ = ["Laplacian"]
+
+
+class Laplacian(NormalizedOperator):
+    r"""The Laplacian head: ``step * L x``; with ``"rw"`` on attention, ``x - P x``.
+
+    This is the update of Zhang & Papyan (2026), whose Laplacian heads output ``(I - P) V``.
+
+    Args:
+        normalization: ``"rw"`` (default), ``"sym"`` or ``"combinatorial"``.
+        step: a scale on the output (default 1).
+        learnable: make ``step`` a parameter.
+
+    Shape:
+        ``x``: ``(..., N, C)`` -> ``(..., N, C)``.
+
+    Example:
+        >>> import torch
+        >>> from heatformer.graph_ops import DenseGraph
+        >>> g = DenseGraph(torch.tensor([[0., 1., 0.], [1., 0., 1.], [0., 1., 0.]]))
+        >>> Laplacian()(g, torch.tensor([[1.], [2.], [3.]])).squeeze(-1)
+        tensor([-1.,  0.,  1.])
+    """
+
+    name = "laplacian"
+    examples = (
+        {},
+        {"step": 0.5},
+        {"normalization": "sym"},
+        {"normalization": "combinatorial", "learnable": True},
+    )
+
+    def __init__(
+        self,
+        normalization: str = "rw",
+        *,
+        step: float = 1.0,
+        learnable: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.normalization = V.check_normalization(normalization)
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            raise V.bad_type("step", f"expected a float, got {type(step).__name__}")
+        if not math.isfinite(step):
+            raise V.bad_value("step", f"expected a finite value, got {step}")
+        self.step: Tensor
+        self.learnable = V.check_bool("learnable", learnable)
+        if learnable:
+            self.step = nn.Parameter(_parameter(float(step), device, dtype))
+        else:  # float64, cast to the signal's dtype at use
+            value = torch.tensor(float(step), dtype=torch.float64, device=device)
+            self.register_buffer("step", value, persistent=False)
+
+    def forward(self, graph: Graph, x: Tensor) -> Tensor:
+        self._check(graph, x)
+        y = GraphLaplacian(graph, self.normalization).laplacian(x)
+        if self.learnable or float(self.step) != 1.0:
+            y = y * self.step.to(y.dtype)
+        return y
+
+    def frequency_response(self, lam: Tensor) -> Tensor:
+        return self.step.to(lam.dtype) * lam
+
+    def affine_coefficients(self) -> tuple[Tensor, Tensor] | None:
+        if self.normalization != "rw":  # "sym" and "combinatorial" are not a function of P v
+            return None
+        return -self.step, self.step  # step (I' v - P v)
+
+    def extra_repr(self) -> str:
+        step = float(self.step.detach())
+        learnable = ", learnable=True" if self.learnable else ""
+        return f"normalization={self.normalization!r}, step={step:g}{learnable}"

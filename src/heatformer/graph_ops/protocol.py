@@ -1,0 +1,307 @@
+r"""The graph protocol: attention matrices as weighted, directed graphs.
+
+Conventions (stated once, used everywhere):
+
+- A graph on ``N`` nodes has a non-negative weight matrix ``W`` of shape ``(..., N, N)``; the
+  leading dims (usually ``(B, H)``) are the graph's ``batch_shape``. Row ``i`` holds the
+  out-edges of node ``i``: for attention, row ``i`` is query ``i`` and ``W[i, j]`` is how much
+  it attends to key ``j``.
+- ``propagate(x) = W @ x`` and ``propagate_transpose(x) = W^T @ x`` for a signal ``x`` of shape
+  ``(..., N, C)`` whose leading dims broadcast to the graph's ``batch_shape`` (extra leading
+  dims in front are allowed).
+- ``out_degree() = W 1`` (row sums) and ``in_degree() = W^T 1`` (column sums), shape
+  ``(..., N)``.
+- Self-loops are kept (attention has a diagonal). PyTorch Geometric's ``get_laplacian`` drops
+  them; heatformer does not.
+- A node with no out-edges (an isolated node, or a fully masked attention row) has a zero row:
+  its attention output is 0 and its Laplacian row is 0 (see :mod:`heatformer.graph_ops.laplacian`).
+
+The protocol, :class:`Graph`, knows no implementation. The graph kinds live in their own
+modules: :mod:`~heatformer.graph_ops.dense` (explicit weights),
+:mod:`~heatformer.graph_ops.softmax` (the implicit attention graph, one fused SDPA call per
+``propagate``), :mod:`~heatformer.graph_ops.sparse` (edge lists and top-k graphs, a CSR
+product) and :mod:`~heatformer.graph_ops.symmetrized`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from heatformer import checks as V
+
+if TYPE_CHECKING:
+    import networkx as nx
+    import scipy.sparse
+
+    from heatformer.graph_ops.sparse import SparseGraph
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "MIN_BLOCK_SIZE", "SLAB_ELEMENTS", "Graph"]
+
+#: Most query rows per block in chunked computations (top-k, transpose products, slabs).
+DEFAULT_BLOCK_SIZE = 256
+#: Fewest query rows per block when the batch is large.
+MIN_BLOCK_SIZE = 16
+#: Target entries of one ``(Bf, rows, N)`` slab (2^24 floats = 64 MiB in float32): large
+#: enough to stay cache- and allocator-friendly, large enough to amortize the loop.
+SLAB_ELEMENTS = 1 << 24
+
+
+def _numel(shape: torch.Size | tuple[int, ...]) -> int:
+    return int(math.prod(shape))
+
+
+def _fold(x: Tensor, batch_shape: torch.Size) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """Fold a signal into ``(Bf, N, C')`` with ``Bf = prod(batch_shape)``.
+
+    Leading dims of ``x`` in front of the graph's batch dims are moved into the channel dim,
+    so one batched product serves them all. Returns the folded tensor and the inverse map.
+    """
+    m = len(batch_shape)
+    out = torch.broadcast_shapes(x.shape[:-2], batch_shape)
+    if tuple(out[len(out) - m :]) != tuple(batch_shape):
+        raise V.bad_value(
+            "x",
+            f"leading dims {tuple(x.shape[:-2])} would broadcast the graph's batch shape "
+            f"{tuple(batch_shape)} to {tuple(out)}; expand the graph instead",
+        )
+    extra = out[: len(out) - m]
+    n, c = x.shape[-2], x.shape[-1]
+    e, bf = _numel(extra), _numel(batch_shape)
+    xf = x.expand(*out, n, c).reshape(e, bf, n, c)  # (E, Bf, N, C)
+    xf = xf.permute(1, 2, 0, 3).reshape(bf, n, e * c)  # (Bf, N, E*C)
+
+    def unfold(y: Tensor) -> Tensor:
+        y = y.reshape(bf, n, e, c).permute(2, 0, 1, 3)  # (E, Bf, N, C)
+        return y.reshape(*out, n, c)
+
+    return xf, unfold
+
+
+def _safe_reciprocal(d: Tensor) -> Tensor:
+    """``1/d`` where ``d > 0`` and 0 elsewhere (the pseudo-inverse of a diagonal)."""
+    pos = d > 0
+    return torch.where(pos, 1.0 / torch.where(pos, d, torch.ones_like(d)), torch.zeros_like(d))
+
+
+def _safe_rsqrt(d: Tensor) -> Tensor:
+    """``1/sqrt(d)`` where ``d > 0`` and 0 elsewhere, with finite gradients at ``d = 0``."""
+    pos = d > 0
+    return torch.where(pos, torch.where(pos, d, torch.ones_like(d)).rsqrt(), torch.zeros_like(d))
+
+
+def _row_normalize(w: Tensor) -> Tensor:
+    """Divide each row (last dim) by its sum; rows summing to 0 stay 0."""
+    return w * _safe_reciprocal(w.sum(-1, keepdim=True))
+
+
+class Graph(ABC):
+    """A batch of weighted directed graphs on ``num_nodes`` nodes (the protocol).
+
+    Subclasses implement :meth:`propagate`, :meth:`propagate_transpose`, :meth:`out_degree`,
+    :meth:`in_degree`, :meth:`_weight_rows` and :meth:`to`; everything else (top-k,
+    thresholding, symmetrization, interop) is written once, in
+    :mod:`~heatformer.graph_ops.sparsify`, :mod:`~heatformer.graph_ops.symmetrized` and
+    :mod:`~heatformer.graph_ops.interop`, on top of them.
+    """
+
+    #: rows sum to 1 except rows with no out-edges, which sum to 0 (e.g. attention).
+    row_stochastic: bool = False
+    #: ``W == W^T`` by construction.
+    symmetric: bool = False
+    #: every row has an out-edge, known without reading the weights (e.g. attention without a
+    #: key mask); lets the Laplacians skip masking isolated nodes. False means "unknown".
+    _rows_nonempty: bool = False
+
+    @property
+    @abstractmethod
+    def num_nodes(self) -> int:
+        """Number of nodes ``N``."""
+
+    @property
+    @abstractmethod
+    def batch_shape(self) -> torch.Size:
+        """Leading dims of the batch of graphs, e.g. ``(B, H)``."""
+
+    #: a tensor of the graph (weights or queries) that fixes its dtype and device
+    _tensor: Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Floating dtype of the weights."""
+        return self._tensor.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the weights."""
+        return self._tensor.device
+
+    @abstractmethod
+    def propagate(self, x: Tensor) -> Tensor:
+        """``W @ x`` for ``x`` of shape ``(..., N, C)``; returns ``(..., N, C)``."""
+
+    @abstractmethod
+    def propagate_transpose(self, x: Tensor) -> Tensor:
+        """``W^T @ x`` for ``x`` of shape ``(..., N, C)``; returns ``(..., N, C)``."""
+
+    @abstractmethod
+    def out_degree(self) -> Tensor:
+        """Row sums ``W 1``, shape ``(..., N)``."""
+
+    @abstractmethod
+    def in_degree(self) -> Tensor:
+        """Column sums ``W^T 1``, shape ``(..., N)``."""
+
+    @abstractmethod
+    def _weight_rows(self, start: int, stop: int) -> Tensor:
+        """Differentiable dense rows ``W[..., start:stop, :]`` flattened to ``(Bf, rows, N)``."""
+
+    @abstractmethod
+    def to(self, dtype: torch.dtype) -> Graph:
+        """The same graph computed in ``dtype`` (differentiable; ``self`` if already there).
+
+        An implicit graph recomputes its weights in ``dtype`` (a ``SoftmaxGraph`` casts
+        ``q`` and ``k``), so e.g. ``graph.to(torch.float64).to_dense()`` of a bfloat16
+        attention graph has rows that sum to 1 in float64.
+        """
+
+    # ---- derived, written once -------------------------------------------------------------
+
+    def _score_rows(self, start: int, stop: int) -> Tensor:
+        """Ranking scores for top-k, ``(Bf, rows, N)``; missing edges rank last."""
+        w = self._weight_rows(start, stop)
+        return w
+
+    def _kept_weights(self, start: int, stop: int, idx: Tensor) -> Tensor:
+        """Renormalized weights of the kept entries ``idx`` (``(Bf, rows, k)``)."""
+        w = self._weight_rows(start, stop).gather(-1, idx)
+        return _row_normalize(w)
+
+    def _check_x(self, x: Tensor) -> Tensor:
+        return V.check_signal(x, self.num_nodes, self.batch_shape, self.dtype)
+
+    def _blocks(self, row_block: int | None) -> list[tuple[int, int]]:
+        if row_block is None:  # keep a (Bf, rows, N) slab near SLAB_ELEMENTS entries
+            slab_row = max(1, _numel(self.batch_shape) * self.num_nodes)
+            row_block = min(DEFAULT_BLOCK_SIZE, max(MIN_BLOCK_SIZE, SLAB_ELEMENTS // slab_row))
+        b = row_block
+        V.check_positive_int("row_block", b)
+        n = self.num_nodes
+        return [(s, min(s + b, n)) for s in range(0, n, b)]
+
+    def to_dense(self) -> Tensor:
+        """Materialize ``W`` as a dense ``(..., N, N)`` tensor (differentiable).
+
+        Uses ``N^2`` memory: meant for small graphs, analysis and teaching.
+        """
+        rows = [self._weight_rows(s, e) for s, e in self._blocks(None)]
+        dense = torch.cat(rows, dim=-2)  # (Bf, N, N)
+        return dense.reshape(*self.batch_shape, self.num_nodes, self.num_nodes)
+
+    # ---- derived graphs and interop: written once, in their own modules --------------------
+    # (imported when called, so this module knows no subclass)
+
+    def topk(
+        self, k_top: int, *, row_block: int | None = None, block_size: int | None = None
+    ) -> SparseGraph:
+        """Keep the ``k`` heaviest out-edges of every node, renormalized to sum 1.
+
+        Exactly ``k`` edges per row; ties are broken by the lower column index, so the result
+        is deterministic. Rows are processed in blocks of ``row_block`` queries, so the extra
+        memory is ``O(row_block * N)`` per graph, never ``N x N``. Gradients flow into the
+        graph's tensors through the kept entries. A row with fewer than ``k`` edges keeps
+        zero-weight entries (e.g. early rows of a causal graph); a row with no edges keeps
+        ``k`` zero-weight entries, so it stays a node with no out-edges.
+
+        Args:
+            k_top: edges kept per row, ``1 <= k_top <= N``.
+            row_block: query rows per block (default: slabs of about ``SLAB_ELEMENTS`` entries,
+                at most 256 rows). ``block_size`` is its old name.
+
+        Returns:
+            A :class:`~heatformer.graph_ops.SparseGraph` with the same ``batch_shape``.
+
+        Raises:
+            ValueError: if ``k_top < 1`` or ``k_top > N``.
+        """
+        from heatformer.graph_ops.sparsify import topk
+
+        return topk(
+            self, k_top, row_block=V.renamed("block_size", "row_block", block_size, row_block)
+        )
+
+    def threshold(
+        self,
+        eps: float,
+        *,
+        renormalize: bool = False,
+        row_block: int | None = None,
+        block_size: int | None = None,
+    ) -> SparseGraph:
+        """Keep the edges with weight ``>= eps`` (computed in query blocks).
+
+        Args:
+            eps: threshold, ``> 0``.
+            renormalize: rescale the kept out-edges of each node to sum 1.
+            row_block: query rows per block (``block_size`` is its old name).
+
+        Returns:
+            A :class:`~heatformer.graph_ops.SparseGraph` with the same ``batch_shape``.
+        """
+        from heatformer.graph_ops.sparsify import threshold
+
+        row_block = V.renamed("block_size", "row_block", block_size, row_block)
+        return threshold(self, eps, renormalize=renormalize, row_block=row_block)
+
+    def to_sparse(self) -> SparseGraph:
+        """This graph as a :class:`~heatformer.graph_ops.SparseGraph` (its non-zero entries)."""
+        from heatformer.graph_ops.sparsify import to_sparse
+
+        return to_sparse(self)
+
+    def symmetrize(self) -> Graph:
+        """The undirected graph ``W_s = (W + W^T) / 2``."""
+        from heatformer.graph_ops.symmetrized import SymmetrizedGraph
+
+        return SymmetrizedGraph(self)
+
+    def to_networkx(self, index: tuple[int, ...] | int | None = None) -> nx.DiGraph:
+        """One graph of the batch as a weighted :class:`networkx.DiGraph` (attr ``"weight"``).
+
+        Args:
+            index: which graph of the batch, e.g. ``(b, h)``; omit for an unbatched graph.
+        """
+        from heatformer.graph_ops.interop import to_networkx
+
+        return to_networkx(self, index)
+
+    def to_scipy(self, index: tuple[int, ...] | int | None = None) -> scipy.sparse.csr_array:
+        """One graph of the batch as a :class:`scipy.sparse.csr_array`."""
+        from heatformer.graph_ops.interop import to_scipy
+
+        return to_scipy(self, index)
+
+    def to_edge_index(self) -> tuple[Tensor, Tensor]:
+        """PyG-style ``(edge_index (2, E), edge_weight (E,))``.
+
+        A batched graph is returned as the disjoint union of its graphs (graph ``g`` of the
+        flattened batch owns nodes ``g * N ... g * N + N - 1``), as PyG batches graphs.
+        """
+        return self.to_sparse().to_edge_index()
+
+    def to_pyg(self, index: tuple[int, ...] | int | None = None) -> Any:
+        """One graph as a :class:`torch_geometric.data.Data` with ``edge_index``/``edge_weight``."""
+        from heatformer.graph_ops.interop import to_pyg
+
+        return to_pyg(self, index)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_nodes={self.num_nodes}, "
+            f"batch_shape={tuple(self.batch_shape)}, dtype={self.dtype})"
+        )

@@ -1,0 +1,278 @@
+"""The implicit attention graph ``P = softmax(q k^T * scale)``: never ``N x N``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from heatformer import checks as V
+from heatformer.graph_ops.protocol import Graph, _fold, _numel
+
+__all__ = ["SoftmaxGraph"]
+
+
+class SoftmaxGraph(Graph):
+    r"""The implicit attention graph ``P = softmax(q k^T * scale)`` (rows are queries).
+
+    Nothing of size ``N x N`` is ever stored: :meth:`propagate` is one
+    :func:`~torch.nn.functional.scaled_dot_product_attention` call (fused, flash-backed on
+    CUDA), and every other method works on ``(..., block, N)`` slabs of queries.
+
+    A fully masked row is a node with no out-edges: its propagated output is 0 (forward and
+    backward stay finite), its out-degree is 0 and its Laplacian row is 0.
+
+    Args:
+        q: ``(..., N, E)`` queries.
+        k: ``(..., N, E)`` keys; batch dims broadcast with ``q``'s.
+        scale: logit scale; default ``1 / sqrt(E)`` as in SDPA.
+        mask: bool, broadcastable to ``(..., N, N)``; ``True`` = may attend (SDPA polarity).
+        causal: also forbid attending to later positions (``j > i``).
+        row_block: query rows per block in chunked methods (``block_size`` is its old name;
+            default: slabs of about
+            ``SLAB_ELEMENTS`` entries, at most 256 rows).
+
+    Shape:
+        ``propagate(x)``: ``x`` ``(..., N, C)`` -> ``(..., N, C)``.
+
+    Equivalent to::
+
+        scores = q @ k.transpose(-2, -1) * scale
+        scores = scores.masked_fill(~allowed, -inf)       # mask & causal
+        P = softmax(scores, -1).nan_to_num(0.0)            # fully masked rows -> 0
+        DenseGraph(P)
+
+    Example:
+        >>> import torch
+        >>> q = k = torch.zeros(1, 3, 2)                  # uniform attention
+        >>> g = SoftmaxGraph(q, k, causal=True)
+        >>> g.propagate(torch.tensor([[[3.], [6.], [9.]]])).squeeze(-1)
+        tensor([[3., 4.5, 6.]])
+    """
+
+    row_stochastic = True
+
+    def __init__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        scale: float | None = None,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        row_block: int | None = None,
+        block_size: int | None = None,
+    ) -> None:
+        q = V.check_float_tensor("q", q, min_dim=2)
+        k = V.check_float_tensor("k", k, min_dim=2)
+        if q.dtype != k.dtype:
+            raise V.bad_type("k", f"expected the dtype of q ({q.dtype}), got {k.dtype}")
+        if q.shape[-1] != k.shape[-1]:
+            raise V.bad_value(
+                "k", f"expected the feature dim of q ({q.shape[-1]}), got shape {tuple(k.shape)}"
+            )
+        if q.shape[-2] != k.shape[-2]:
+            raise V.bad_value(
+                "k",
+                f"a SoftmaxGraph is square; expected N = {q.shape[-2]} keys (as many as "
+                f"queries), got shape {tuple(k.shape)}",
+            )
+        try:
+            batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        except RuntimeError:
+            raise V.bad_value(
+                "k",
+                f"batch dims {tuple(k.shape[:-2])} do not broadcast with q's {tuple(q.shape[:-2])}",
+            ) from None
+        if scale is not None:
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+                raise V.bad_type("scale", f"expected a finite float or None, got {scale!r}")
+            if not math.isfinite(scale):
+                raise V.bad_value("scale", f"expected a finite float or None, got {scale!r}")
+        if not isinstance(causal, bool):
+            raise V.bad_type("causal", f"expected a bool, got {type(causal).__name__}")
+        n = int(q.shape[-2])
+        if mask is not None:
+            V.check_mask(mask, batch, n)
+        self.q = self._tensor = q.expand(*batch, *q.shape[-2:])
+        self.k = k.expand(*batch, *k.shape[-2:])
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        self.mask = mask
+        self.causal = causal
+        self.row_block = V.renamed("block_size", "row_block", block_size, row_block)
+        self._row_has_edge: Tensor | None = None
+        self._rows_nonempty = mask is None  # a causal row keeps its diagonal
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.q.shape[-2])
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.q.shape[:-2]
+
+    def _blocks(self, row_block: int | None) -> list[tuple[int, int]]:
+        return super()._blocks(self.row_block if row_block is None else row_block)
+
+    def to(self, dtype: torch.dtype) -> SoftmaxGraph:
+        if dtype == self.dtype:
+            return self
+        return SoftmaxGraph(
+            self.q.to(dtype), self.k.to(dtype), scale=self.scale, mask=self.mask,
+            causal=self.causal, row_block=self.row_block,
+        )  # fmt: skip
+
+    # ---- slabs -----------------------------------------------------------------------------
+
+    def _flat(self) -> tuple[Tensor, Tensor]:
+        n, e = self.q.shape[-2:]
+        return self.q.reshape(-1, n, e), self.k.reshape(-1, n, e)  # (Bf, N, E) each
+
+    def _allowed_rows(self, start: int, stop: int) -> Tensor | None:
+        """Bool ``(Bf or 1, rows, N)`` of allowed edges in rows ``start:stop``; None = all."""
+        n = self.num_nodes
+        allowed: Tensor | None = None
+        if self.mask is not None:
+            m = self.mask.expand(*self.batch_shape, n, n)[..., start:stop, :]
+            allowed = m.reshape(-1, stop - start, n)  # (Bf, rows, N)
+        if self.causal:
+            i = torch.arange(start, stop, device=self.device).unsqueeze(-1)
+            tri = (torch.arange(n, device=self.device) <= i).unsqueeze(0)  # (1, rows, N)
+            allowed = tri if allowed is None else allowed & tri
+        return allowed
+
+    def _score_rows(self, start: int, stop: int) -> Tensor:
+        q, k = self._flat()
+        s = (q[:, start:stop] @ k.transpose(-1, -2)) * self.scale  # (Bf, rows, N)
+        allowed = self._allowed_rows(start, stop)
+        return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
+
+    def _weight_rows(self, start: int, stop: int) -> Tensor:
+        return self._weight_rows_from(*self._flat(), start, stop)
+
+    def _weight_rows_from(self, q: Tensor, k: Tensor, start: int, stop: int) -> Tensor:
+        """Rows ``start:stop`` of ``P`` from ``q``, ``k`` ``(Bf, N, E)``: ``(Bf, rows, N)``."""
+        s = (q[:, start:stop] @ k.transpose(-1, -2)) * self.scale  # (Bf, rows, N)
+        return self._masked_softmax(s, self._allowed_rows(start, stop))
+
+    def _masked_softmax(
+        self, s: Tensor, allowed: Tensor | None, *, cut_gradient: bool = False
+    ) -> Tensor:
+        """The one masked-score softmax of every slab (dense rows, transpose products, top-k).
+
+        Only a key mask can leave a row without an allowed key (a causal row keeps its
+        diagonal), so without one the plain softmax of the ``-inf``-filled scores is exact.
+        With one (or ``cut_gradient``), disallowed entries are structural zeros: an empty row
+        gives 0, not NaN, and no gradient reaches (or, in half precision, overflows at) an
+        entry that cannot carry weight. A NaN score of an allowed entry stays NaN.
+        """
+        if allowed is None:
+            return torch.softmax(s, dim=-1)
+        s = s.masked_fill(~allowed, float("-inf"))
+        if self.mask is None and not cut_gradient:
+            return torch.softmax(s, dim=-1)
+        has = allowed.any(-1, keepdim=True)
+        p = torch.softmax(torch.where(has, s, 0.0), dim=-1)
+        return torch.where(allowed, p, 0.0)
+
+    def _kept_weights(self, start: int, stop: int, idx: Tensor) -> Tensor:
+        def kept(q: Tensor, k: Tensor) -> Tensor:
+            bf = torch.arange(k.shape[0], device=k.device)[:, None, None]
+            k_sel = k[bf, idx]  # (Bf, rows, kk, E)
+            s = torch.einsum("bre,brke->brk", q[:, start:stop], k_sel) * self.scale
+            allowed = self._allowed_rows(start, stop)
+            if allowed is not None:
+                allowed = allowed.expand(k.shape[0], -1, -1).gather(-1, idx)
+            # a kept entry that is not allowed (a row with fewer than k keys) stays a
+            # structural zero: no gradient flows through it
+            return self._masked_softmax(s, allowed, cut_gradient=True)
+
+        q, k = self._flat()
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+            # recompute in backward: saves O(rows * k * E) per block instead of keeping it
+            return checkpoint(kept, q, k, use_reentrant=False)
+        return kept(q, k)
+
+    # ---- protocol --------------------------------------------------------------------------
+
+    def propagate(self, x: Tensor) -> Tensor:
+        x = self._check_x(x)
+        if self.mask is None:
+            return F.scaled_dot_product_attention(
+                self.q, self.k, x, is_causal=self.causal, scale=self.scale
+            )
+        if not self.causal:
+            # fully masked rows attend everywhere inside SDPA, then are zeroed: no NaN anywhere
+            has = self.mask.any(-1, keepdim=True)  # broadcast shape of mask, last dim 1
+            y = F.scaled_dot_product_attention(
+                self.q, self.k, x, attn_mask=self.mask | ~has, scale=self.scale
+            )
+            return y * has
+        xf, unfold = _fold(x, self.batch_shape)
+        q, k = self._flat()
+        outs = []
+        for s, e in self._blocks(None):
+            allowed = self._allowed_mask_rows(s, e)
+            has = allowed.any(-1, keepdim=True)  # (Bf, rows, 1)
+            y = F.scaled_dot_product_attention(
+                q[:, s:e], k, xf, attn_mask=allowed | ~has, scale=self.scale
+            )
+            outs.append(y * has)
+        return unfold(torch.cat(outs, dim=1))
+
+    def _allowed_mask_rows(self, start: int, stop: int) -> Tensor:
+        allowed = self._allowed_rows(start, stop)
+        if allowed is None:
+            return torch.ones(1, stop - start, self.num_nodes, dtype=torch.bool, device=self.device)
+        return allowed
+
+    def propagate_transpose(self, x: Tensor) -> Tensor:
+        x = self._check_x(x)
+        xf, unfold = _fold(x, self.batch_shape)
+        q, k = self._flat()
+
+        def block(s: int, e: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+            def f(q: Tensor, k: Tensor, xb: Tensor) -> Tensor:
+                w = self._weight_rows_from(q, k, s, e)  # (Bf, rows, N)
+                return w.transpose(-1, -2) @ xb  # (Bf, N, C')
+
+            return f
+
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or xf.requires_grad)
+        out = torch.zeros_like(xf)
+        for s, e in self._blocks(None):
+            fn = block(s, e)
+            xb = xf[:, s:e]
+            out = out + (checkpoint(fn, q, k, xb, use_reentrant=False) if grad else fn(q, k, xb))
+        return unfold(out)
+
+    def row_has_edge(self) -> Tensor:
+        """Bool ``(..., N)``: which rows have at least one allowed key."""
+        if self._row_has_edge is None:
+            shape = (*self.batch_shape, self.num_nodes)
+            if self.mask is None:
+                has = torch.ones(shape, dtype=torch.bool, device=self.device)
+            elif not self.causal:
+                has = self.mask.any(-1).expand(shape)
+            else:
+                bf = _numel(self.batch_shape)
+                blocks = [
+                    self._allowed_mask_rows(s, e).any(-1).expand(bf, -1)
+                    for s, e in self._blocks(None)
+                ]
+                has = torch.cat(blocks, dim=-1).reshape(shape)
+            self._row_has_edge = has
+        return self._row_has_edge
+
+    def out_degree(self) -> Tensor:
+        return self.row_has_edge().to(self.dtype)
+
+    def in_degree(self) -> Tensor:
+        ones = torch.ones(
+            *self.batch_shape, self.num_nodes, 1, dtype=self.dtype, device=self.device
+        )
+        return self.propagate_transpose(ones).squeeze(-1)

@@ -1,0 +1,425 @@
+"""Sparse graphs: a batch of edge lists held as one block-diagonal CSR matrix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import Tensor
+
+from heatformer import checks as V
+from heatformer.graph_ops._csr import CSRStructure, csr_matmul
+from heatformer.graph_ops._precision import accumulation_dtype
+from heatformer.graph_ops.protocol import Graph, _fold, _numel, _safe_reciprocal
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+__all__ = ["SparseGraph"]
+
+
+def _check_weights(name: str, weight: Tensor) -> None:
+    if not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
+        raise V.bad_value(name, "expected finite, non-negative edge weights")
+
+
+def _check_edges(
+    row: object,
+    col: object,
+    weight: object,
+    num_nodes: int,
+    batch_shape: torch.Size,
+    *,
+    index_name: str = "row, col",
+    weight_name: str = "weight",
+) -> None:
+    """The checks of a user-given edge list (global indices of a batch of graphs)."""
+    weight = V.check_float_tensor(weight_name, weight)
+    names = index_name.split(", ") if "," in index_name else [index_name] * 2
+    for name, idx in zip(names, (row, col), strict=True):
+        if not isinstance(idx, Tensor) or idx.dtype not in (torch.int32, torch.int64):
+            raise V.bad_type(
+                name, f"expected an integer tensor, got {getattr(idx, 'dtype', type(idx).__name__)}"
+            )
+    row, col = cast(Tensor, row), cast(Tensor, col)
+    if not (row.dim() == col.dim() == weight.dim() == 1) or not (
+        row.numel() == col.numel() == weight.numel()
+    ):
+        raise V.bad_value(
+            f"{index_name}, {weight_name}",
+            f"expected E source indices, E target indices and E weights, got shapes "
+            f"{tuple(row.shape)}, {tuple(col.shape)} and {tuple(weight.shape)}",
+        )
+    size = _numel(batch_shape) * num_nodes
+    if row.numel() == 0:
+        return
+    with torch.no_grad():
+        lo, hi = int(torch.minimum(row.min(), col.min())), int(torch.maximum(row.max(), col.max()))
+        if lo < 0 or hi >= size:
+            where = f"batch shape {tuple(batch_shape)} and " if len(batch_shape) else ""
+            raise V.bad_value(
+                index_name,
+                f"expected indices in [0, {size}) for {where}num_nodes "
+                f"{num_nodes}, got [{lo}, {hi}]",
+            )
+        if bool(((row // num_nodes) != (col // num_nodes)).any()):
+            raise V.bad_value(index_name, "an edge joins two different graphs of the batch")
+        _check_weights(weight_name, weight)
+
+
+class SparseGraph(Graph):
+    """A batch of sparse graphs (e.g. top-k attention) stored as one block-diagonal CSR matrix.
+
+    Graph ``g`` of the flattened batch owns global rows/columns ``g * N ... g * N + N - 1``.
+    Entries are kept in row-major order; duplicates (repeated ``(row, col)`` pairs) are summed
+    by every operation. ``propagate`` is a ``torch.sparse`` CSR product whose backward is
+    sparse too (see :mod:`heatformer.graph_ops._csr`), so memory grows with the number of
+    edges ``E`` (``N * k`` for a top-k graph), never with ``N^2``.
+
+    Prefer the constructors :meth:`from_ell` (``k`` neighbours per row),
+    :meth:`from_edge_index` (PyG) and :meth:`Graph.topk`.
+
+    Args:
+        row: ``(E,)`` global row index of each edge.
+        col: ``(E,)`` global column index (same graph as its row).
+        weight: ``(E,)`` non-negative edge weights (differentiable).
+        num_nodes: ``N``.
+        batch_shape: leading dims of the batch, e.g. ``(B, H)``.
+
+    Example:
+        >>> import torch
+        >>> edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+        >>> g = SparseGraph.from_edge_index(edge_index, torch.ones(4), num_nodes=3)
+        >>> g.out_degree()
+        tensor([1., 2., 1.])
+        >>> g.propagate(torch.tensor([[1.], [2.], [3.]])).squeeze(-1)
+        tensor([2., 4., 2.])
+    """
+
+    def __init__(
+        self,
+        row: Tensor,
+        col: Tensor,
+        weight: Tensor,
+        *,
+        num_nodes: int,
+        batch_shape: tuple[int, ...] | torch.Size = (),
+    ) -> None:
+        num_nodes = V.check_positive_int("num_nodes", num_nodes)
+        _check_edges(row, col, weight, num_nodes, torch.Size(batch_shape))
+        self._init(row.long(), col.long(), weight, num_nodes, torch.Size(batch_shape), sort=True)
+
+    def _init(
+        self,
+        row: Tensor,
+        col: Tensor,
+        weight: Tensor,
+        num_nodes: int,
+        batch_shape: torch.Size,
+        *,
+        sort: bool,
+    ) -> None:
+        self._batch_shape = batch_shape
+        self._n = num_nodes
+        size = _numel(batch_shape) * num_nodes
+        if sort:
+            key = row * size + col
+            if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):  # sort to row-major
+                order = torch.argsort(key, stable=True)
+                row, col, weight = row[order], col[order], weight[order]
+        counts = torch.bincount(row, minlength=size)
+        crow = torch.zeros(size + 1, dtype=torch.long, device=row.device)
+        crow[1:] = torch.cumsum(counts, 0)
+        self._struct = CSRStructure(crow, col, row, size)
+        self._transposed: tuple[CSRStructure, Tensor] | None = None
+        self.weight = self._tensor = weight
+
+    @classmethod
+    def _trusted(
+        cls,
+        row: Tensor,
+        col: Tensor,
+        weight: Tensor,
+        *,
+        num_nodes: int,
+        batch_shape: torch.Size,
+        sort: bool = True,
+    ) -> SparseGraph:
+        """Build from edges the library made itself: no validation, no host sync for it.
+
+        ``row``/``col`` are int64 global indices in range; non-finite weights pass through
+        (NaN in, NaN out). With ``sort=False`` the entries must already be row-major.
+        """
+        graph = cls.__new__(cls)
+        graph._init(row, col, weight, num_nodes, torch.Size(batch_shape), sort=sort)
+        return graph
+
+    # ---- constructors ----------------------------------------------------------------------
+
+    @classmethod
+    def from_ell(cls, indices: Tensor, weight: Tensor) -> SparseGraph:
+        """Build from ``k`` neighbours per node (ELLPACK layout).
+
+        Args:
+            indices: ``(..., N, k)`` integer column indices in ``[0, N)`` of each node's
+                out-edges.
+            weight: ``(..., N, k)`` their finite, non-negative weights.
+
+        Raises:
+            TypeError: ``indices`` not an integer tensor, ``weight`` not a floating one.
+            ValueError: mismatched shapes, indices out of range, negative or non-finite
+                weights.
+        """
+        if not isinstance(indices, Tensor) or indices.dtype not in (torch.int32, torch.int64):
+            raise V.bad_type(
+                "indices",
+                f"expected an integer tensor of shape (..., N, k), got "
+                f"{getattr(indices, 'dtype', type(indices).__name__)}",
+            )
+        weight = V.check_float_tensor("weight", weight, min_dim=2)
+        if indices.shape != weight.shape or indices.dim() < 2:
+            raise V.bad_value(
+                "weight",
+                f"expected the shape of indices {tuple(indices.shape)} (..., N, k), "
+                f"got {tuple(weight.shape)}",
+            )
+        n = int(indices.shape[-2])
+        with torch.no_grad():
+            if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= n):
+                raise V.bad_value(
+                    "indices",
+                    f"expected column indices in [0, {n}), got "
+                    f"[{int(indices.min())}, {int(indices.max())}]",
+                )
+            _check_weights("weight", weight)
+        return cls._from_ell(indices, weight)
+
+    @classmethod
+    def _from_ell(cls, indices: Tensor, weight: Tensor) -> SparseGraph:
+        """:meth:`from_ell` without checks, for indices the library made (e.g. top-k)."""
+        *batch_list, n, k = indices.shape
+        batch = torch.Size(batch_list)
+        bf = _numel(batch)
+        base = (torch.arange(bf, device=indices.device) * n).view(bf, 1, 1)
+        row = (base + torch.arange(n, device=indices.device).view(1, n, 1)).expand(bf, n, k)
+        col = indices.reshape(bf, n, k).long() + base
+        return cls._trusted(
+            row.reshape(-1), col.reshape(-1), weight.reshape(-1), num_nodes=n, batch_shape=batch,
+            sort=False,  # rows in order; columns within a row in any order suit the kernel
+        )  # fmt: skip
+
+    @classmethod
+    def from_edge_index(
+        cls, edge_index: Tensor, edge_weight: Tensor | None = None, num_nodes: int | None = None
+    ) -> SparseGraph:
+        """Build one graph from a PyG ``edge_index`` of shape ``(2, E)`` (row 0 = sources).
+
+        Args:
+            edge_index: ``(2, E)`` integer tensor; edge ``e`` goes ``edge_index[0, e] ->
+                edge_index[1, e]`` and becomes the entry ``W[src, dst]``.
+            edge_weight: ``(E,)`` finite, non-negative weights (default 1).
+            num_nodes: ``N`` (default ``edge_index.max() + 1``).
+
+        Raises:
+            TypeError: ``edge_index`` not an integer tensor, ``edge_weight`` not a floating
+                one, ``num_nodes`` not an int.
+            ValueError: wrong shapes, indices outside ``[0, num_nodes)``, negative or
+                non-finite weights.
+        """
+        if not isinstance(edge_index, Tensor) or edge_index.dtype not in (
+            torch.int32,
+            torch.int64,
+        ):
+            got = getattr(edge_index, "dtype", type(edge_index).__name__)
+            raise V.bad_type("edge_index", f"expected an integer tensor of shape (2, E), got {got}")
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise V.bad_value(
+                "edge_index",
+                f"expected an integer tensor of shape (2, E), got shape {tuple(edge_index.shape)}",
+            )
+        if edge_weight is None:
+            edge_weight = torch.ones(edge_index.shape[1], device=edge_index.device)
+        if num_nodes is None:
+            num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 1
+        num_nodes = V.check_positive_int("num_nodes", num_nodes)
+        row, col = edge_index[0], edge_index[1]
+        _check_edges(
+            row, col, edge_weight, num_nodes, torch.Size(),
+            index_name="edge_index", weight_name="edge_weight",
+        )  # fmt: skip
+        return cls._trusted(
+            row.long(), col.long(), edge_weight, num_nodes=num_nodes, batch_shape=torch.Size()
+        )
+
+    @classmethod
+    def from_networkx(
+        cls, graph: nx.Graph, *, weight: str = "weight", dtype: torch.dtype | None = None
+    ) -> SparseGraph:
+        """Build from a NetworkX graph (undirected edges in both directions).
+
+        Args:
+            graph: a :class:`networkx.Graph` or :class:`networkx.DiGraph`.
+            weight: edge attribute holding the weight (missing = 1).
+            dtype: floating dtype (default: torch's default dtype).
+        """
+        import networkx as nx
+
+        matrix = nx.to_scipy_sparse_array(graph, weight=weight, format="csr")
+        return cls.from_scipy(matrix, dtype=dtype or torch.get_default_dtype())
+
+    @classmethod
+    def from_scipy(cls, matrix: Any, *, dtype: torch.dtype | None = None) -> SparseGraph:
+        """Build one graph from a square ``scipy.sparse`` matrix or array.
+
+        Duplicate entries are summed. ``dtype`` defaults to the matrix's floating dtype
+        (torch's default dtype for integer matrices).
+        """
+        import numpy as np
+
+        csr = matrix.tocsr()
+        csr.sum_duplicates()
+        coo = csr.tocoo()
+        if coo.shape[0] != coo.shape[1]:
+            raise V.bad_value("matrix", f"expected a square matrix, got shape {coo.shape}")
+        if dtype is None:
+            floating = np.issubdtype(coo.data.dtype, np.floating)
+            dtype = torch.from_numpy(coo.data[:0]).dtype if floating else None
+        idx = torch.from_numpy(np.stack([coo.row, coo.col]).astype(np.int64)).reshape(2, -1)
+        w = torch.as_tensor(coo.data, dtype=dtype or torch.get_default_dtype())
+        return cls.from_edge_index(idx, w, coo.shape[0])
+
+    # ---- properties ------------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        return self._n
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self._batch_shape
+
+    @property
+    def num_edges(self) -> int:
+        """Stored entries ``E`` over the whole batch."""
+        return int(self.weight.numel())
+
+    @property
+    def row(self) -> Tensor:
+        """``(E,)`` global row index of each stored entry."""
+        return self._struct.row
+
+    @property
+    def col(self) -> Tensor:
+        """``(E,)`` global column index of each stored entry."""
+        return self._struct.col
+
+    def _transpose(self) -> tuple[CSRStructure, Tensor]:
+        if self._transposed is None:
+            self._transposed = self._struct.transpose()
+        return self._transposed
+
+    # ---- protocol --------------------------------------------------------------------------
+
+    def propagate(self, x: Tensor) -> Tensor:
+        xf, unfold = _fold(self._check_x(x), self.batch_shape)
+        bf, n, c = xf.shape
+        y = csr_matmul(self.weight, xf.reshape(bf * n, c), self._struct, self._transpose)
+        return unfold(y.reshape(bf, n, c))
+
+    def propagate_transpose(self, x: Tensor) -> Tensor:
+        xf, unfold = _fold(self._check_x(x), self.batch_shape)
+        bf, n, c = xf.shape
+        struct_t, perm = self._transpose()
+
+        def back() -> tuple[CSRStructure, Tensor]:  # (A^T)^T = A
+            return self._struct, _inverse(perm)
+
+        y = csr_matmul(self.weight[perm], xf.reshape(bf * n, c), struct_t, back)
+        return unfold(y.reshape(bf, n, c))
+
+    def _degree(self, index: Tensor) -> Tensor:
+        w = self.weight.to(accumulation_dtype(self.dtype))  # half precision sums in float32
+        d = w.new_zeros(self._struct.size).index_add(0, index, w).to(self.dtype)
+        return d.reshape(*self.batch_shape, self.num_nodes)
+
+    def out_degree(self) -> Tensor:
+        return self._degree(self._struct.row)
+
+    def in_degree(self) -> Tensor:
+        return self._degree(self._struct.col)
+
+    def _weight_rows(self, start: int, stop: int) -> Tensor:
+        n, bf = self.num_nodes, _numel(self.batch_shape)
+        local_row = self._struct.row % n
+        sel = ((local_row >= start) & (local_row < stop)).nonzero(as_tuple=True)[0]
+        b = self._struct.row[sel] // n
+        out = self.weight.new_zeros(bf, stop - start, n)
+        return out.index_put(
+            (b, local_row[sel] - start, self._struct.col[sel] % n),
+            self.weight[sel],
+            accumulate=True,
+        )
+
+    def to_dense(self) -> Tensor:
+        n, bf = self.num_nodes, _numel(self.batch_shape)
+        out = self.weight.new_zeros(bf, n, n)
+        out = out.index_put(
+            (self._struct.row // n, self._struct.row % n, self._struct.col % n),
+            self.weight,
+            accumulate=True,
+        )
+        return out.reshape(*self.batch_shape, n, n)
+
+    def symmetrize(self) -> SparseGraph:
+        s = self._struct
+        return SparseGraph._trusted(
+            torch.cat([s.row, s.col]), torch.cat([s.col, s.row]),
+            0.5 * torch.cat([self.weight, self.weight]), num_nodes=self.num_nodes,
+            batch_shape=self.batch_shape,
+        )  # fmt: skip
+
+    def row_normalize(self) -> SparseGraph:
+        """The random-walk graph ``D_out^+ W`` (rows with edges sum to 1)."""
+        inv = _safe_reciprocal(self.out_degree()).reshape(-1)
+        return SparseGraph._trusted(
+            self._struct.row, self._struct.col, self.weight * inv[self._struct.row],
+            num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
+        )  # fmt: skip
+
+    def threshold(
+        self,
+        eps: float,
+        *,
+        renormalize: bool = False,
+        row_block: int | None = None,
+        block_size: int | None = None,
+    ) -> SparseGraph:
+        eps = V.check_threshold(eps)
+        keep = (self.weight.detach() >= eps).nonzero(as_tuple=True)[0]
+        graph = SparseGraph._trusted(
+            self._struct.row[keep], self._struct.col[keep], self.weight[keep],
+            num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
+        )  # fmt: skip
+        return graph.row_normalize() if renormalize else graph
+
+    def to_sparse(self) -> SparseGraph:
+        return self
+
+    def to(self, dtype: torch.dtype) -> SparseGraph:
+        if dtype == self.dtype:
+            return self
+        graph = SparseGraph.__new__(SparseGraph)  # same structure, cast weights
+        graph._batch_shape, graph._n = self._batch_shape, self._n
+        graph._struct, graph._transposed = self._struct, self._transposed
+        graph.weight = graph._tensor = self.weight.to(dtype)
+        return graph
+
+    def to_edge_index(self) -> tuple[Tensor, Tensor]:
+        """``(edge_index (2, E), edge_weight (E,))``; batched graphs as a disjoint union."""
+        return torch.stack([self._struct.row, self._struct.col]), self.weight
+
+
+def _inverse(perm: Tensor) -> Tensor:
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    return inv

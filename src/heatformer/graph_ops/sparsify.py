@@ -1,0 +1,142 @@
+"""Sparse graphs made from any graph: top-k, thresholding and the non-zero entries.
+
+Everything works on :meth:`~heatformer.graph_ops.Graph._weight_rows` slabs of at most
+``row_block`` query rows, so the extra memory is ``O(row_block * N)`` per graph, never
+``N x N``; the kept weights stay differentiable in the graph's tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from heatformer import checks as V
+from heatformer.graph_ops.protocol import Graph
+from heatformer.graph_ops.softmax import SoftmaxGraph
+from heatformer.graph_ops.sparse import SparseGraph
+
+__all__ = ["threshold", "to_sparse", "topk", "topk_graph"]
+
+
+def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGraph:
+    """:meth:`Graph.topk <heatformer.graph_ops.Graph.topk>` (see there)."""
+    k = V.check_positive_int("k_top", k_top, upper=graph.num_nodes)
+    idx_blocks, w_blocks = [], []
+    for s, e in graph._blocks(row_block):
+        with torch.no_grad():
+            idx = _stable_topk_indices(graph._score_rows(s, e), k)  # (Bf, rows, k)
+        w = graph._kept_weights(s, e, idx)  # (Bf, rows, k)
+        idx_blocks.append(idx)
+        w_blocks.append(w)
+    idx = torch.cat(idx_blocks, dim=1)
+    w = torch.cat(w_blocks, dim=1)
+    shape = (*graph.batch_shape, graph.num_nodes, k)
+    return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape))
+
+
+def threshold(
+    graph: Graph, eps: float, *, renormalize: bool = False, row_block: int | None = None
+) -> SparseGraph:
+    """:meth:`Graph.threshold <heatformer.graph_ops.Graph.threshold>` (see there)."""
+    eps = V.check_threshold(eps)
+    kept = select_edges(graph, lambda w: w >= eps, row_block)
+    return kept.row_normalize() if renormalize else kept
+
+
+def to_sparse(graph: Graph) -> SparseGraph:
+    """The non-zero entries of ``graph`` as a :class:`SparseGraph`."""
+    return select_edges(graph, lambda w: w != 0)
+
+
+def select_edges(
+    graph: Graph, keep: Callable[[Tensor], Tensor], row_block: int | None = None
+) -> SparseGraph:
+    """The entries ``w`` with ``keep(w)``, gathered differentiably block by block."""
+    n = graph.num_nodes
+    rows, cols, vals = [], [], []
+    for s, e in graph._blocks(row_block):
+        w = graph._weight_rows(s, e)  # (Bf, rows, N)
+        b, i, j = keep(w.detach()).nonzero(as_tuple=True)
+        rows.append(b * n + i + s)
+        cols.append(b * n + j)
+        vals.append(w[b, i, j])
+    return SparseGraph._trusted(
+        torch.cat(rows), torch.cat(cols), torch.cat(vals), num_nodes=n,
+        batch_shape=graph.batch_shape,
+    )  # fmt: skip
+
+
+def _stable_topk_indices(scores: Tensor, k: int) -> Tensor:
+    """Indices of the ``k`` largest entries of each row, ties broken by the lower index.
+
+    Works in ``O(rows * N)`` memory (no sort). Returned column indices are ascending per row.
+
+    Args:
+        scores: ``(..., R, N)``; ``-inf`` entries rank last.
+        k: number of entries per row, ``1 <= k <= N``.
+
+    Returns:
+        ``(..., R, k)`` long tensor.
+    """
+    n = scores.shape[-1]
+    if k == n:
+        return torch.arange(n, device=scores.device).expand(*scores.shape[:-1], n)
+    values, idx = torch.topk(scores, k + 1, dim=-1, sorted=True)  # (..., R, k + 1)
+    kth = values[..., k - 1 : k]  # (..., R, 1)
+    # a row is ambiguous only when an entry ties with its k-th largest value across the cut
+    ambiguous = values[..., k] == kth[..., 0]  # (..., R)
+    idx = idx[..., :k].sort(-1).values
+    if bool(ambiguous.any()):
+        rows = ambiguous.nonzero(as_tuple=True)
+        idx[rows] = _tie_broken_topk(scores[rows], kth[rows], k)
+    return idx
+
+
+def _tie_broken_topk(scores: Tensor, kth: Tensor, k: int) -> Tensor:
+    """Rows ``(M, N)`` with ties at their k-th value ``kth`` ``(M, 1)``: keep every entry above
+    it and the lowest-index tied ones; ascending column indices ``(M, k)``."""
+    n = scores.shape[-1]
+    above = scores > kth
+    tied = scores == kth
+    need = k - above.sum(-1, keepdim=True)  # ties to keep, in index order
+    keep = above | (tied & (torch.cumsum(tied.to(torch.int32), -1) <= need))
+    # a unique positive key for kept entries (larger for lower index), 0 otherwise
+    key = keep.to(torch.int32) * torch.arange(n, 0, -1, device=scores.device, dtype=torch.int32)
+    return torch.topk(key, k, dim=-1, sorted=True).indices
+
+
+def topk_graph(
+    q: Tensor,
+    k: Tensor,
+    *,
+    k_top: int,
+    scale: float | None = None,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    row_block: int | None = None,
+    block_size: int | None = None,
+) -> SparseGraph:
+    """Top-k sparsified attention graph, built in query blocks (never ``N x N``).
+
+    Shorthand for ``SoftmaxGraph(q, k, scale=..., mask=..., causal=...).topk(k_top)``: each
+    query keeps its ``k_top`` highest-scoring allowed keys (ties to the lower index), with
+    weights ``softmax`` over the kept scores, so gradients reach ``q`` and ``k``.
+
+    Args:
+        q: ``(..., N, E)`` queries.
+        k: ``(..., N, E)`` keys.
+        k_top: edges per query, ``1 <= k_top <= N``.
+        scale, mask, causal: as in :class:`SoftmaxGraph`.
+        row_block: query rows per block (``block_size`` is its old name; default: slabs of
+            about ``SLAB_ELEMENTS`` entries,
+                at most 256 rows).
+
+    Returns:
+        :class:`SparseGraph` with ``N * k_top`` edges per graph.
+    """
+    row_block = V.renamed("block_size", "row_block", block_size, row_block)
+    graph = SoftmaxGraph(q, k, scale=scale, mask=mask, causal=causal, row_block=row_block)
+    k_top = V.check_positive_int("k_top", k_top, upper=graph.num_nodes)  # ``k`` is the keys
+    return graph.topk(k_top, row_block=row_block)
