@@ -1,5 +1,8 @@
 """Bad input across the public Python API: a clear TypeError/ValueError that names the argument.
 
+The error also carries the name in ``err.argument`` (:class:`heatformer.checks.ArgumentError`),
+which is how the command line tells which option was wrong.
+
 Each row is a call a user could make by mistake, the exception type the policy asks for
 (wrong kind -> ``TypeError``, wrong value -> ``ValueError``) and the name the message must
 start with. Rows for the defects found by trying heatformer as a new user are marked
@@ -13,6 +16,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
+from heatformer.checks import ArgumentError
 
 from heatformer.graph_ops import (
     Attention,
@@ -69,11 +74,11 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("softmax mask float", lambda: SoftmaxGraph(Q, Q, mask=torch.ones(6, 6)), TypeError, "mask"),
     ("softmax mask shape", lambda: SoftmaxGraph(Q, Q, mask=torch.ones(5, 5, dtype=bool)),
      ValueError, "mask"),
-    ("softmax block 0", lambda: SoftmaxGraph(Q, Q, block_size=0).to_dense(), ValueError,
-     "block_size"),
-    ("topk 0", lambda: G.topk(0), ValueError, "k"),
-    ("topk > N", lambda: G.topk(7), ValueError, "k"),
-    ("topk float", lambda: G.topk(2.0), TypeError, "k"),
+    ("softmax block 0", lambda: SoftmaxGraph(Q, Q, row_block=0).to_dense(), ValueError,
+     "row_block"),
+    ("topk 0", lambda: G.topk(0), ValueError, "k_top"),
+    ("topk > N", lambda: G.topk(7), ValueError, "k_top"),
+    ("topk float", lambda: G.topk(2.0), TypeError, "k_top"),
     ("topk_graph k_top", lambda: topk_graph(Q, Q, k_top=9), ValueError, "k_top"),
     ("threshold 0", lambda: G.threshold(0.0), ValueError, "eps"),
     ("threshold str", lambda: G.threshold("0.1"), TypeError, "eps"),
@@ -209,10 +214,13 @@ def test_bad_input_gets_a_clear_error_naming_the_argument(
 ) -> None:
     with pytest.raises(Exception) as info:
         call()
-    assert type(info.value) is error, f"{type(info.value).__name__}: {info.value}"
-    message = str(info.value)
-    assert message.startswith(f"{name}: "), message
-    assert "\n" not in message and len(message) > len(name) + 20, message  # one telling line
+    err = info.value
+    assert isinstance(err, error), f"{type(err).__name__}: {err}"
+    assert isinstance(err, ArgumentError), f"{type(err).__name__} without .argument: {err}"
+    assert err.argument == name, (err.argument, str(err))  # what the command line reads
+    message = str(err)
+    assert message == f"{name}: {err.detail}", message
+    assert "\n" not in message and len(err.detail) > 15, message  # one telling line
 
 
 def test_the_table_is_large() -> None:

@@ -16,7 +16,8 @@ import scipy.linalg
 import torch
 from torch import nn
 
-from heatformer.graph_ops import Attention, HeatKernel, Laplacian, SoftmaxGraph
+from heatformer.graph_ops._spec import format_entry
+from heatformer.graph_ops import GRAPHS, Attention, HeatKernel, Laplacian, SoftmaxGraph
 from heatformer.models import DiffusionAttention, KVCache
 
 F64 = torch.float64
@@ -144,9 +145,9 @@ def test_to_mha_round_trip(mh, batch_first) -> None:
 
 
 def test_mha_conversion_errors(mh) -> None:
-    with pytest.raises(ValueError, match=r"every head must be 'attention'.*laplacian"):
+    with pytest.raises(ValueError, match=r"expected every head 'attention'.*laplacian"):
         mh.random_layer("attention:2,laplacian:2").to_mha()
-    with pytest.raises(ValueError, match="top-k"):
+    with pytest.raises(ValueError, match=r"dense 'softmax' graph .* got graph 'topk\[k=3\]'"):
         mh.random_layer("attention", topk=3).to_mha()
     with pytest.raises(ValueError, match="QK-norm"):
         mh.random_layer("attention", qk_norm=True).to_mha()
@@ -656,12 +657,33 @@ def test_kv_cache_chunks_equal_the_full_forward(mh, spec) -> None:
     torch.testing.assert_close(torch.cat(outs, dim=1), full, **TIGHT)
 
 
+INCREMENTAL_GRAPHS = [
+    format_entry(name, params, sep=",")
+    for name, kind in GRAPHS.items()
+    if kind.incremental
+    for params in kind.examples
+]
+
+
+@pytest.mark.parametrize("graph", INCREMENTAL_GRAPHS)
+def test_kv_cache_equals_the_full_forward_on_every_incremental_graph_kind(mh, graph) -> None:
+    """Every graph kind that declares ``incremental`` decodes from the cache exactly as the full
+    graph computes (top-k too: a causal row ranks only keys the cache already holds)."""
+    layer = mh.random_layer("attention:2,laplacian:2", causal=True, graph=graph)
+    assert layer.supports_cache
+    x = mh.random_input(31, n=9)
+    full = layer(x)
+    cache = KVCache()
+    outs = [layer(x[:, a:b], cache=cache) for a, b in [(0, 2), (2, 3), (3, 7), (7, 9)]]
+    assert cache.position == 9
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, **TIGHT)
+
+
 @pytest.mark.parametrize(
     ("spec", "kwargs"),
     [
         ("attention:2,heat:2", {"causal": True}),
         ("laplacian[normalization=sym]:4", {"causal": True}),
-        ("attention:4", {"causal": True, "topk": 2}),
         ("attention:4", {"causal": False}),
     ],
 )
@@ -674,7 +696,7 @@ def test_kv_cache_refused_where_it_is_not_exact(mh, spec, kwargs) -> None:
 
 def test_kv_cache_with_key_mask_is_refused(mh) -> None:
     layer = mh.random_layer("attention:4", causal=True)
-    with pytest.raises(ValueError, match="key_mask: not supported together with cache"):
+    with pytest.raises(ValueError, match="key_mask: expected None together with cache"):
         layer(mh.random_input(27), torch.ones(2, 6, dtype=torch.bool), cache=KVCache())
 
 

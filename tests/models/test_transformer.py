@@ -130,10 +130,17 @@ def test_compiled_block_with_heat_heads_matches_eager(mh) -> None:
 
 
 @pytest.mark.parametrize(
-    "heads", ["attention", "laplacian:1,attention:2,laplacian:1", "attention:4|laplacian:4"]
+    ("heads", "kwargs"),
+    [
+        ("attention", {}),
+        ("laplacian:1,attention:2,laplacian:1", {}),
+        ("attention:4|laplacian:4", {}),
+        ("attention:2,laplacian:2", {"topk": 3}),  # top-k decodes from the cache too
+        ("attention:4", {"graph": "topk[k=2];softmax"}),  # a per-layer graph schedule
+    ],
 )
-def test_cached_incremental_logits_equal_full_logits(heads) -> None:
-    model = tiny_gpt(heads)
+def test_cached_incremental_logits_equal_full_logits(heads, kwargs) -> None:
+    model = tiny_gpt(heads, **kwargs)
     assert model.supports_cache
     idx = tokens(0, 2, 11)
     full = model(idx)
@@ -176,7 +183,6 @@ def test_generate_with_cache_equals_without(heads, monkeypatch) -> None:
         ("attention:2,heat[t=0.5]:2", {}),
         ("attention:4|ppr:4", {}),
         ("laplacian[normalization=combinatorial]:4", {}),
-        ("attention:2,laplacian:2", {"topk": 3}),
     ],
 )
 def test_generate_falls_back_to_recompute(heads, kwargs, monkeypatch) -> None:

@@ -1,17 +1,25 @@
 r"""Multi-head attention in which every head applies a graph-diffusion operator to its values.
 
-Head ``h`` builds its attention graph ``P_h = softmax(q_h k_h^T / sqrt(Dh))`` (optionally
-masked, causal, or top-k sparsified) and outputs ``op_h(P_h, v_h)``: ``P_h v_h`` for an
-attention head, ``(I - P_h) v_h`` for a Laplacian head (Zhang & Papyan, 2026), ``exp(-t L) v_h``
-for a heat head, and so on. Heads are concatenated and projected as in
+Head ``h`` builds its attention graph ``P_h`` (by the layer's graph kind: dense ``"softmax"``,
+``"topk[k=32]"``, ...; masked or causal) and outputs ``op_h(P_h, v_h)``: ``P_h v_h`` for an
+attention head, ``(I - P_h) v_h`` for a Laplacian head (Zhang & Papyan, 2026),
+``exp(-t L) v_h`` for a heat head, and so on. Heads are concatenated and projected as in
 :class:`torch.nn.MultiheadAttention`.
 
-Dense path: one fused :func:`~torch.nn.functional.scaled_dot_product_attention` call serves
-every attention head and every ``"rw"`` Laplacian head (a Laplacian head is ``V - P V``); heat,
-PPR and polynomial heads use repeated propagation. No ``N x N`` tensor is formed unless the
-caller asks for the weights. Sparse path (``topk=k``): per-group top-k graphs built in query
-blocks, gradients into ``q`` and ``k`` through the kept scores; with ``k = N`` it equals the
-dense path.
+The layer asks its parts what they can do, and imports neither operator nor graph classes:
+
+- every head whose operator is affine in one propagation
+  (:meth:`~heatformer.graph_ops.DiffusionOperator.affine_coefficients`, ``y = a P v + b v``:
+  attention, ``"rw"`` Laplacian heads, user operators that declare it) is served by one
+  propagation of one graph -- on the dense kind, one fused
+  :func:`~torch.nn.functional.scaled_dot_product_attention` call -- and by the KV cache;
+- other heads (heat, PPR, polynomial) use repeated propagation;
+- an operator that reads ``W^T`` (:attr:`~heatformer.graph_ops.DiffusionOperator.
+  reads_transpose`) is refused in a causal layer;
+- the graph kind (:class:`~heatformer.graph_ops.GraphBuilder`) builds the graphs and, when it
+  is ``incremental``, decodes from the KV cache.
+
+No ``N x N`` tensor is formed unless the caller asks for the weights.
 
 References:
     Vaswani, A. et al. (2017). Attention is all you need. NeurIPS.
@@ -22,46 +30,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from heatformer import checks
 from heatformer.graph_ops import (
-    Attention,
     DiffusionOperator,
     Graph,
-    Laplacian,
-    SoftmaxGraph,
+    GraphBuilder,
+    GraphLaplacian,
+    resolve_graph,
 )
 from heatformer.models.heads import format_heads, parse_heads
 
 __all__ = ["DiffusionAttention", "KVCache"]
 
 
-def _fused(op: DiffusionOperator) -> bool:
-    """Operators served by the single SDPA call: attention and rw Laplacian heads."""
-    return isinstance(op, Attention) or (isinstance(op, Laplacian) and op.normalization == "rw")
-
-
-def _fused_output(op: DiffusionOperator, pv: Tensor, v: Tensor) -> Tensor:
-    """A fused head's output from ``P v``: ``P v`` (attention) or ``step * (v - P v)``."""
-    if isinstance(op, Laplacian):
-        return (v - pv) * op.step.to(v.dtype)
-    return pv
-
-
 def check_size(name: str, value: object, *, optional: bool = False) -> None:
-    """A positive int (or None if ``optional``): ``TypeError`` for another type, ``ValueError``
-    below 1; the messages name ``name``."""
-    if optional and value is None:
-        return
-    what = "None or a positive int" if optional else "a positive int"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected {what}, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name}: expected {what}, got {value!r}")
+    """A positive int (or None if ``optional``): :func:`heatformer.checks.check_positive_int`."""
+    checks.check_positive_int(name, value, optional=optional)
 
 
 def _autocasting(device_type: str) -> bool:
@@ -85,18 +75,31 @@ def _heads_index(heads: Sequence[int]) -> slice | Tensor:
 class KVCache:
     """Keys and values of the tokens seen so far, for incremental decoding.
 
+    A graph kind that needs only recent keys (:meth:`~heatformer.graph_ops.GraphBuilder.
+    cache_size`) keeps at most that many; :attr:`position` counts every token seen.
+
     Attributes:
         k: ``(B, H, T, Dh)`` keys, or None before the first call.
         v: ``(B, H, T, Dh)`` values, or None.
+        position: tokens processed so far (the absolute position of the next one).
     """
 
     k: Tensor | None = None
     v: Tensor | None = None
+    position: int = 0
 
     @property
     def length(self) -> int:
         """Number of cached positions ``T``."""
         return 0 if self.k is None else int(self.k.shape[-2])
+
+    def append(self, k: Tensor, v: Tensor, keep: int | None) -> None:
+        """Add the new tokens' keys and values; keep only the last ``keep`` (None: all)."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        if keep is not None and self.k.shape[-2] > keep:
+            self.k, self.v = self.k[..., -keep:, :], self.v[..., -keep:, :]
+        self.position += int(k.shape[-2])
 
 
 class DiffusionAttention(nn.Module):
@@ -108,7 +111,11 @@ class DiffusionAttention(nn.Module):
         operators: a spec such as ``"attention:6,laplacian:2"`` (see
             :mod:`heatformer.models.heads`) or a list of ``H`` operator objects / names.
             Heads sharing an operator instance run as one batched call.
-        topk: keep the ``topk`` strongest keys per query (sparse path); None = dense.
+        graph: the graph kind, a spec (``"softmax"``, ``"topk[k=32]"``; see
+            :data:`~heatformer.graph_ops.GRAPHS`) or a :class:`~heatformer.graph_ops.
+            GraphBuilder`.
+        topk: shorthand for ``graph="topk[k=topk]"``: keep the ``topk`` strongest keys per
+            query (a sequence shorter than ``topk`` keeps all its keys).
         causal: forbid attending to later positions.
         dropout: dropout on the head outputs before the output projection (training only).
             Unlike :class:`torch.nn.MultiheadAttention`, which drops attention weights, this
@@ -116,7 +123,8 @@ class DiffusionAttention(nn.Module):
         bias: biases in the projections.
         qk_norm: LayerNorm on each head's queries and keys (QK-norm).
         zero_init: zero the output projection, so the layer is a no-op at initialization.
-        topk_block_size: query rows per block when building top-k graphs.
+        row_block: query rows per block when graphs are built in blocks (top-k, dense rows);
+            ``topk_block_size`` is its old name.
         device, dtype: factory kwargs.
 
     Shape:
@@ -125,10 +133,10 @@ class DiffusionAttention(nn.Module):
           ``key_padding_mask`` uses the opposite polarity).
         - output: ``(B, N, D)``; with ``need_weights=True`` also ``(B, H, N, N)`` weights.
 
-    Equivalent to (dense path)::
+    Equivalent to::
 
         q, k, v = self.project_qkv(x)                      # (B, H, N, Dh) each
-        P = softmax(q k^T / sqrt(Dh) masked)                # (B, H, N, N), never formed
+        P = graph_kind.build(q, k, mask, causal)            # (B, H, N, N), never formed
         y[:, h] = op_h(DenseGraph(P[:, h]), v[:, h])        # per head
         out = self.out_proj(y.transpose(1, 2).reshape(B, N, D))
 
@@ -145,12 +153,14 @@ class DiffusionAttention(nn.Module):
         num_heads: int,
         operators: str | Sequence[DiffusionOperator | str] = "attention",
         *,
+        graph: str | GraphBuilder = "softmax",
         topk: int | None = None,
         causal: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
         qk_norm: bool = False,
         zero_init: bool = False,
+        row_block: int | None = None,
         topk_block_size: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -159,21 +169,27 @@ class DiffusionAttention(nn.Module):
         check_size("embed_dim", embed_dim)
         check_size("num_heads", num_heads)
         if embed_dim % num_heads != 0:
-            raise ValueError(
-                f"embed_dim: expected a multiple of num_heads ({num_heads}), got {embed_dim}"
+            raise checks.bad_value(
+                "embed_dim", f"expected a multiple of num_heads ({num_heads}), got {embed_dim}"
             )
         check_size("topk", topk, optional=True)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise TypeError(f"dropout: expected a float in [0, 1), got {type(dropout).__name__}")
+            raise checks.bad_type(
+                "dropout", f"expected a float in [0, 1), got {type(dropout).__name__}"
+            )
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout}")
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+            raise checks.bad_value("dropout", f"expected a probability in [0, 1), got {dropout}")
+        checks.check_bool("causal", causal)
+        self.graph_kind = _graph_kind(graph, topk)
+        if causal and not self.graph_kind.supports_causal:
+            raise checks.bad_value(
+                "graph", f"expected a graph kind that supports causal=True, got {self.graph_kind}"
+            )
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
-        self.topk, self.causal, self.dropout = topk, bool(causal), float(dropout)
-        self.topk_block_size = topk_block_size
+        self.causal, self.dropout = bool(causal), float(dropout)
+        self.row_block = checks.renamed("topk_block_size", "row_block", topk_block_size, row_block)
         self.zero_init = zero_init
         head_ops = parse_heads(operators, num_heads, **factory)  # names: made in dtype
         self.spec = format_heads(head_ops)
@@ -189,13 +205,14 @@ class DiffusionAttention(nn.Module):
                 unique.append(op)
                 heads_of.append([h])
         if self.causal:
-            sym = [op.name for op in unique if getattr(op, "normalization", None) == "sym"]
-            if sym:
-                raise ValueError(
-                    f"operators: expected heads that read only the past in a causal layer, got "
-                    f"'sym' heads {sym}: the 'sym' normalization symmetrizes the attention "
-                    f"graph (W + W^T)/2, which would let earlier tokens see later ones (use "
-                    f"'rw' or 'combinatorial')"
+            future = [op.name for op in unique if op.reads_transpose]
+            if future:
+                raise checks.bad_value(
+                    "operators",
+                    f"expected heads that read only the past in a causal layer, got heads "
+                    f"{future} that read W^T (e.g. the 'sym' normalization symmetrizes the "
+                    f"attention graph (W + W^T)/2), which would let earlier tokens see later "
+                    f"ones (use 'rw' or 'combinatorial')",
                 )
         given = [] if isinstance(operators, str) else list(operators)
         for op in unique:  # instances the caller made move to the layer's device and dtype
@@ -203,8 +220,9 @@ class DiffusionAttention(nn.Module):
                 op.to(**factory)
         self.operators = nn.ModuleList(unique)  # registers parameters
         self._groups: list[tuple[DiffusionOperator, list[int]]] = list(zip(unique, heads_of))
-        fused_heads = sorted(h for op, hs in self._groups for h in hs if _fused(op))
-        self._fused_heads = fused_heads
+        self._fused_heads = sorted(
+            h for op, hs in self._groups for h in hs if op.affine_coefficients() is not None
+        )
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)  # [q; k; v]
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.q_norm = nn.LayerNorm(self.head_dim, **factory) if qk_norm else None
@@ -229,18 +247,27 @@ class DiffusionAttention(nn.Module):
         ops: dict[int, DiffusionOperator] = {h: op for op, hs in self._groups for h in hs}
         return [ops[h] for h in range(self.num_heads)]
 
+    @property
+    def topk(self) -> int | None:
+        """``k`` of a ``"topk[k=...]"`` layer, else None (the ``topk=`` shorthand, read back)."""
+        k = self.graph_kind.params.get("k") if self.graph_kind.name == "topk" else None
+        return int(k) if k is not None else None
+
     # ---- projections -----------------------------------------------------------------------
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values, each ``(B, H, N, Dh)`` (QK-norm applied if enabled)."""
         if not isinstance(x, Tensor):
-            raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+            raise checks.bad_type("x", f"expected a Tensor, got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"x: expected shape (B, N, {self.embed_dim}), got {tuple(x.shape)}")
+            raise checks.bad_value(
+                "x", f"expected shape (B, N, {self.embed_dim}), got {tuple(x.shape)}"
+            )
         if x.dtype != self.in_proj.weight.dtype and not _autocasting(x.device.type):
-            raise TypeError(
-                f"x: expected dtype {self.in_proj.weight.dtype} (the layer's parameters), got "
-                f"{x.dtype}"
+            raise checks.bad_type(
+                "x",
+                f"expected dtype {self.in_proj.weight.dtype} (the layer's parameters), got "
+                f"{x.dtype}",
             )
         b, n, _ = x.shape
         qkv = self.in_proj(x).view(b, n, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, Dh)
@@ -263,12 +290,15 @@ class DiffusionAttention(nn.Module):
         if key_mask is None:
             return None
         if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
-            raise TypeError(
-                f"key_mask: expected a bool tensor (True = real token), got "
-                f"{getattr(key_mask, 'dtype', type(key_mask).__name__)}"
+            raise checks.bad_type(
+                "key_mask",
+                f"expected a bool tensor (True = real token), got "
+                f"{getattr(key_mask, 'dtype', type(key_mask).__name__)}",
             )
         if tuple(key_mask.shape) != (b, n):
-            raise ValueError(f"key_mask: expected shape ({b}, {n}), got {tuple(key_mask.shape)}")
+            raise checks.bad_value(
+                "key_mask", f"expected shape ({b}, {n}), got {tuple(key_mask.shape)}"
+            )
         return key_mask[:, None, None, :]  # (B, 1, 1, N)
 
     def _graph(
@@ -277,22 +307,29 @@ class DiffusionAttention(nn.Module):
         if mask is not None and symmetric_mask:
             # padded queries lose their out-edges too, so W^T cannot carry them to real tokens
             mask = mask & mask.transpose(-1, -2)  # (B, 1, N, N)
-        graph = SoftmaxGraph(q, k, mask=mask, causal=self.causal, block_size=self.topk_block_size)
-        if self.topk is not None:  # at most N keys per query (short sequences keep them all)
-            return graph.topk(min(self.topk, q.shape[-2]), block_size=self.topk_block_size)
-        return graph
+        return self.graph_kind.build(q, k, mask=mask, causal=self.causal, row_block=self.row_block)
 
     def graphs(self, x: Tensor, key_mask: Tensor | None = None) -> Graph:
-        """The attention graph of every head for input ``x`` (batch shape ``(B, H)``).
-
-        A :class:`~heatformer.graph_ops.SoftmaxGraph` on the dense path, the top-k
-        :class:`~heatformer.graph_ops.SparseGraph` on the sparse path. For analysis and
-        teaching (e.g. ``graphs(x).to_networkx((0, h))``).
-        """
+        """The attention graph of every head for input ``x`` (batch shape ``(B, H)``), as the
+        layer's graph kind builds it (e.g. a :class:`~heatformer.graph_ops.SoftmaxGraph` for
+        ``"softmax"``); for analysis and teaching (``graphs(x).to_networkx((0, h))``)."""
         q, k, _ = self.project_qkv(x)
         return self._graph(q, k, self._mask(key_mask, x.shape[0], x.shape[1]))
 
     # ---- forward ---------------------------------------------------------------------------
+
+    def _coefficients(self, like: Tensor) -> tuple[Tensor, Tensor, bool]:
+        """``(a, b)`` of the fused heads, each ``(Hf, 1, 1)``, and whether any ``b != 0``."""
+        coef: dict[int, tuple[Tensor, Tensor]] = {}
+        for op, heads in self._groups:
+            pair = op.affine_coefficients()
+            if pair is not None:
+                a, b = (c.to(device=like.device, dtype=like.dtype) for c in pair)
+                coef.update({h: (a, b) for h in heads})
+        a = torch.stack([coef[h][0] for h in self._fused_heads])[:, None, None]
+        b = torch.stack([coef[h][1] for h in self._fused_heads])[:, None, None]
+        uses_v = any(bool(coef[h][1].detach() != 0) or coef[h][1].requires_grad for h in coef)
+        return a, b, uses_v
 
     def diffuse(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
         """Apply each head's operator: ``(B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
@@ -301,21 +338,16 @@ class DiffusionAttention(nn.Module):
         outs: list[tuple[list[int], Tensor]] = []
         if self._fused_heads:
             fi = _heads_index(self._fused_heads)
-            graph = self._graph(q[:, fi], k[:, fi], mask)
+            walk = GraphLaplacian(self._graph(q[:, fi], k[:, fi], mask), "rw")
             vf = v[:, fi]
-            pv = graph.propagate(vf)  # P v for every attention and rw-Laplacian head
-            if all(isinstance(op, Attention) for op, _ in self._groups if _fused(op)):
-                outs.append((self._fused_heads, pv))
-            else:  # y = a * P v + b * v: (1, 0) for attention, (-step, step) for Laplacian
-                if mask is not None:  # L = I' - P: zero rows where every key is masked
-                    vf = vf * graph.out_degree().unsqueeze(-1)  # (B, Hf, N, Dh)
-                coef_pv, coef_v = self._fused_coefficients(v)
-                outs.append((self._fused_heads, pv * coef_pv + vf * coef_v))
+            a, b_coef, uses_v = self._coefficients(v)
+            pv = walk.adjacency(vf)  # P v for every fused head: one propagation
+            y = pv * a if not uses_v else torch.addcmul(pv * a, walk.identity(vf), b_coef)
+            outs.append((self._fused_heads, y))
         for op, heads in self._groups:
-            if not _fused(op):
+            if op.affine_coefficients() is None:
                 idx = _heads_index(heads)
-                sym = getattr(op, "normalization", None) == "sym"
-                graph = self._graph(q[:, idx], k[:, idx], mask, symmetric_mask=sym)
+                graph = self._graph(q[:, idx], k[:, idx], mask, symmetric_mask=op.reads_transpose)
                 outs.append((heads, op(graph, v[:, idx])))
         outs.sort(key=lambda item: item[0][0])
         order = [h for heads, _ in outs for h in heads]
@@ -325,20 +357,6 @@ class DiffusionAttention(nn.Module):
         for heads, y in outs:
             out[:, _heads_index(heads)] = y
         return out
-
-    def _fused_coefficients(self, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Per fused head ``(a, b)`` with output ``a * P v + b * v``, each ``(Hf, 1, 1)``."""
-        one, zero = v.new_ones(()), v.new_zeros(())
-        coef: dict[int, tuple[Tensor, Tensor]] = {}
-        for op, heads in self._groups:
-            if isinstance(op, Laplacian):
-                step = op.step.to(v.dtype)
-                coef.update({h: (-step, step) for h in heads})
-            elif _fused(op):
-                coef.update({h: (one, zero) for h in heads})
-        a = [coef[h][0] for h in self._fused_heads]
-        b = [coef[h][1] for h in self._fused_heads]
-        return torch.stack(a)[:, None, None], torch.stack(b)[:, None, None]
 
     def forward(
         self,
@@ -355,9 +373,9 @@ class DiffusionAttention(nn.Module):
             key_mask: ``(B, N)`` bool, ``True`` = real token (SDPA polarity).
             need_weights: also return the dense per-head weights ``(B, H, N, N)`` (forms
                 ``N x N``; for analysis and teaching).
-            cache: a :class:`KVCache` for incremental causal decoding (dense path, attention
-                and rw-Laplacian heads only): ``x`` holds the new tokens; their keys and values
-                are appended to the cache, and they attend to every cached token.
+            cache: a :class:`KVCache` for incremental causal decoding (:attr:`supports_cache`):
+                ``x`` holds the new tokens; their keys and values are appended to the cache,
+                and the graph kind decodes them against every cached token.
 
         Returns:
             ``(B, N, D)``, and the weights when ``need_weights``.
@@ -374,35 +392,31 @@ class DiffusionAttention(nn.Module):
 
     @property
     def supports_cache(self) -> bool:
-        """Whether :class:`KVCache` decoding is exact for this layer (causal, dense path, every
-        head attention or rw-Laplacian)."""
-        return self.causal and self.topk is None and len(self._fused_heads) == self.num_heads
+        """Whether :class:`KVCache` decoding is exact for this layer: causal, a graph kind that
+        decodes incrementally, and every head affine in one propagation."""
+        return (
+            self.causal and self.graph_kind.incremental and len(self._fused_heads) == self.num_heads
+        )
 
     def _forward_cached(
         self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, key_mask: Tensor | None
     ) -> Tensor:
         if not self.supports_cache:
-            raise ValueError(
-                "cache: KV caching needs a causal, dense layer whose heads are all attention or "
-                f"rw-Laplacian heads; this layer has heads {self.spec!r}, topk={self.topk}, "
-                f"causal={self.causal}. Recompute the full sequence instead."
+            raise checks.bad_value(
+                "cache",
+                f"KV caching needs a causal layer whose graph kind decodes incrementally and "
+                f"whose heads are all affine in P v (attention, 'rw' Laplacian); this layer has "
+                f"heads {self.spec!r}, graph {self.graph_kind.spec!r}, causal={self.causal}. "
+                "Recompute the full sequence instead.",
             )
         if key_mask is not None:
-            raise ValueError("key_mask: not supported together with cache")
-        past = cache.length
-        cache.k = k if cache.k is None else torch.cat([cache.k, k], dim=-2)
-        cache.v = v if cache.v is None else torch.cat([cache.v, v], dim=-2)
-        n_new, total = q.shape[-2], cache.length
-        # new token i (absolute position past + i) attends to keys 0 .. past + i
-        allowed = torch.arange(total, device=q.device) <= (
-            past + torch.arange(n_new, device=q.device)
-        ).unsqueeze(-1)  # (N_new, T)
-        pv = F.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=allowed)
-        y = torch.empty_like(pv)
-        for op, heads in self._groups:
-            idx = _heads_index(heads)
-            y[:, idx] = _fused_output(op, pv[:, idx], v[:, idx])
-        return self.merge_heads(y)
+            raise checks.bad_value("key_mask", "expected None together with cache, got a mask")
+        past = cache.position
+        cache.append(k, v, self.graph_kind.cache_size())
+        keys, values = cast(Tensor, cache.k), cast(Tensor, cache.v)  # set by append
+        pv = self.graph_kind.decode(q, keys, values, past=past)  # (B, H, n, Dh)
+        a, b, _ = self._coefficients(v)  # new tokens always see themselves: I' v = v
+        return self.merge_heads(torch.addcmul(pv * a, v, b))
 
     # ---- interop with nn.MultiheadAttention ------------------------------------------------
 
@@ -420,11 +434,13 @@ class DiffusionAttention(nn.Module):
                 from ``embed_dim``, ``add_bias_kv``, ``add_zero_attn``).
         """
         if not isinstance(mha, nn.MultiheadAttention):
-            raise TypeError(f"mha: expected nn.MultiheadAttention, got {type(mha).__name__}")
+            raise checks.bad_type(
+                "mha", f"expected nn.MultiheadAttention, got {type(mha).__name__}"
+            )
         if not mha._qkv_same_embed_dim:
-            raise ValueError("mha: kdim/vdim different from embed_dim are not supported")
+            raise checks.bad_value("mha", "kdim/vdim different from embed_dim are not supported")
         if mha.bias_k is not None or mha.add_zero_attn:
-            raise ValueError("mha: add_bias_kv and add_zero_attn are not supported")
+            raise checks.bad_value("mha", "add_bias_kv and add_zero_attn are not supported")
         w = mha.in_proj_weight
         layer = cls(
             mha.embed_dim, mha.num_heads, operators, bias=mha.in_proj_bias is not None,
@@ -440,15 +456,26 @@ class DiffusionAttention(nn.Module):
         return layer
 
     def to_mha(self, *, batch_first: bool = True) -> nn.MultiheadAttention:
-        """An equivalent :class:`torch.nn.MultiheadAttention` (every head must be attention).
+        """An equivalent :class:`torch.nn.MultiheadAttention` (every head plain attention).
 
         Raises:
-            ValueError: if a head is not plain attention, or the layer is top-k or QK-normed.
+            ValueError: if a head is not plain attention (``y = P v``), or the layer is not on
+                the dense ``"softmax"`` graph or is QK-normed.
         """
-        if any(not isinstance(op, Attention) for op, _ in self._groups):
-            raise ValueError(f"to_mha: every head must be 'attention', got {self.spec!r}")
-        if self.topk is not None or self.q_norm is not None:
-            raise ValueError("to_mha: top-k and QK-norm layers have no MultiheadAttention twin")
+        plain = all(
+            (pair := op.affine_coefficients()) is not None
+            and float(pair[0]) == 1.0
+            and float(pair[1]) == 0.0
+            for op, _ in self._groups
+        )
+        if not plain:
+            raise checks.bad_value("to_mha", f"expected every head 'attention', got {self.spec!r}")
+        if self.graph_kind.spec != "softmax" or self.q_norm is not None:
+            raise checks.bad_value(
+                "to_mha",
+                f"expected the dense 'softmax' graph and no QK-norm, got graph "
+                f"{self.graph_kind.spec!r}, qk_norm={self.q_norm is not None}",
+            )
         w = self.in_proj.weight
         mha = nn.MultiheadAttention(
             self.embed_dim, self.num_heads, bias=self.in_proj.bias is not None,
@@ -465,5 +492,18 @@ class DiffusionAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, heads={self.spec!r}, "
-            f"topk={self.topk}, causal={self.causal}, dropout={self.dropout}"
+            f"graph={self.graph_kind.spec!r}, causal={self.causal}, dropout={self.dropout}"
         )
+
+
+def _graph_kind(graph: str | GraphBuilder, topk: int | None) -> GraphBuilder:
+    """The layer's graph kind from ``graph=`` and the ``topk=`` shorthand (not both)."""
+    kind = resolve_graph(graph)
+    if topk is None:
+        return kind
+    if kind.spec != "softmax":
+        raise checks.bad_value(
+            "topk",
+            f"is shorthand for graph='topk[k=...]'; expected it alone, got graph={kind.spec!r}",
+        )
+    return resolve_graph(f"topk[k={topk}]")

@@ -21,13 +21,16 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, resolve_operator
+from heatformer.graph_ops._spec import format_entry, parse_params, split_outside_brackets
 
 __all__ = [
     "count_heads",
     "format_heads",
     "format_operator",
     "parse_heads",
+    "parse_layer_graphs",
     "parse_layer_heads",
     "split_layers",
 ]
@@ -38,21 +41,7 @@ LAYER_SEPARATORS = "|;"
 
 def _split_entries(spec: str, separators: str = ",") -> list[str]:
     """Split on ``separators`` that are not inside brackets."""
-    entries: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for ch in spec:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch in separators and depth == 0:
-            entries.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    entries.append("".join(current))
-    return entries
+    return split_outside_brackets(spec, separators)
 
 
 def split_layers(heads: str) -> list[str]:
@@ -81,51 +70,32 @@ def count_heads(spec: str) -> int | None:
     for entry in _split_entries(spec):
         match = _ENTRY.match(entry)
         if match is None:
-            raise ValueError(
-                f"heads: cannot parse {entry.strip()!r} in {spec!r}; expected entries like "
-                f"'attention:6', 'heat[t=0.5]:2'"
+            raise checks.bad_value(
+                "heads",
+                f"cannot parse {entry.strip()!r} in {spec!r}; expected entries like "
+                f"'attention:6', 'heat[t=0.5]:2'",
             )
         count_text = match.group(3)
         if count_text is None:
             return None
         if not count_text.isdigit() or int(count_text) < 1:
-            raise ValueError(
-                f"heads: expected a positive head count in {entry.strip()!r}, got {count_text!r}"
+            raise checks.bad_value(
+                "heads", f"expected a positive head count in {entry.strip()!r}, got {count_text!r}"
             )
         total += int(count_text)
     return total
 
 
-def _parse_value(text: str) -> object:
-    text = text.strip()
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if text.startswith("(") and text.endswith(")"):
-        return [float(v) for v in text[1:-1].split() if v]
-    return text
-
-
 def _parse_params(text: str | None, spec: str) -> dict[str, object]:
-    params: dict[str, object] = {}
-    if not text:
-        return params
-    for item in text.split(";"):
-        if not item.strip():
-            continue
-        if "=" not in item:
-            raise ValueError(f"heads: expected key=value inside [...] in {spec!r}, got {item!r}")
-        key, value = item.split("=", 1)
-        if key.strip() in ("device", "dtype"):
-            raise ValueError(
-                f"heads: expected operator parameters in {spec!r}, got {key.strip()!r}, which "
-                f"belongs to the layer: DiffusionAttention(..., {key.strip()}=...)"
-            )
-        params[key.strip()] = _parse_value(value)
+    params = parse_params(text, spec, what="heads")
+    layer_owned = sorted(set(params) & {"device", "dtype"})
+    if layer_owned:
+        key = layer_owned[0]
+        raise checks.bad_value(
+            "heads",
+            f"expected operator parameters in {spec!r}, got {key!r}, which belongs to the "
+            f"layer: DiffusionAttention(..., {key}=...)",
+        )
     return params
 
 
@@ -162,46 +132,49 @@ def parse_heads(
     if isinstance(spec, str):
         entries = [e for e in _split_entries(spec) if e.strip()]
         if not entries:
-            raise ValueError(f"heads: empty head spec {spec!r}")
+            raise checks.bad_value("heads", f"empty head spec {spec!r}")
         ops: list[DiffusionOperator] = []
         for entry in entries:
             match = _ENTRY.match(entry)
             if match is None:
-                raise ValueError(
-                    f"heads: cannot parse {entry.strip()!r} in {spec!r}; expected entries like "
-                    f"'attention:6', 'heat[t=0.5]:2'"
+                raise checks.bad_value(
+                    "heads",
+                    f"cannot parse {entry.strip()!r} in {spec!r}; expected entries like "
+                    f"'attention:6', 'heat[t=0.5]:2'",
                 )
             name, params_text, count_text = match.groups()
             if count_text is None:
                 if len(entries) != 1:
-                    raise ValueError(
-                        f"heads: {entry.strip()!r} has no ':count' in {spec!r}; only a spec "
-                        f"with a single entry may omit the count"
+                    raise checks.bad_value(
+                        "heads",
+                        f"{entry.strip()!r} has no ':count' in {spec!r}; only a spec "
+                        f"with a single entry may omit the count",
                     )
                 count = num_heads
             else:
                 if not count_text.isdigit() or int(count_text) < 1:
-                    raise ValueError(
-                        f"heads: expected a positive head count in {entry.strip()!r}, "
-                        f"got {count_text!r}"
+                    raise checks.bad_value(
+                        "heads",
+                        f"expected a positive head count in {entry.strip()!r}, got {count_text!r}",
                     )
                 count = int(count_text)
             params = _parse_params(params_text, spec)
             try:
                 op = resolve_operator(name, device=device, dtype=dtype, **params)
             except (ValueError, TypeError) as err:
-                raise ValueError(f"heads: in {spec!r}: {err}") from None
+                raise checks.bad_value("heads", f"in {spec!r}: {err}") from None
             ops.extend([op] * count)
         if len(ops) != num_heads:
-            raise ValueError(
-                f"heads: expected counts adding up to num_heads = {num_heads}, got {len(ops)} "
-                f"heads in {spec!r}"
+            raise checks.bad_value(
+                "heads",
+                f"expected counts adding up to num_heads = {num_heads}, got {len(ops)} "
+                f"heads in {spec!r}",
             )
         return ops
     if isinstance(spec, Sequence):
         if len(spec) != num_heads:
-            raise ValueError(
-                f"operators: expected one operator per head ({num_heads}), got {len(spec)}"
+            raise checks.bad_value(
+                "operators", f"expected one operator per head ({num_heads}), got {len(spec)}"
             )
         resolved: dict[str, DiffusionOperator] = {}
         out = []
@@ -213,13 +186,13 @@ def parse_heads(
             elif isinstance(item, DiffusionOperator):
                 out.append(item)
             else:
-                raise TypeError(
-                    f"operators: expected DiffusionOperator instances or names, got "
-                    f"{type(item).__name__}"
+                raise checks.bad_type(
+                    "operators",
+                    f"expected DiffusionOperator instances or names, got {type(item).__name__}",
                 )
         return out
-    raise TypeError(
-        f"operators: expected a spec string or a list of operators, got {type(spec).__name__}"
+    raise checks.bad_type(
+        "operators", f"expected a spec string or a list of operators, got {type(spec).__name__}"
     )
 
 
@@ -240,10 +213,35 @@ def parse_layer_heads(heads: str | Sequence[str], n_layer: int) -> list[str]:
     else:
         layers = list(heads)
     if len(layers) != n_layer:
-        raise ValueError(
-            f"heads: expected one spec per layer ({n_layer} layers), got {len(layers)}: {heads!r}"
+        raise checks.bad_value(
+            "heads", f"expected one spec per layer ({n_layer} layers), got {len(layers)}: {heads!r}"
         )
     return [str(h).strip() for h in layers]
+
+
+def parse_layer_graphs(graph: str | Sequence[str], n_layer: int) -> list[str]:
+    """One graph spec per layer, with the syntax of head schedules.
+
+    Args:
+        graph: one spec for every layer (``"topk[k=32]"``), ``';'``-separated specs
+            (``"topk[k=8];topk[k=8];softmax"``), or a sequence.
+        n_layer: number of layers.
+
+    Raises:
+        ValueError: if the number of per-layer specs is not ``n_layer``.
+
+    Example:
+        >>> parse_layer_graphs("topk[k=8];softmax", 2)
+        ['topk[k=8]', 'softmax']
+    """
+    layers = split_layers(graph) if isinstance(graph, str) else [str(g).strip() for g in graph]
+    if len(layers) == 1:
+        layers = layers * n_layer
+    if len(layers) != n_layer or any(not part for part in layers):
+        raise checks.bad_value(
+            "graph", f"expected one spec per layer ({n_layer} layers), got {graph!r}"
+        )
+    return layers
 
 
 def format_operator(name: str, params: Mapping[str, object] | None = None) -> str:
@@ -256,17 +254,7 @@ def format_operator(name: str, params: Mapping[str, object] | None = None) -> st
         >>> format_operator("attention")
         'attention'
     """
-    if not params:
-        return name
-
-    def text(value: object) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, (list, tuple)):
-            return "(" + " ".join(repr(float(v)) for v in value) + ")"
-        return repr(value) if isinstance(value, float) else str(value)
-
-    return f"{name}[" + ";".join(f"{key}={text(value)}" for key, value in params.items()) + "]"
+    return format_entry(name, params, sep=";")
 
 
 def format_heads(ops: Sequence[DiffusionOperator]) -> str:

@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from heatformer import checks
+from heatformer.graph_ops import GraphBuilder, resolve_graph
 from heatformer.models.attention import DiffusionAttention, KVCache, check_size
-from heatformer.models.heads import parse_layer_heads
+from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 
 __all__ = [
     "GPT",
@@ -58,7 +60,7 @@ class TransformerBlock(nn.Module):
         embed_dim: ``D``.
         num_heads: ``H``.
         operators: head spec or per-head operators (see :class:`DiffusionAttention`).
-        topk, causal, qk_norm, zero_init: passed to :class:`DiffusionAttention`.
+        graph, topk, causal, qk_norm, zero_init: passed to :class:`DiffusionAttention`.
         dropout: on the attention head outputs, the MLP output and the residual branches.
         bias: biases in linear layers and LayerNorms.
         mlp_ratio: hidden width of the MLP in units of ``D``.
@@ -73,6 +75,7 @@ class TransformerBlock(nn.Module):
         num_heads: int,
         operators: Any = "attention",
         *,
+        graph: str | GraphBuilder = "softmax",
         topk: int | None = None,
         causal: bool = False,
         dropout: float = 0.0,
@@ -84,8 +87,8 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.ln1 = nn.LayerNorm(embed_dim, bias=bias)
         self.attn = DiffusionAttention(
-            embed_dim, num_heads, operators, topk=topk, causal=causal, dropout=dropout,
-            bias=bias, qk_norm=qk_norm, zero_init=zero_init,
+            embed_dim, num_heads, operators, graph=graph, topk=topk, causal=causal,
+            dropout=dropout, bias=bias, qk_norm=qk_norm, zero_init=zero_init,
         )  # fmt: skip
         self.ln2 = nn.LayerNorm(embed_dim, bias=bias)
         self.mlp = MLP(embed_dim, mlp_ratio, dropout, bias)
@@ -117,13 +120,13 @@ def _init_weights(model: nn.Module, n_layer: int) -> None:
 
 
 def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
-    """The ``n_layer`` blocks a config describes (one head spec per layer)."""
+    """The ``n_layer`` blocks a config describes (one head spec and graph kind per layer)."""
     return nn.ModuleList(
         TransformerBlock(
             config.n_embd,
             config.n_head,
             spec,
-            topk=config.topk,
+            graph=graph,
             causal=causal,
             dropout=config.dropout,
             bias=config.bias,
@@ -131,7 +134,9 @@ def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
             zero_init=config.zero_init,
             mlp_ratio=config.mlp_ratio,
         )
-        for spec in parse_layer_heads(config.heads, config.n_layer)
+        for spec, graph in zip(
+            parse_layer_heads(config.heads, config.n_layer), config.layer_graphs(), strict=True
+        )
     )
 
 
@@ -141,8 +146,8 @@ def _check_token_ids(idx: Tensor, vocab_size: int) -> None:
         return
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= vocab_size:
-        raise ValueError(
-            f"idx: expected token ids in [0, vocab_size={vocab_size}), got ids in [{lo}, {hi}]"
+        raise checks.bad_value(
+            "idx", f"expected token ids in [0, vocab_size={vocab_size}), got ids in [{lo}, {hi}]"
         )
 
 
@@ -157,7 +162,9 @@ class _StackConfig:
     n_head: int = 4
     n_embd: int = 128
     heads: str | tuple[str, ...] = "attention"  # head spec(s), e.g. "attention:2,laplacian:2"
-    topk: int | None = None  # top-k sparse attention graphs
+    # graph kind(s): "softmax", "topk[k=32]", or one per layer ("topk[k=8];softmax")
+    graph: str | tuple[str, ...] = "softmax"
+    topk: int | None = None  # shorthand for graph="topk[k=...]" in every layer
     dropout: float = 0.0
     bias: bool = True
     qk_norm: bool = False
@@ -172,19 +179,36 @@ class _StackConfig:
             check_size(name, getattr(self, name))
         check_size("topk", self.topk, optional=True)
         if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd: expected a multiple of n_head ({self.n_head}), got {self.n_embd}"
+            raise checks.bad_value(
+                "n_embd", f"expected a multiple of n_head ({self.n_head}), got {self.n_embd}"
             )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise TypeError(f"dropout: expected a float in [0, 1), got {self.dropout!r}")
+            raise checks.bad_type("dropout", f"expected a float in [0, 1), got {self.dropout!r}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {self.dropout}")
+            raise checks.bad_value(
+                "dropout", f"expected a probability in [0, 1), got {self.dropout}"
+            )
         tokens = self.max_tokens()
         if self.topk is not None and self.topk > tokens:
-            raise ValueError(
-                f"topk: expected at most the {tokens} tokens a sequence can hold (the longest "
-                f"sequence of this config), got {self.topk}"
+            raise checks.bad_value(
+                "topk",
+                f"expected at most the {tokens} tokens a sequence can hold (the longest "
+                f"sequence of this config), got {self.topk}",
             )
+        for spec in self.layer_graphs():
+            resolve_graph(spec).check_nodes(tokens)
+
+    def layer_graphs(self) -> list[str]:
+        """One graph spec per layer (``topk`` expands to ``"topk[k=...]"`` everywhere)."""
+        if self.topk is not None:
+            if self.graph != "softmax":
+                raise checks.bad_value(
+                    "topk",
+                    f"is shorthand for graph='topk[k=...]'; expected it alone, got "
+                    f"graph={self.graph!r}",
+                )
+            return [f"topk[k={self.topk}]"] * self.n_layer
+        return parse_layer_graphs(self.graph, self.n_layer)
 
     def max_tokens(self) -> int:
         """The most tokens one attention graph of this model can have."""
@@ -220,12 +244,12 @@ class ViTConfig(_StackConfig):
         for name in self._sizes:  # max_tokens needs them
             check_size(name, getattr(self, name))
         if self.image_size % self.patch_size != 0:
-            raise ValueError(
-                f"patch_size: expected a divisor of image_size ({self.image_size}), "
-                f"got {self.patch_size}"
+            raise checks.bad_value(
+                "patch_size",
+                f"expected a divisor of image_size ({self.image_size}), got {self.patch_size}",
             )
         if self.pool not in ("cls", "mean"):
-            raise ValueError(f"pool: expected 'cls' or 'mean', got {self.pool!r}")
+            raise checks.bad_value("pool", f"expected 'cls' or 'mean', got {self.pool!r}")
         super().__post_init__()
 
     def max_tokens(self) -> int:
@@ -248,9 +272,9 @@ class SequenceClassifierConfig(_StackConfig):
 
     def __post_init__(self) -> None:
         if self.pool not in ("last", "mean", "cls"):
-            raise ValueError(f"pool: expected 'last', 'mean' or 'cls', got {self.pool!r}")
+            raise checks.bad_value("pool", f"expected 'last', 'mean' or 'cls', got {self.pool!r}")
         if not isinstance(self.causal, bool):
-            raise TypeError(f"causal: expected a bool, got {type(self.causal).__name__}")
+            raise checks.bad_type("causal", f"expected a bool, got {type(self.causal).__name__}")
         super().__post_init__()
 
     def max_tokens(self) -> int:
@@ -293,7 +317,7 @@ class GPT(_ConfigModel):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         if not isinstance(config, GPTConfig):
-            raise TypeError(f"config: expected GPTConfig, got {type(config).__name__}")
+            raise checks.bad_type("config", f"expected GPTConfig, got {type(config).__name__}")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
@@ -305,21 +329,23 @@ class GPT(_ConfigModel):
 
     def _check_idx(self, idx: Tensor, offset: int = 0) -> None:
         if not isinstance(idx, Tensor) or idx.dtype != torch.long or idx.dim() != 2:
-            raise TypeError(
-                f"idx: expected a (B, N) LongTensor of token ids, got "
-                f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}"
+            raise checks.bad_type(
+                "idx",
+                f"expected a (B, N) LongTensor of token ids, got "
+                f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}",
             )
         if offset + idx.shape[1] > self.config.block_size:
-            raise ValueError(
-                f"idx: expected at most block_size = {self.config.block_size} tokens, got a "
-                f"sequence of {offset + idx.shape[1]}"
+            raise checks.bad_value(
+                "idx",
+                f"expected at most block_size = {self.config.block_size} tokens, got a "
+                f"sequence of {offset + idx.shape[1]}",
             )
         _check_token_ids(idx, self.config.vocab_size)
 
     def forward(self, idx: Tensor, caches: list[KVCache] | None = None) -> Tensor:
         """Logits ``(B, N, vocab_size)``; with ``caches`` (one per layer) ``idx`` holds only
         the new tokens."""
-        offset = caches[0].length if caches else 0
+        offset = caches[0].position if caches else 0
         self._check_idx(idx, offset)
         pos = torch.arange(offset, offset + idx.shape[1], device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, N, D)
@@ -365,9 +391,9 @@ class GPT(_ConfigModel):
             ``(B, N + max_new_tokens)`` token ids.
         """
         if not temperature > 0:
-            raise ValueError(f"temperature: expected > 0, got {temperature}")
+            raise checks.bad_value("temperature", f"expected > 0, got {temperature}")
         if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
-            raise ValueError(f"top_k: expected 1..{self.config.vocab_size}, got {top_k}")
+            raise checks.bad_value("top_k", f"expected 1..{self.config.vocab_size}, got {top_k}")
         self._check_idx(idx[:, -self.config.block_size :])
         cached = (
             use_cache
@@ -410,7 +436,7 @@ class ViT(_ConfigModel):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         if not isinstance(config, ViTConfig):
-            raise TypeError(f"config: expected ViTConfig, got {type(config).__name__}")
+            raise checks.bad_type("config", f"expected ViTConfig, got {type(config).__name__}")
         self.config = config
         num_patches = (config.image_size // config.patch_size) ** 2
         self.patch = nn.Conv2d(
@@ -430,7 +456,7 @@ class ViT(_ConfigModel):
         c, s = self.config.in_channels, self.config.image_size
         if not isinstance(images, Tensor) or tuple(images.shape[1:]) != (c, s, s):
             got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-            raise ValueError(f"images: expected shape (B, {c}, {s}, {s}), got {got}")
+            raise checks.bad_value("images", f"expected shape (B, {c}, {s}, {s}), got {got}")
         x = self.patch(images).flatten(2).transpose(1, 2)  # (B, P, D)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + P, D)
@@ -456,8 +482,8 @@ class SequenceClassifier(_ConfigModel):
     def __init__(self, config: SequenceClassifierConfig) -> None:
         super().__init__()
         if not isinstance(config, SequenceClassifierConfig):
-            raise TypeError(
-                f"config: expected SequenceClassifierConfig, got {type(config).__name__}"
+            raise checks.bad_type(
+                "config", f"expected SequenceClassifierConfig, got {type(config).__name__}"
             )
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
@@ -472,11 +498,12 @@ class SequenceClassifier(_ConfigModel):
 
     def forward(self, idx: Tensor, key_mask: Tensor | None = None) -> Tensor:
         if not isinstance(idx, Tensor) or idx.dtype != torch.long or idx.dim() != 2:
-            raise TypeError("idx: expected a (B, N) LongTensor of token ids")
+            raise checks.bad_type("idx", "expected a (B, N) LongTensor of token ids")
         if idx.shape[1] > self.config.block_size:
-            raise ValueError(
-                f"idx: expected at most block_size = {self.config.block_size} tokens, got a "
-                f"sequence of {idx.shape[1]}"
+            raise checks.bad_value(
+                "idx",
+                f"expected at most block_size = {self.config.block_size} tokens, got a "
+                f"sequence of {idx.shape[1]}",
             )
         _check_token_ids(idx, self.config.vocab_size)
         x = self.tok_emb(idx)  # (B, N, D)
@@ -538,7 +565,7 @@ def save_model(model: nn.Module, path: str | os.PathLike[str]) -> None:
     """
     kind = type(model).__name__
     if kind not in _MODELS:
-        raise TypeError(f"model: expected one of {sorted(_MODELS)}, got {kind}")
+        raise checks.bad_type("model", f"expected one of {sorted(_MODELS)}, got {kind}")
     config = dataclasses.asdict(model.config)  # type: ignore[call-overload]
     _atomic_save({"kind": kind, "config": config, "state_dict": model.state_dict()}, Path(path))
 
@@ -548,7 +575,7 @@ def load_model(path: str | os.PathLike[str], map_location: str | None = "cpu") -
     payload = torch.load(Path(path), map_location=map_location, weights_only=True)
     kind = payload.get("kind") if isinstance(payload, dict) else None
     if kind not in _MODELS:
-        raise ValueError(f"path: {path} is not a heatformer model file (kind={kind!r})")
+        raise checks.bad_value("path", f"{path} is not a heatformer model file (kind={kind!r})")
     cls = _MODELS[kind]
     fields = dict(payload["config"])
     if isinstance(fields.get("heads"), list):
