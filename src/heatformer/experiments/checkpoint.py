@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from heatformer._atomic import atomic_write, atomic_write_text
+
 __all__ = [
     "CHECKPOINT_FORMAT",
     "atomic_write_json",
@@ -33,43 +35,6 @@ __all__ = [
 
 #: Value of the ``"format"`` key of every checkpoint this module writes.
 CHECKPOINT_FORMAT = "heatformer-run-checkpoint-v1"
-
-
-def _temporary(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file, fsync, ``os.replace``).
-
-    Args:
-        path: the final file name; its folder must exist.
-        text: the content, written as UTF-8.
-    """
-    target = Path(path)
-    tmp = _temporary(target)
-    try:
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(target.parent)
 
 
 def _json_safe(value: Any) -> Any:
@@ -122,17 +87,7 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
         state: tensors, numbers, strings, lists and dicts; a ``"format"`` key with
             :data:`CHECKPOINT_FORMAT` is added.
     """
-    target = Path(path)
-    tmp = _temporary(target)
-    try:
-        with tmp.open("wb") as handle:
-            torch.save({"format": CHECKPOINT_FORMAT, **state}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(target.parent)
+    atomic_write(path, lambda handle: torch.save({"format": CHECKPOINT_FORMAT, **state}, handle))
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any] | None:

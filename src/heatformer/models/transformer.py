@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heatformer import checks
+from heatformer._atomic import atomic_write
 from heatformer.graph_ops import GraphBuilder, resolve_graph
 from heatformer.models.attention import DiffusionAttention, KVCache, check_size
 from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
@@ -544,18 +544,6 @@ _MODELS: dict[str, type[_ConfigModel]] = {
 }
 
 
-def _atomic_save(obj: object, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def save_model(model: nn.Module, path: str | os.PathLike[str]) -> None:
     """Save weights and config (atomically: a temp file, then ``os.replace``).
 
@@ -567,7 +555,10 @@ def save_model(model: nn.Module, path: str | os.PathLike[str]) -> None:
     if kind not in _MODELS:
         raise checks.bad_type("model", f"expected one of {sorted(_MODELS)}, got {kind}")
     config = dataclasses.asdict(model.config)  # type: ignore[call-overload]
-    _atomic_save({"kind": kind, "config": config, "state_dict": model.state_dict()}, Path(path))
+    payload = {"kind": kind, "config": config, "state_dict": model.state_dict()}
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, lambda handle: torch.save(payload, handle))
 
 
 def load_model(path: str | os.PathLike[str], map_location: str | None = "cpu") -> nn.Module:
