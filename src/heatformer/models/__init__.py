@@ -1,16 +1,14 @@
 """Transformer layers with a diffusion operator per head, and reference models."""
 
 from heatformer.models.attention import DiffusionAttention, KVCache
-from heatformer.models.heads import format_heads, parse_heads, parse_layer_heads
+from heatformer.models.configs import GPTConfig, SequenceClassifierConfig, ViTConfig
+from heatformer.models.heads import format_heads, parse_heads, parse_layer_graphs, parse_layer_heads
 from heatformer.models.transformer import (
     GPT,
     MLP,
-    GPTConfig,
     SequenceClassifier,
-    SequenceClassifierConfig,
     TransformerBlock,
     ViT,
-    ViTConfig,
     load_model,
     save_model,
 )
@@ -29,6 +27,7 @@ __all__ = [
     "format_heads",
     "load_model",
     "parse_heads",
+    "parse_layer_graphs",
     "parse_layer_heads",
     "save_model",
 ]

@@ -1,0 +1,152 @@
+"""Model configs: frozen dataclasses with commented defaults, checked when they are made.
+
+Every model is built from one (``Model.from_config(cfg)``). The fields every stack of blocks
+shares live in :class:`_StackConfig`; ``heads`` is a head spec for every layer, ``'|'``/``';'``-
+separated per-layer specs, or a tuple (see :mod:`heatformer.models.heads`); ``graph`` is a
+graph kind (``"softmax"``, ``"topk[k=32]"``, see :data:`heatformer.graph_ops.GRAPHS`) in the
+same schedule syntax. A config a model cannot use (a size below 1, ``topk`` above the longest
+sequence, an unknown graph kind) is refused when it is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from heatformer import checks
+from heatformer.graph_ops import resolve_graph
+from heatformer.models.heads import parse_layer_graphs
+
+__all__ = ["GPTConfig", "SequenceClassifierConfig", "ViTConfig"]
+
+
+def check_size(name: str, value: object, *, optional: bool = False) -> None:
+    """A positive int (or None if ``optional``): :func:`heatformer.checks.check_positive_int`."""
+    checks.check_positive_int(name, value, optional=optional)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StackConfig:
+    """Fields every model's stack of blocks shares; configs are built with keywords."""
+
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    heads: str | tuple[str, ...] = "attention"  # head spec(s), e.g. "attention:2,laplacian:2"
+    # graph kind(s): "softmax", "topk[k=32]", or one per layer ("topk[k=8];softmax")
+    graph: str | tuple[str, ...] = "softmax"
+    topk: int | None = None  # shorthand for graph="topk[k=...]" in every layer
+    dropout: float = 0.0
+    bias: bool = True
+    qk_norm: bool = False
+    zero_init: bool = False  # zero the attention output projections (no-op at init)
+    mlp_ratio: int = 4
+
+    #: size fields of the config, each a positive int (subclasses add theirs)
+    _sizes: ClassVar[tuple[str, ...]] = ("n_layer", "n_head", "n_embd", "mlp_ratio")
+
+    def __post_init__(self) -> None:
+        for name in self._sizes:
+            check_size(name, getattr(self, name))
+        check_size("topk", self.topk, optional=True)
+        if self.n_embd % self.n_head != 0:
+            raise checks.bad_value(
+                "n_embd", f"expected a multiple of n_head ({self.n_head}), got {self.n_embd}"
+            )
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
+            raise checks.bad_type("dropout", f"expected a float in [0, 1), got {self.dropout!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise checks.bad_value(
+                "dropout", f"expected a probability in [0, 1), got {self.dropout}"
+            )
+        tokens = self.max_tokens()
+        if self.topk is not None and self.topk > tokens:
+            raise checks.bad_value(
+                "topk",
+                f"expected at most the {tokens} tokens a sequence can hold (the longest "
+                f"sequence of this config), got {self.topk}",
+            )
+        for spec in self.layer_graphs():
+            resolve_graph(spec).check_nodes(tokens)
+
+    def layer_graphs(self) -> list[str]:
+        """One graph spec per layer (``topk`` expands to ``"topk[k=...]"`` everywhere)."""
+        if self.topk is not None:
+            if self.graph != "softmax":
+                raise checks.bad_value(
+                    "topk",
+                    f"is shorthand for graph='topk[k=...]'; expected it alone, got "
+                    f"graph={self.graph!r}",
+                )
+            return [f"topk[k={self.topk}]"] * self.n_layer
+        return parse_layer_graphs(self.graph, self.n_layer)
+
+    def max_tokens(self) -> int:
+        """The most tokens one attention graph of this model can have."""
+        raise NotImplementedError  # pragma: no cover - every config defines it
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig(_StackConfig):
+    """Configuration of :class:`GPT` (a causal byte/char/token language model)."""
+
+    vocab_size: int = 256  # byte-level by default
+    block_size: int = 256  # longest context (learned absolute positions)
+
+    _sizes = (*_StackConfig._sizes, "vocab_size", "block_size")
+
+    def max_tokens(self) -> int:
+        return self.block_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViTConfig(_StackConfig):
+    """Configuration of :class:`ViT` (image classification from patches)."""
+
+    image_size: int = 8
+    patch_size: int = 2
+    in_channels: int = 1
+    num_classes: int = 10
+    pool: str = "cls"  # "cls" token or "mean" of the patch tokens
+
+    _sizes = (*_StackConfig._sizes, "image_size", "patch_size", "in_channels", "num_classes")
+
+    def __post_init__(self) -> None:
+        for name in self._sizes:  # max_tokens needs them
+            check_size(name, getattr(self, name))
+        if self.image_size % self.patch_size != 0:
+            raise checks.bad_value(
+                "patch_size",
+                f"expected a divisor of image_size ({self.image_size}), got {self.patch_size}",
+            )
+        if self.pool not in ("cls", "mean"):
+            raise checks.bad_value("pool", f"expected 'cls' or 'mean', got {self.pool!r}")
+        super().__post_init__()
+
+    def max_tokens(self) -> int:
+        return (self.image_size // self.patch_size) ** 2 + (1 if self.pool == "cls" else 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SequenceClassifierConfig(_StackConfig):
+    """Configuration of :class:`SequenceClassifier` (one label per token sequence)."""
+
+    vocab_size: int = 256
+    num_classes: int = 2
+    block_size: int = 256
+    n_layer: int = 2
+    pool: str = "last"  # "last" token, "mean" over real tokens, or a "cls" token
+    # (in front; at the end when causal, so that it sees the whole sequence)
+    causal: bool = True
+
+    _sizes = (*_StackConfig._sizes, "vocab_size", "num_classes", "block_size")
+
+    def __post_init__(self) -> None:
+        if self.pool not in ("last", "mean", "cls"):
+            raise checks.bad_value("pool", f"expected 'last', 'mean' or 'cls', got {self.pool!r}")
+        if not isinstance(self.causal, bool):
+            raise checks.bad_type("causal", f"expected a bool, got {type(self.causal).__name__}")
+        super().__post_init__()
+
+    def max_tokens(self) -> int:
+        return self.block_size + (1 if self.pool == "cls" else 0)
