@@ -1,12 +1,13 @@
 """The combination matrix: every registered operator x graph kind x dtype x entry point.
 
-Generated from the registries, so a new operator (with its ``examples``) is covered without
-editing this file. Each cell either
+Generated from the registries -- :data:`~heatformer.graph_ops.OPERATORS` with each operator's
+``examples`` and :data:`~heatformer.graph_ops.GRAPHS` with each kind's ``examples`` -- so a new
+operator or graph kind is covered without editing this file. Each cell either
 
 - returns finite values that agree with the float64 computation on the same (rounded) inputs,
-  within the tolerance of its dtype (:data:`TOL`), the float64 cells themselves agreeing with
-  an independent dense reference (NumPy attention matrix, then the operator on a
-  ``DenseGraph``); or
+  within the tolerance of its dtype (:data:`TOL`); the float64 cells agree with the operator
+  applied to the graph's explicit weights (``DenseGraph(graph.to_dense())``), and the layer
+  with its documented per-head definition; or
 - is a refusal the library declares (:func:`expected_refusal`), raised as ``ValueError`` whose
   message starts with the argument's name.
 
@@ -14,10 +15,9 @@ Entry points: the functional call ``op(graph, x)``, ``DiffusionAttention`` forwa
 backward, ``GPT.generate`` with and without the KV cache, and ``heatformer train`` for two
 steps (with ``--bf16`` and ``--topk``).
 
-Low-precision inputs: queries and keys are small integers, so attention scores are exact in
-every dtype and top-k selects the same keys everywhere; only the arithmetic after the scores
-differs. In layer cells (learned projections, not integers) a half-precision top-k layer keeps
-``k = N`` keys (the sparse path with a selection that cannot flip on a rounding).
+Low-precision inputs: queries, keys, the layer's input and its ``in_proj`` weights are small
+integers, so attention scores are exact in every dtype and a data-dependent graph (top-k)
+selects the same edges everywhere; only the arithmetic after the scores differs.
 """
 
 from __future__ import annotations
@@ -31,18 +31,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from torch import Tensor
 
-from heatformer.graph_ops import OPERATORS, DenseGraph, Graph, SoftmaxGraph, resolve_operator
+from heatformer.graph_ops import (
+    GRAPHS,
+    OPERATORS,
+    DenseGraph,
+    DiffusionOperator,
+    Graph,
+    GraphBuilder,
+    resolve_graph,
+    resolve_operator,
+)
+from heatformer.graph_ops._spec import format_entry
 from heatformer.models import GPT, DiffusionAttention, GPTConfig
 from heatformer.models.heads import format_operator
-from references import softmax_reference, topk_reference
 
 #: relative tolerance per dtype: ``max|y - y64| <= TOL * (max|y64| + 1)``; about 10 units of
-#: rounding of the dtype (float64: against an independent dense reference).
+#: rounding of the dtype (float64: against the explicit-weights computation).
 TOL: dict[torch.dtype, float] = {
     torch.float64: 1e-9,
     torch.float32: 1e-4,
@@ -50,7 +58,6 @@ TOL: dict[torch.dtype, float] = {
     torch.bfloat16: 8e-2,
 }
 DTYPES = list(TOL)
-HALF = (torch.float16, torch.bfloat16)
 
 #: every registered operator with each of the parameter sets it declares
 OPERATOR_CASES = [
@@ -59,23 +66,33 @@ OPERATOR_CASES = [
     for params in cls.examples
 ]
 
+#: every registered graph kind with each of its examples
+KINDS = [
+    format_entry(name, params, sep=",") for name, cls in GRAPHS.items() for params in cls.examples
+]
+
 
 @dataclass(frozen=True)
 class GraphCase:
-    """How the attention graph is built: masks, causality and top-k sparsification."""
+    """A graph kind (spec), and whether the graph is causal and key-masked."""
 
+    kind: str
     causal: bool = False
     masked: bool = False  # batch element 1 has its first 3 keys padded (left padding)
-    topk: int | None = None
+
+    @property
+    def builder(self) -> GraphBuilder:
+        return resolve_graph(self.kind)
 
 
+#: causal and masked together: rows 0-2 of element 1 have no edges at all
 GRAPH_CASES = {
-    "softmax": GraphCase(),
-    "causal": GraphCase(causal=True),
-    "masked": GraphCase(masked=True),
-    "masked-causal": GraphCase(causal=True, masked=True),  # rows 0-2 of element 1: no edges
-    "topk": GraphCase(topk=3),
-    "topk-masked-causal": GraphCase(causal=True, masked=True, topk=3),
+    f"{kind}{'-causal' if causal else ''}{'-masked' if masked else ''}": GraphCase(
+        kind, causal, masked
+    )
+    for kind in KINDS
+    for causal in (False, True)
+    for masked in (False, True)
 }
 
 B, H, N, E, C = 2, 2, 9, 4, 3
@@ -85,15 +102,22 @@ def _dtype_id(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def expected_refusal(op: torch.nn.Module, case: GraphCase, entry: str) -> str | None:
-    """The refusal a cell must raise (a regex on the message), or None when it must compute."""
-    if entry in ("layer", "generate") and case.causal and _symmetrizes(op):
-        return r"^operators: expected heads that read only the past .* 'sym' normalization"
+def expected_refusal(op: DiffusionOperator, case: GraphCase, entry: str) -> str | None:
+    """The refusal a cell must raise (a regex on the message), or None when it must compute.
+
+    Asked of the registry entries, never of their classes: a causal layer refuses operators
+    that read ``W^T``, and graph kinds refuse what they declare they do not support.
+    """
+    builder = case.builder
+    if entry == "functional":
+        return None
+    if case.causal and not builder.supports_causal:
+        return r"^graph: expected a graph kind that supports causal=True"
+    if case.masked and not builder.supports_key_mask:
+        return r"^key_mask: "
+    if case.causal and op.reads_transpose:
+        return r"^operators: expected heads that read only the past"
     return None
-
-
-def _symmetrizes(op: torch.nn.Module) -> bool:
-    return getattr(op, "normalization", None) == "sym"
 
 
 def assert_agrees(
@@ -116,40 +140,27 @@ def _truncation(op: torch.nn.Module) -> float:
     return float(getattr(op, "tol", 0.0))
 
 
+def _key_mask(n: int) -> Tensor:
+    key_mask = torch.ones(B, n, dtype=torch.bool)
+    key_mask[1, :3] = False
+    return key_mask
+
+
 # ---- functional: op(graph, x) -------------------------------------------------------------------
 
 
-def _inputs(seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Integer queries/keys (exact scores in every dtype), a float signal, a key mask."""
+def _inputs(seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """Integer queries/keys (exact scores in every dtype) and a float signal."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randint(-2, 3, (B, H, N, E), generator=gen).double()
     k = torch.randint(-2, 3, (B, H, N, E), generator=gen).double()
     x = torch.randn(B, H, N, C, generator=gen, dtype=torch.float64)
-    key_mask = torch.ones(B, N, dtype=torch.bool)
-    key_mask[1, :3] = False
-    return q, k, x, key_mask
+    return q, k, x
 
 
-def _graph(case: GraphCase, q: Tensor, k: Tensor, key_mask: Tensor) -> Graph:
-    mask = key_mask[:, None, None, :] if case.masked else None  # (B, 1, 1, N)
-    graph: Graph = SoftmaxGraph(q, k, mask=mask, causal=case.causal)
-    return graph.topk(case.topk) if case.topk else graph
-
-
-def _dense_reference(case: GraphCase, q: Tensor, k: Tensor, key_mask: Tensor) -> DenseGraph:
-    """The same graph from NumPy: softmax with the masks, then top-k, as explicit weights."""
-    qn, kn = q.double().numpy(), k.double().numpy()
-    mask = key_mask[:, None, None, :].numpy() if case.masked else None
-    p = softmax_reference(qn, kn, mask=mask, causal=case.causal)
-    if case.topk:
-        scores = qn @ np.swapaxes(kn, -1, -2) / math.sqrt(E)
-        allowed = np.ones(scores.shape, dtype=bool)
-        if mask is not None:
-            allowed &= np.broadcast_to(mask, scores.shape)
-        if case.causal:
-            allowed &= np.tril(np.ones((N, N), dtype=bool))
-        p = topk_reference(p, np.where(allowed, scores, -np.inf), case.topk)
-    return DenseGraph(torch.as_tensor(p))
+def _graph(case: GraphCase, q: Tensor, k: Tensor) -> Graph:
+    mask = _key_mask(N)[:, None, None, :] if case.masked else None  # (B, 1, 1, N)
+    return case.builder.build(q, k, mask=mask, causal=case.causal)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
@@ -157,15 +168,16 @@ def _dense_reference(case: GraphCase, q: Tensor, k: Tensor, key_mask: Tensor) ->
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
 def test_functional(name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype) -> None:
     case = GRAPH_CASES[case_name]
-    q, k, x, key_mask = _inputs()
+    q, k, x = _inputs()
     op = resolve_operator(name, **params)
     reference_op = copy.deepcopy(op).double()  # the same parameters, in float64
     q, k, x = q.to(dtype), k.to(dtype), x.to(dtype)
-    y = op(_graph(case, q, k, key_mask), x)
-    if dtype == torch.float64:  # against the NumPy attention matrix as explicit weights
-        expected = reference_op(_dense_reference(case, q, k, key_mask), x)
+    y = op(_graph(case, q, k), x)
+    graph64 = _graph(case, q.double(), k.double())
+    if dtype == torch.float64:  # against the operator on the graph's explicit weights
+        expected = reference_op(DenseGraph(graph64.to_dense()), x)
     else:  # against float64 on the same rounded inputs
-        expected = reference_op(_graph(case, q.double(), k.double(), key_mask), x.double())
+        expected = reference_op(graph64, x.double())
     assert_agrees(y, expected, dtype, f"{name}{params} on {case_name}", _truncation(op))
 
 
@@ -177,6 +189,17 @@ def _layer_spec(name: str, params: dict[str, Any]) -> str:
     return f"attention:1,{format_operator(name, params)}:1"
 
 
+def _integer_layer(layer: DiffusionAttention) -> DiffusionAttention:
+    """Queries and keys made of small integers: in_proj weights in {-1, 0, 1}, no bias."""
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        w = torch.randint(-1, 2, layer.in_proj.weight.shape, generator=gen)
+        layer.in_proj.weight.copy_(w.to(layer.in_proj.weight.dtype))
+        if layer.in_proj.bias is not None:
+            layer.in_proj.bias.zero_()
+    return layer
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 @pytest.mark.parametrize("case_name", list(GRAPH_CASES))
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
@@ -185,26 +208,25 @@ def test_layer_forward_backward(
 ) -> None:
     case = GRAPH_CASES[case_name]
     d_model, n = 8, N
-    topk = (n if dtype in HALF else case.topk) if case.topk else None
     spec = _layer_spec(name, params)
     torch.manual_seed(0)
 
     def build() -> DiffusionAttention:
-        return DiffusionAttention(d_model, 2, spec, topk=topk, causal=case.causal, dtype=dtype)
+        return DiffusionAttention(
+            d_model, 2, spec, graph=case.kind, causal=case.causal, dtype=dtype
+        )
 
     refusal = expected_refusal(resolve_operator(name, **params), case, "layer")
+    mask = _key_mask(n) if case.masked else None
     if refusal is not None:
         with pytest.raises(ValueError, match=refusal):
-            build()
+            build()(torch.zeros(B, n, d_model, dtype=dtype), mask)
         return
-    layer = build()
+    layer = _integer_layer(build())
     reference = copy.deepcopy(layer).double()
     gen = torch.Generator().manual_seed(1)
-    x64 = torch.randn(B, n, d_model, generator=gen, dtype=torch.float64)
+    x64 = torch.randint(-1, 2, (B, n, d_model), generator=gen).double()
     probe = torch.randn(B, n, d_model, generator=gen, dtype=torch.float64)
-    key_mask = torch.ones(B, n, dtype=torch.bool)
-    key_mask[1, :3] = False
-    mask = key_mask if case.masked else None
 
     def run(model: DiffusionAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x = x.detach().requires_grad_(True)
@@ -220,36 +242,27 @@ def test_layer_forward_backward(
     for what, actual, expected in zip(("output", "grad x", "grad in_proj"), outs, refs):
         assert_agrees(actual, expected, dtype, f"{spec} on {case_name}: {what}", truncation)
     if dtype == torch.float64:  # the layer against its documented per-head definition
-        per_head = _per_head_reference(layer, x, case, mask)
+        per_head = _per_head_reference(layer, x, mask)
         assert_agrees(outs[0], per_head, dtype, f"{spec} on {case_name}: per head", truncation)
 
 
-def _per_head_reference(
-    layer: DiffusionAttention, x: Tensor, case: GraphCase, key_mask: Tensor | None
-) -> Tensor:
-    """``y[:, h] = op_h(DenseGraph(P_h), v_h)`` with ``P_h`` from NumPy (the docstring's
-    "equivalent to"); a symmetrizing head also drops padded queries' out-edges."""
+def _per_head_reference(layer: DiffusionAttention, x: Tensor, key_mask: Tensor | None) -> Tensor:
+    """``y[:, h] = op_h(DenseGraph(P_h), v_h)`` with ``P_h`` the explicit weights of the layer's
+    graph kind (the docstring's "equivalent to"); a head that reads ``W^T`` also drops padded
+    queries' out-edges."""
     with torch.no_grad():
         q, k, v = layer.project_qkv(x)
         heads = []
         for h, op in enumerate(layer.head_operators):
-            qn, kn = q[:, h].numpy(), k[:, h].numpy()
             mask = None
             if key_mask is not None:
-                mask = key_mask[:, None, :].numpy()  # (B, 1, N)
-                if _symmetrizes(op):
-                    mask = mask & np.swapaxes(mask, -1, -2)
-            p = softmax_reference(qn, kn, mask=mask, causal=case.causal)
-            if layer.topk is not None and layer.topk < x.shape[1]:
-                scores = qn @ np.swapaxes(kn, -1, -2) / math.sqrt(qn.shape[-1])
-                allowed = np.ones(scores.shape, dtype=bool)
-                if mask is not None:
-                    allowed &= np.broadcast_to(mask, scores.shape)
-                if case.causal:
-                    allowed &= np.tril(np.ones(scores.shape[-2:], dtype=bool))
-                p = topk_reference(p, np.where(allowed, scores, -np.inf), layer.topk)
-            heads.append(op(DenseGraph(torch.as_tensor(p)), v[:, h]))
-        return layer.merge_heads(torch.stack(heads, dim=1))
+                mask = key_mask[:, None, None, :]  # (B, 1, 1, N)
+                if op.reads_transpose:
+                    mask = mask & mask.transpose(-1, -2)
+            graph = layer.graph_kind.build(q[:, h : h + 1], k[:, h : h + 1], mask=mask,
+                                           causal=layer.causal)  # fmt: skip
+            heads.append(op(DenseGraph(graph.to_dense()), v[:, h : h + 1]))
+        return layer.merge_heads(torch.cat(heads, dim=1))
 
 
 # ---- GPT.generate with and without the KV cache -------------------------------------------------
@@ -258,20 +271,23 @@ GENERATE_DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", GENERATE_DTYPES, ids=_dtype_id)
-@pytest.mark.parametrize("topk", [None, 4], ids=["dense", "topk4"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
-def test_generate(name: str, params: dict[str, Any], topk: int | None, dtype: torch.dtype) -> None:
+def test_generate(name: str, params: dict[str, Any], kind: str, dtype: torch.dtype) -> None:
     config = GPTConfig(
         vocab_size=16, block_size=20, n_layer=2, n_head=2, n_embd=8,
-        heads=_layer_spec(name, params), topk=topk,
+        heads=_layer_spec(name, params), graph=kind,
     )  # fmt: skip
-    refusal = expected_refusal(resolve_operator(name, **params), GraphCase(causal=True), "generate")
+    op = resolve_operator(name, **params)
+    refusal = expected_refusal(op, GraphCase(kind, causal=True), "generate")
     torch.manual_seed(0)
     if refusal is not None:
         with pytest.raises(ValueError, match=refusal):
             GPT(config)
         return
     model = GPT(config).to(dtype).eval()
+    incremental = resolve_graph(kind).incremental and op.affine_coefficients() is not None
+    assert model.supports_cache == incremental  # asked of the entries, as the model does
     prompt = torch.randint(0, 16, (2, 5), generator=torch.Generator().manual_seed(2))
 
     def sample(use_cache: bool) -> Tensor:  # top_k=1 is greedy up to ties, drawn reproducibly
@@ -351,7 +367,8 @@ def test_cli_train(
     code = main([*common, *task, *CLI_VARIANTS[variant]])
     err = capsys.readouterr().err
     causal = variant != "digits"
-    refusal = expected_refusal(resolve_operator(name, **params), GraphCase(causal=causal), "layer")
+    case = GraphCase("softmax", causal=causal)
+    refusal = expected_refusal(resolve_operator(name, **params), case, "layer")
     if refusal is not None:  # refused before any training, naming the option
         assert code == 2, err
         assert re.search(r"error: --heads: .*'sym' normalization", err), err
@@ -380,3 +397,49 @@ def test_every_operator_declares_default_and_other_examples(name: str) -> None:
     assert examples[0] == {} and len(examples) >= (1 if name == "attention" else 2)
     for params in examples:
         resolve_operator(name, **params)  # each one builds
+
+
+@pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
+def test_reads_transpose_is_declared_truthfully(name: str, params: dict[str, Any]) -> None:
+    """On a causal graph, a later token reaches earlier outputs exactly when the operator
+    declares that it reads ``W^T`` (what a causal layer asks before refusing it)."""
+    op = resolve_operator(name, **params).double()
+    q, k, x = _inputs(5)
+    graph = resolve_graph("softmax").build(q, k, causal=True)
+    y = op(graph, x)
+    q2, k2, x2 = q.clone(), k.clone(), x.clone()
+    k2[..., -1, :] += 1.0
+    x2[..., -1, :] += 1.0
+    y2 = op(resolve_graph("softmax").build(q2, k2, causal=True), x2)
+    leaks = not torch.allclose(y2[..., :-1, :], y[..., :-1, :], atol=1e-12, rtol=0)
+    assert leaks == op.reads_transpose
+
+
+@pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
+def test_affine_coefficients_are_declared_truthfully(name: str, params: dict[str, Any]) -> None:
+    """An operator that declares ``(a, b)`` computes ``a D^+ W x + b I' x`` on any graph (the
+    fused path and the KV cache serve it from that formula alone)."""
+    op = resolve_operator(name, **params).double()
+    pair = op.affine_coefficients()
+    if pair is None:
+        pytest.skip(f"{name} is not affine in one propagation")
+    a, b = (float(c) for c in pair)
+    q, k, x = _inputs(6)
+    w = torch.rand(B, H, N, N, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    w[..., 4, :] = 0.0  # a node without out-edges
+    for graph in (DenseGraph(w), _graph(GraphCase("softmax", True, True), q, k)):
+        dense = graph.to_dense()
+        degree = dense.sum(-1, keepdim=True)
+        walk = torch.where(degree > 0, dense / degree.clamp_min(1e-300), 0.0)
+        expected = a * walk @ x + b * (degree > 0).double() * x
+        torch.testing.assert_close(op(graph, x), expected, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_graph_kind_specs_round_trip_and_declare_their_capabilities(kind: str) -> None:
+    builder = resolve_graph(kind)
+    assert resolve_graph(builder.spec) == builder and builder.spec == kind
+    assert isinstance(builder.supports_causal, bool) and isinstance(builder.incremental, bool)
+    q, k, _ = _inputs(8)
+    graph = builder.build(q, k, causal=builder.supports_causal)
+    assert graph.num_nodes == N and tuple(graph.batch_shape) == (B, H)

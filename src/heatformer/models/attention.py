@@ -289,6 +289,10 @@ class DiffusionAttention(nn.Module):
     def _mask(self, key_mask: Tensor | None, b: int, n: int) -> Tensor | None:
         if key_mask is None:
             return None
+        if not self.graph_kind.supports_key_mask:
+            raise checks.bad_value(
+                "key_mask", f"expected None: graph kind {self.graph_kind.spec!r} takes no key mask"
+            )
         if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
             raise checks.bad_type(
                 "key_mask",
