@@ -1,10 +1,16 @@
-"""A custom diffusion operator plugged into DiffusionAttention.
+"""Custom diffusion operators plugged into DiffusionAttention, without editing the library.
 
 `TwoHop` mixes one and two steps of attention, y = (1 - a) P x + a P^2 x, with a learnable
 mixing weight a = sigmoid(logit). Anything that subclasses DiffusionOperator and implements
 `forward(graph, x)` can be a head; `frequency_response` (here (1-a)(1-lam) + a(1-lam)^2) lets
 heatformer.viz plot it. The script checks the head against a dense reference and trains `a`
 for a few steps on a toy target (gradients reach the operator's own parameter).
+
+`LazyWalk` is a *fusable* operator: a lazy random walk y = (1 - a) P x + a x. It declares
+`affine_coefficients() = (1 - a, a)`, so a layer serves it from the one fused attention call
+with the attention and Laplacian heads, and a causal GPT generates with the KV cache. One
+registry entry, `OPERATORS["lazy"] = LazyWalk`, makes it usable in head specs
+("attention:2,lazy[a=0.3]:2").
 
     python examples/custom_operator.py --steps 50
 """
@@ -16,8 +22,15 @@ import argparse
 import torch
 from torch import Tensor, nn
 
-from heatformer.graph_ops import Attention, DiffusionOperator, Graph, Laplacian
-from heatformer.models import DiffusionAttention
+from heatformer.graph_ops import (
+    OPERATORS,
+    Attention,
+    DiffusionOperator,
+    Graph,
+    GraphLaplacian,
+    Laplacian,
+)
+from heatformer.models import GPT, DiffusionAttention, GPTConfig
 
 
 class TwoHop(DiffusionOperator):
@@ -42,6 +55,51 @@ class TwoHop(DiffusionOperator):
     def frequency_response(self, lam: Tensor) -> Tensor:
         a = self.mix.to(lam.dtype)
         return (1 - a) * (1 - lam) + a * (1 - lam) ** 2
+
+
+class LazyWalk(DiffusionOperator):
+    """The lazy random walk ``(1 - a) P x + a x`` (``I' x`` on nodes with out-edges)."""
+
+    name = "lazy"
+    examples = ({}, {"a": 0.3})  # what the test-suite's matrix would run
+
+    def __init__(self, a: float = 0.5) -> None:
+        super().__init__()
+        if not 0.0 <= a <= 1.0:
+            raise ValueError(f"a: expected a laziness in [0, 1], got {a}")
+        self.register_buffer("a", torch.tensor(float(a), dtype=torch.float64), persistent=False)
+
+    def forward(self, graph: Graph, x: Tensor) -> Tensor:
+        walk = GraphLaplacian(graph, "rw")
+        a = self.a.to(x.dtype)
+        return (1 - a) * walk.adjacency(x) + a * walk.identity(x)
+
+    def affine_coefficients(self) -> tuple[Tensor, Tensor]:
+        return 1 - self.a, self.a  # y = (1 - a) P v + a v: served by the fused SDPA call
+
+    def frequency_response(self, lam: Tensor) -> Tensor:
+        return 1 - (1 - self.a.to(lam.dtype)) * lam
+
+
+def fusable_operator_demo(tokens: int) -> None:
+    """LazyWalk on the fused path, against a dense reference, and with the KV cache."""
+    OPERATORS["lazy"] = LazyWalk  # the one registry entry: now it is a head-spec name
+    layer = DiffusionAttention(32, 4, "attention:1,lazy[a=0.3]:2,laplacian:1", causal=True)
+    x = torch.randn(2, tokens, 32)
+    q, k, v = layer.project_qkv(x)
+    p = layer.graphs(x).to_dense()  # (B, H, N, N)
+    reference = 0.7 * p[:, 1:3] @ v[:, 1:3] + 0.3 * v[:, 1:3]
+    error = (layer.diffuse(q, k, v)[:, 1:3] - reference).abs().max()
+    print(f"fused heads: {len(layer.fused_heads)} of {layer.num_heads}")
+    print(f"LazyWalk heads vs dense reference: max error {error:.2e}")
+    torch.manual_seed(1)
+    gpt = GPT(GPTConfig(vocab_size=32, block_size=32, n_layer=2, n_head=4, n_embd=32,
+                        heads="attention:2,lazy[a=0.3]:2")).eval()  # fmt: skip
+    prompt = torch.randint(0, 32, (2, 5))
+    cached = gpt.generate(prompt, 12, top_k=1, use_cache=True)
+    recomputed = gpt.generate(prompt, 12, top_k=1, use_cache=False)
+    print(f"GPT with LazyWalk heads: supports_cache={gpt.supports_cache}, "
+          f"cached generation equals recomputation: {torch.equal(cached, recomputed)}")  # fmt: skip
 
 
 def main() -> None:
@@ -80,6 +138,8 @@ def main() -> None:
         last = float(loss.detach())
     print(f"mix a: {before:.3f} -> {float(twohop.mix.detach()):.3f}")
     print(f"loss: {first:.4f} -> {last:.4f}")
+    print(f"TwoHop is fused: {twohop.affine_coefficients() is not None}")
+    fusable_operator_demo(args.tokens)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,12 @@ def number(pattern: str, text: str) -> float:
 
 
 def test_every_example_is_tested() -> None:
-    tested = {"operators_on_a_toy_graph.py", "custom_operator.py", "train_tiny_gpt.py"}
+    tested = {
+        "operators_on_a_toy_graph.py",
+        "custom_operator.py",
+        "custom_graph.py",
+        "train_tiny_gpt.py",
+    }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -53,11 +58,26 @@ def test_operators_on_a_toy_graph() -> None:
 def test_custom_operator() -> None:
     out = run_example("custom_operator.py", "--steps", "40", "--tokens", "8")
     assert "heads='twohop:2,attention:1,laplacian:1'" in out
-    assert number(r"dense reference: max error ([\d.e+-]+)", out) < 1e-5
+    assert number(r"TwoHop heads vs dense reference: max error ([\d.e+-]+)", out) < 1e-5
     mix = re.search(r"mix a: ([\d.]+) -> ([\d.]+)", out)
     assert mix and float(mix.group(1)) == 0.5 and float(mix.group(2)) != 0.5  # it learned
     loss = re.search(r"loss: ([\d.]+) -> ([\d.]+)", out)
     assert loss and float(loss.group(2)) < 0.5 * float(loss.group(1))
+    # the fusable LazyWalk: every head on the fused path, right, and served by the KV cache
+    assert "TwoHop is fused: False" in out and "fused heads: 4 of 4" in out
+    assert number(r"LazyWalk heads vs dense reference: max error ([\d.e+-]+)", out) < 1e-5
+    assert "supports_cache=True, cached generation equals recomputation: True" in out
+
+
+def test_custom_graph() -> None:
+    out = run_example("custom_graph.py", "--tokens", "16")
+    assert "graph='dilated[d=2,w=3]'" in out
+    assert number(r"dense masked softmax: max error ([\d.e+-]+)", out) < 1e-5
+    assert number(r"edges per graph: (\d+)", out) == 52  # |i-j| in {0, 2, 4, 6}, j <= i
+    assert "GPT graphs: ['dilated[d=2,w=3]', 'softmax']" in out
+    assert "cached generation equals recomputation: True" in out
+    assert number(r"vs full forward: max error ([\d.e+-]+)", out) < 1e-5
+    assert "keys kept per layer after 26 tokens: [7, 26]" in out  # the band needs 7
 
 
 @pytest.mark.parametrize("heads", ["attention:2,laplacian:2"])

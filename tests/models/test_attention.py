@@ -14,10 +14,18 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from heatformer.graph_ops import (
+    GRAPHS,
+    Attention,
+    GraphBuilder,
+    HeatKernel,
+    Laplacian,
+    SoftmaxGraph,
+)
 from heatformer.graph_ops._spec import format_entry
-from heatformer.graph_ops import GRAPHS, Attention, HeatKernel, Laplacian, SoftmaxGraph
 from heatformer.models import DiffusionAttention, KVCache
 
 F64 = torch.float64
@@ -676,6 +684,47 @@ def test_kv_cache_equals_the_full_forward_on_every_incremental_graph_kind(mh, gr
     cache = KVCache()
     outs = [layer(x[:, a:b], cache=cache) for a, b in [(0, 2), (2, 3), (3, 7), (7, 9)]]
     assert cache.position == 9
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, **TIGHT)
+
+
+class _Band(GraphBuilder):
+    """A causal band of ``w`` keys (itself included): decoding needs only the last ``w``."""
+
+    name = "band-test"
+    incremental = True
+
+    def __init__(self, w: int = 3) -> None:
+        super().__init__(w=w)
+        self.w = w
+
+    def build(self, q, k, *, mask=None, causal=False, row_block=None):
+        pos = torch.arange(q.shape[-2])
+        band = (pos.unsqueeze(-1) - pos) < self.w
+        return SoftmaxGraph(q, k, mask=band if mask is None else mask & band, causal=causal)
+
+    def decode(self, q, k, v, *, past):
+        n, total = q.shape[-2], k.shape[-2]
+        rows = past + torch.arange(n)
+        cols = past + n - total + torch.arange(total)
+        allowed = (cols <= rows.unsqueeze(-1)) & (rows.unsqueeze(-1) - cols < self.w)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+    def cache_size(self) -> int:
+        return self.w
+
+
+def test_a_rolling_cache_keeps_only_what_the_graph_kind_needs(mh) -> None:
+    """A kind with ``cache_size`` trims the cache after decoding each chunk, and chunks longer
+    than the cache still see the keys they need."""
+    layer = mh.random_layer("attention:2,laplacian:2", causal=True, graph=_Band(3))
+    assert layer.supports_cache
+    x = mh.random_input(33, n=10)
+    full = layer(x)
+    cache = KVCache()
+    outs = []
+    for a, b in [(0, 5), (5, 6), (6, 10)]:
+        outs.append(layer(x[:, a:b], cache=cache))
+        assert cache.length == min(3, b) and cache.position == b
     torch.testing.assert_close(torch.cat(outs, dim=1), full, **TIGHT)
 
 

@@ -93,13 +93,17 @@ class KVCache:
         """Number of cached positions ``T``."""
         return 0 if self.k is None else int(self.k.shape[-2])
 
-    def append(self, k: Tensor, v: Tensor, keep: int | None) -> None:
-        """Add the new tokens' keys and values; keep only the last ``keep`` (None: all)."""
+    def append(self, k: Tensor, v: Tensor) -> None:
+        """Add the new tokens' keys and values."""
         self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        if keep is not None and self.k.shape[-2] > keep:
-            self.k, self.v = self.k[..., -keep:, :], self.v[..., -keep:, :]
         self.position += int(k.shape[-2])
+
+    def trim(self, keep: int | None) -> None:
+        """Keep only the last ``keep`` positions (None: all), once the new tokens are decoded."""
+        if keep is not None and self.k is not None and self.v is not None:
+            if self.k.shape[-2] > keep:
+                self.k, self.v = self.k[..., -keep:, :], self.v[..., -keep:, :]
 
 
 class DiffusionAttention(nn.Module):
@@ -246,6 +250,11 @@ class DiffusionAttention(nn.Module):
         """The operator of every head, in head order."""
         ops: dict[int, DiffusionOperator] = {h: op for op, hs in self._groups for h in hs}
         return [ops[h] for h in range(self.num_heads)]
+
+    @property
+    def fused_heads(self) -> tuple[int, ...]:
+        """The heads served by one propagation (operators affine in ``P v``), in head order."""
+        return tuple(self._fused_heads)
 
     @property
     def topk(self) -> int | None:
@@ -416,9 +425,10 @@ class DiffusionAttention(nn.Module):
         if key_mask is not None:
             raise checks.bad_value("key_mask", "expected None together with cache, got a mask")
         past = cache.position
-        cache.append(k, v, self.graph_kind.cache_size())
+        cache.append(k, v)
         keys, values = cast(Tensor, cache.k), cast(Tensor, cache.v)  # set by append
         pv = self.graph_kind.decode(q, keys, values, past=past)  # (B, H, n, Dh)
+        cache.trim(self.graph_kind.cache_size())  # keys no later token can attend
         a, b, _ = self._coefficients(v)  # new tokens always see themselves: I' v = v
         return self.merge_heads(torch.addcmul(pv * a, v, b))
 
