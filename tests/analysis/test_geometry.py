@@ -1,4 +1,4 @@
-"""Tests for heatformer.analysis.geometry on geometries with known answers."""
+"""Tests for the token-geometry metrics of heatformer.analysis on geometries with known answers."""
 
 from __future__ import annotations
 
@@ -650,3 +650,43 @@ def test_within_sequence_and_decomposition_bad_inputs() -> None:
         variance_decomposition(x[0], torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="mask: expected at least one real token"):
         variance_decomposition(x, torch.tensor([0, 1]), torch.zeros(2, 3, dtype=torch.bool))
+
+
+_X = torch.randn(2, 3, 4, generator=_gen(0))
+_PATH = DenseGraph(torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]))
+
+
+@pytest.mark.parametrize(
+    ("call", "argument", "kind"),
+    [
+        (lambda: within_sequence_variance(_X.long()), "x", TypeError),
+        (lambda: within_sequence_variance(_X, torch.ones(2, 3)), "mask", TypeError),
+        (lambda: within_sequence_variance(_X, reduction="sum"), "reduction", ValueError),
+        (lambda: variance_decomposition(_X, torch.tensor([0, 1, 2])), "labels", ValueError),
+        (lambda: neural_collapse(_X[0], torch.zeros(3, dtype=torch.long)), "labels", ValueError),
+        (lambda: next_token_separability(_X, torch.zeros(2, 3), min_count=2), "next_tokens",
+         TypeError),
+        (lambda: next_token_separability(_X, torch.zeros(2, 3, dtype=torch.long), ridge=0.0),
+         "ridge", ValueError),
+        (lambda: spectral_decay(_X, rtol=-1.0), "rtol", ValueError),
+        (lambda: dirichlet_energy(_PATH, torch.ones(4, 1)), "x", ValueError),
+        (lambda: dirichlet_energy(torch.eye(3), torch.ones(3, 1)), "graph", TypeError),
+    ],
+)  # fmt: skip
+def test_errors_carry_the_argument_name(call, argument: str, kind: type) -> None:
+    from heatformer.checks import ArgumentError
+
+    with pytest.raises(kind) as info:
+        call()
+    assert isinstance(info.value, ArgumentError)
+    assert info.value.argument == argument
+    assert str(info.value).startswith(f"{argument}: expected ")
+
+
+def test_the_former_geometry_module_still_exports_every_metric() -> None:
+    import heatformer.analysis
+    import heatformer.analysis.geometry
+
+    assert heatformer.analysis.geometry.__all__
+    for name in heatformer.analysis.geometry.__all__:
+        assert getattr(heatformer.analysis.geometry, name) is getattr(heatformer.analysis, name)

@@ -1,29 +1,58 @@
-"""Token-geometry metrics for transformer representations.
+"""Token-geometry metrics for transformer representations, and hooks that read them out.
 
-The quantities Zhang & Papyan (arXiv:2602.09297, 2026) use to explain Laplacian heads:
-within-sequence collapse (:func:`within_sequence_variance`,
-:func:`variance_decomposition`), Neural Collapse of sequence means
-(:func:`neural_collapse`), separability of tokens that share a next token
-(:func:`next_token_separability`), spectral decay (:func:`singular_spectrum`,
-:func:`spectral_decay`) and smoothness on the attention graph
-(:func:`dirichlet_energy`), plus :func:`collect_token_states` to read per-layer token
-states out of any model with forward hooks.
+The quantities Zhang & Papyan (arXiv:2602.09297, 2026) use to explain Laplacian heads, one
+module per concept:
+
+- :mod:`~heatformer.analysis.variance` -- within-sequence collapse
+  (:func:`within_sequence_variance`, :func:`variance_decomposition`);
+- :mod:`~heatformer.analysis.collapse` -- Neural Collapse of sequence means
+  (:func:`neural_collapse`);
+- :mod:`~heatformer.analysis.separability` -- separability of tokens that share a next token
+  (:func:`next_token_separability`);
+- :mod:`~heatformer.analysis.spectra` -- spectral decay (:func:`singular_spectrum`,
+  :func:`spectral_decay`);
+- :mod:`~heatformer.analysis.energy` -- smoothness on the attention graph
+  (:func:`dirichlet_energy`);
+- :mod:`~heatformer.analysis.hooks` -- :func:`collect_token_states` reads per-layer token
+  states out of any model with forward hooks.
+
+Conventions of the metrics:
+
+- Token states ``x`` have shape ``(B, N, D)``: ``B`` sequences of ``N`` tokens of
+  dimension ``D``. Where it makes sense, any leading batch shape ``(..., N, D)`` works.
+- ``mask`` has shape ``(B, N)`` (or ``(..., N)``), dtype ``torch.bool``, and ``True``
+  marks a *real* token (the polarity of SDPA's ``attn_mask``: ``True`` = take part).
+  Masked tokens are ignored completely; their values may be anything, even NaN.
+- Every metric accumulates in float64 (float32 on devices without float64, such as
+  MPS) and returns tensors of that dtype on the device of the input. Nothing here is
+  wrapped in :func:`torch.no_grad`: the metrics are differentiable where the maths is,
+  so :func:`dirichlet_energy` can serve as a regulariser. Wrap calls in
+  ``torch.no_grad()`` for pure analysis.
+- Bad input raises :class:`TypeError` (wrong type or dtype) or :class:`ValueError`
+  (wrong shape, device, value), naming the argument, what was expected and what came
+  (the errors of :mod:`heatformer.checks`, whose ``.argument`` is the name).
+
+References:
+    Zhang, Papyan. Laplacian heads. arXiv:2602.09297, 2026.
+    Papyan, Han, Donoho. Prevalence of neural collapse during the terminal phase of deep
+    learning training. PNAS 117(40):24652-24663, 2020.
+    Roy, Vetterli. The effective rank: a measure of effective dimensionality.
+    EUSIPCO 2007.
+    Alain, Bengio. Understanding intermediate layers using linear classifier probes.
+    arXiv:1610.01644, 2016.
+    Chung. Spectral Graph Theory. AMS, 1997.
 """
 
-from heatformer.analysis.geometry import (
-    NeuralCollapse,
-    NextTokenSeparability,
-    SpectralDecay,
+from heatformer.analysis.collapse import NeuralCollapse, neural_collapse
+from heatformer.analysis.energy import dirichlet_energy
+from heatformer.analysis.hooks import collect_token_states
+from heatformer.analysis.separability import NextTokenSeparability, next_token_separability
+from heatformer.analysis.spectra import SpectralDecay, singular_spectrum, spectral_decay
+from heatformer.analysis.variance import (
     VarianceDecomposition,
-    dirichlet_energy,
-    neural_collapse,
-    next_token_separability,
-    singular_spectrum,
-    spectral_decay,
     variance_decomposition,
     within_sequence_variance,
 )
-from heatformer.analysis.hooks import collect_token_states
 
 __all__ = [
     "NeuralCollapse",
