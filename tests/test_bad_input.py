@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from heatformer.checks import ArgumentError
-
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
+import graph_helpers as gh
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,
@@ -145,7 +146,7 @@ def test_padding_token_has_finite_gradients(name, variant) -> None:
 
 @pytest.mark.parametrize("method", ["series", "exact"])
 @pytest.mark.parametrize("variant", ["dense", "softmax-masked", "sparse"])
-def test_gradcheck_time_per_head(gh, variant, method, normalization) -> None:
+def test_gradcheck_time_per_head(variant, method, normalization) -> None:
     """Gradient w.r.t. a tensor ``t`` of one time per head, through the functional form."""
     case = gh.make_attention(3, n=4, batch=(2, 3), masked=True, empty_rows=(1,))
     if variant == "softmax-masked":
@@ -163,7 +164,7 @@ def test_gradcheck_time_per_head(gh, variant, method, normalization) -> None:
 
 @pytest.mark.parametrize("t", [0.4, [0.5, 2.0]], ids=["scalar", "per-head"])
 @pytest.mark.parametrize("normalization", ["rw", "sym"])
-def test_gradcheck_learnable_time(gh, t, normalization) -> None:
+def test_gradcheck_learnable_time(t, normalization) -> None:
     """``HeatKernel(learnable=True)``: gradients reach ``log_t`` (and q, k, x)."""
     op = HeatKernel(t=t, normalization=normalization, tol=1e-12, learnable=True).double()
     case = gh.make_attention(4, n=4, batch=(2,), masked=True, empty_rows=(0,))
@@ -175,7 +176,7 @@ def test_gradcheck_learnable_time(gh, t, normalization) -> None:
     assert torch.autograd.gradcheck(f, _leaves((op.log_t, case.q, case.k, case.x)), fast_mode=True)
 
 
-def test_learnable_time_gradient_is_minus_l_heat(gh) -> None:
+def test_learnable_time_gradient_is_minus_l_heat() -> None:
     """``d/dt exp(-tL) x = -L exp(-tL) x``; chain rule through ``t = exp(log_t)``."""
     case = gh.make_attention(5, n=5)
     g = case.graph("softmax")
@@ -189,7 +190,7 @@ def test_learnable_time_gradient_is_minus_l_heat(gh) -> None:
 
 
 @pytest.mark.parametrize("normalization", ["rw", "sym", "combinatorial"])
-def test_gradcheck_polynomial_coeffs(gh, normalization) -> None:
+def test_gradcheck_polynomial_coeffs(normalization) -> None:
     op = Polynomial([0.5, -1.0, 0.25], normalization=normalization, learnable=True).double()
     case = gh.make_attention(6, n=4, batch=(2,), masked=True, causal=True)
 
@@ -201,7 +202,7 @@ def test_gradcheck_polynomial_coeffs(gh, normalization) -> None:
     assert torch.autograd.gradcheck(f, _leaves((op.coeffs, case.q, case.k, case.x)))
 
 
-def test_polynomial_coeff_gradient_is_power_of_l(gh) -> None:
+def test_polynomial_coeff_gradient_is_power_of_l() -> None:
     """``d/dc_k sum_j c_j L^j x = L^k x``."""
     op = Polynomial([0.5, -1.0, 0.25], normalization="sym", learnable=True).double()
     w = gh.random_weights(2, 5, isolated=(1,))
@@ -216,7 +217,7 @@ def test_polynomial_coeff_gradient_is_power_of_l(gh) -> None:
 
 
 @pytest.mark.parametrize("normalization", ["rw", "sym", "combinatorial"])
-def test_gradcheck_laplacian_step(gh, normalization) -> None:
+def test_gradcheck_laplacian_step(normalization) -> None:
     op = Laplacian(normalization, step=0.7, learnable=True).double()
     case = gh.make_attention(7, n=4, batch=(2,))
 
@@ -227,7 +228,7 @@ def test_gradcheck_laplacian_step(gh, normalization) -> None:
 
 
 @pytest.mark.parametrize("kind", ["softmax", "sparse"])
-def test_gradcheck_propagate_transpose_and_degrees(gh, kind) -> None:
+def test_gradcheck_propagate_transpose_and_degrees(kind) -> None:
     """The transposed product and the in-degree (used by ``"sym"``) are differentiable."""
     inputs, make_graph = graph_function("softmax-masked" if kind == "softmax" else "sparse")
     x = torch.randn(N, 2, dtype=torch.float64)

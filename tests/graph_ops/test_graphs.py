@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import graph_helpers as gh
 from heatformer.graph_ops import DenseGraph, SoftmaxGraph, SparseGraph, SymmetrizedGraph
 
 ATOL = {torch.float32: 1e-5, torch.float64: 1e-12}
@@ -29,7 +30,7 @@ def variant(request: pytest.FixtureRequest) -> dict:
     return ATTENTION_VARIANTS[request.param]
 
 
-def test_protocol_matches_reference(gh, graph_kind, variant, dtype, device) -> None:
+def test_protocol_matches_reference(graph_kind, variant, dtype, device) -> None:
     case = gh.make_attention(3, n=6, batch=(2, 3), dtype=dtype, device=device, **variant)
     p = case.probs()
     x = gh.to_numpy(case.x)
@@ -46,7 +47,7 @@ def test_protocol_matches_reference(gh, graph_kind, variant, dtype, device) -> N
     gh.assert_close_np(g.in_degree(), p.sum(-2), atol=atol)
 
 
-def test_softmax_rows_are_distributions(gh, variant) -> None:
+def test_softmax_rows_are_distributions(variant) -> None:
     case = gh.make_attention(5, n=6, batch=(2,), **variant)
     p = SoftmaxGraph(case.q, case.k, mask=case.mask, causal=case.causal).to_dense()
     rows = p.sum(-1)
@@ -56,7 +57,7 @@ def test_softmax_rows_are_distributions(gh, variant) -> None:
     assert bool((p >= 0).all())
 
 
-def test_softmax_scale_and_default_scale(gh) -> None:
+def test_softmax_scale_and_default_scale() -> None:
     case = gh.make_attention(1, n=5, features=4)
     q, k = gh.to_numpy(case.q), gh.to_numpy(case.k)
     default = SoftmaxGraph(case.q, case.k).to_dense()
@@ -66,7 +67,7 @@ def test_softmax_scale_and_default_scale(gh) -> None:
 
 
 @pytest.mark.parametrize("x_shape", [(5, 2), (3, 5, 2), (4, 2, 3, 5, 2)], ids=str)
-def test_signal_broadcasts_against_batch(gh, graph_kind, x_shape) -> None:
+def test_signal_broadcasts_against_batch(graph_kind, x_shape) -> None:
     """``x`` may lack the graph's batch dims (broadcast) or carry extra dims in front."""
     case = gh.make_attention(7, n=5, batch=(2, 3), masked=True, empty_rows=(4,))
     p = case.probs()
@@ -79,7 +80,7 @@ def test_signal_broadcasts_against_batch(gh, graph_kind, x_shape) -> None:
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 4, 256])
-def test_softmax_block_size_does_not_change_results(gh, block_size) -> None:
+def test_softmax_block_size_does_not_change_results(block_size) -> None:
     case = gh.make_attention(8, n=7, batch=(2,), masked=True, causal=True, empty_rows=(3,))
     g = SoftmaxGraph(case.q, case.k, mask=case.mask, causal=True, block_size=block_size)
     p = case.probs()
@@ -90,7 +91,7 @@ def test_softmax_block_size_does_not_change_results(gh, block_size) -> None:
     gh.assert_close_np(g.in_degree(), p.sum(-2), atol=1e-12)
 
 
-def test_mask_broadcasts_over_batch(gh) -> None:
+def test_mask_broadcasts_over_batch() -> None:
     """A ``(N, N)`` mask applies to every graph of a ``(B, H)`` batch."""
     case = gh.make_attention(9, n=5, batch=(2, 3))
     mask = torch.rand(5, 5, generator=torch.Generator().manual_seed(0)) < 0.6
@@ -101,7 +102,7 @@ def test_mask_broadcasts_over_batch(gh) -> None:
     gh.assert_close_np(g.out_degree(), p.sum(-1), atol=1e-12)
 
 
-def test_softmax_batch_dims_broadcast_between_q_and_k(gh) -> None:
+def test_softmax_batch_dims_broadcast_between_q_and_k() -> None:
     gen = torch.Generator().manual_seed(2)
     q = torch.randn(2, 3, 4, 3, generator=gen, dtype=torch.float64)
     k = torch.randn(3, 4, 3, generator=gen, dtype=torch.float64)  # shared across the batch
@@ -111,7 +112,7 @@ def test_softmax_batch_dims_broadcast_between_q_and_k(gh) -> None:
     gh.assert_close_np(g.to_dense(), ref, atol=1e-12)
 
 
-def test_dense_graph_general_weights(gh, dtype) -> None:
+def test_dense_graph_general_weights(dtype) -> None:
     w = gh.random_weights(4, 6, batch=(2,), symmetric=False, isolated=(2,))
     x = np.random.default_rng(0).normal(size=(2, 6, 3))
     for kind in ("dense", "sparse"):
@@ -124,7 +125,7 @@ def test_dense_graph_general_weights(gh, dtype) -> None:
         gh.assert_close_np(g.in_degree(), w.sum(-2), atol=ATOL[dtype])
 
 
-def test_sparse_graph_sums_duplicate_entries_and_sorts_edges(gh) -> None:
+def test_sparse_graph_sums_duplicate_entries_and_sorts_edges() -> None:
     """Unsorted edges with a repeated (row, col) pair: entries are summed everywhere."""
     row = torch.tensor([2, 0, 1, 0, 2, 0])
     col = torch.tensor([0, 1, 2, 1, 2, 0])
@@ -141,7 +142,7 @@ def test_sparse_graph_sums_duplicate_entries_and_sorts_edges(gh) -> None:
     assert g.num_edges == 6
 
 
-def test_sparse_from_ell_batched(gh) -> None:
+def test_sparse_from_ell_batched() -> None:
     gen = torch.Generator().manual_seed(3)
     idx = torch.randint(0, 4, (2, 4, 2), generator=gen)
     wt = torch.rand(2, 4, 2, generator=gen, dtype=torch.float64)
@@ -155,7 +156,7 @@ def test_sparse_from_ell_batched(gh) -> None:
     gh.assert_close_np(g.propagate(x), w @ x.numpy(), atol=1e-12)
 
 
-def test_sparse_row_normalize(gh) -> None:
+def test_sparse_row_normalize() -> None:
     w = gh.random_weights(6, 5, batch=(2,), symmetric=False, isolated=(1,))
     g = gh.graph_from_weights(w, "sparse", torch.float64).row_normalize()
     d = w.sum(-1, keepdims=True)
@@ -164,7 +165,7 @@ def test_sparse_row_normalize(gh) -> None:
 
 
 @pytest.mark.parametrize("kind", ["dense", "softmax", "sparse", "dense-weights"])
-def test_symmetrize_is_mean_with_transpose(gh, kind) -> None:
+def test_symmetrize_is_mean_with_transpose(kind) -> None:
     if kind == "dense-weights":
         w = gh.random_weights(1, 6, batch=(2,), symmetric=False)
         g = gh.graph_from_weights(w, "dense", torch.float64)
@@ -181,7 +182,7 @@ def test_symmetrize_is_mean_with_transpose(gh, kind) -> None:
     gh.assert_close_np(s.in_degree(), ws.sum(-2), atol=1e-12)
 
 
-def test_symmetrized_graph_rows_blockwise(gh) -> None:
+def test_symmetrized_graph_rows_blockwise() -> None:
     """``SymmetrizedGraph`` of a softmax graph: dense rows assembled block by block."""
     case = gh.make_attention(4, n=7, batch=(2,), masked=True)
     g = SymmetrizedGraph(SoftmaxGraph(case.q, case.k, mask=case.mask, block_size=3))
@@ -198,7 +199,7 @@ def test_symmetrized_graph_rows_blockwise(gh) -> None:
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
-def test_threshold_keeps_heavy_edges(gh, graph_kind, renormalize) -> None:
+def test_threshold_keeps_heavy_edges(graph_kind, renormalize) -> None:
     case = gh.make_attention(11, n=6, batch=(2,), masked=True, empty_rows=(0,))
     p = case.probs()
     eps = float(np.quantile(p[p > 0], 0.5))
@@ -213,7 +214,7 @@ def test_threshold_keeps_heavy_edges(gh, graph_kind, renormalize) -> None:
 
 
 @pytest.mark.parametrize("kind", ["dense", "sparse", "softmax"])
-def test_threshold_keeps_edges_equal_to_eps(gh, kind) -> None:
+def test_threshold_keeps_edges_equal_to_eps(kind) -> None:
     """``weight >= eps`` is kept, on the boundary too (weights exact in binary)."""
     if kind == "softmax":  # uniform causal attention: row i is 1/(i+1) on keys 0..i
         z = torch.zeros(4, 2, dtype=torch.float64)
@@ -228,7 +229,7 @@ def test_threshold_keeps_edges_equal_to_eps(gh, kind) -> None:
         gh.assert_close_np(kept.to_dense(), np.where(w >= eps, w, 0.0), atol=0)
 
 
-def test_to_sparse_keeps_nonzeros_only(gh) -> None:
+def test_to_sparse_keeps_nonzeros_only() -> None:
     w = gh.random_weights(3, 6, batch=(2,), symmetric=False, isolated=(0, 4))
     g = DenseGraph(torch.as_tensor(w)).to_sparse()
     assert g.num_edges == int((w != 0).sum())

@@ -7,6 +7,7 @@ import pytest
 import scipy.stats
 import torch
 
+import graph_helpers as gh
 import heatformer.graph_ops.heat as heat_module
 from heatformer.graph_ops import (
     HEAT_METHODS,
@@ -24,7 +25,7 @@ METHODS = {"series": {"method": "series", "tol": 1e-12}, "exact": {"method": "ex
 SOURCES = ["dense", "softmax", "sparse", "weights-dense", "weights-sparse"]
 
 
-def build(gh, source: str, dtype: torch.dtype = torch.float64, seed: int = 0):
+def build(source: str, dtype: torch.dtype = torch.float64, seed: int = 0):
     """(graph, x, reference weights) for one source."""
     if source.startswith("weights-"):
         w = gh.random_weights(seed, 6, batch=(2,), symmetric=False, isolated=(2,))
@@ -38,8 +39,8 @@ def build(gh, source: str, dtype: torch.dtype = torch.float64, seed: int = 0):
 @pytest.mark.parametrize("method", sorted(METHODS))
 @pytest.mark.parametrize("t", TIMES)
 @pytest.mark.parametrize("source", SOURCES)
-def test_heat_equals_expm(gh, source, t, method, normalization) -> None:
-    g, x, w = build(gh, source)
+def test_heat_equals_expm(source, t, method, normalization) -> None:
+    g, x, w = build(source)
     xn = gh.to_numpy(x)
     expected = gh.heat_reference(w, xn, t, normalization)
     y = heat_kernel(g, x, t, normalization=normalization, **METHODS[method])
@@ -50,9 +51,9 @@ def test_heat_equals_expm(gh, source, t, method, normalization) -> None:
 @pytest.mark.parametrize("method", sorted(METHODS))
 @pytest.mark.parametrize("t", TIMES)
 @pytest.mark.parametrize("source", ["dense", "softmax", "sparse", "weights-sparse"])
-def test_heat_float32_close_to_float64(gh, source, t, method, normalization) -> None:
-    g64, x64, w = build(gh, source, torch.float64, seed=1)
-    g32, x32, _ = build(gh, source, torch.float32, seed=1)
+def test_heat_float32_close_to_float64(source, t, method, normalization) -> None:
+    g64, x64, w = build(source, torch.float64, seed=1)
+    g32, x32, _ = build(source, torch.float32, seed=1)
     kwargs = {"method": method, "tol": 1e-6}
     y64 = heat_kernel(g64, x64, t, normalization=normalization, **kwargs)
     y32 = heat_kernel(g32, x32, t, normalization=normalization, **kwargs)
@@ -65,7 +66,7 @@ def test_heat_float32_close_to_float64(gh, source, t, method, normalization) -> 
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_time_per_head_equals_scalar_calls(gh, graph_kind, normalization, method) -> None:
+def test_time_per_head_equals_scalar_calls(graph_kind, normalization, method) -> None:
     b, h = 2, 3
     case = gh.make_attention(4, n=5, batch=(b, h), masked=True, empty_rows=(1,))
     t = torch.tensor([0.3, 2.0, 7.0], dtype=torch.float64)
@@ -91,9 +92,9 @@ def test_time_per_head_equals_scalar_calls(gh, graph_kind, normalization, method
 
 @pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-8])
 @pytest.mark.parametrize("t", [0.5, 3.0, 30.0])
-def test_series_truncation_error_within_tol(gh, normalization, t, tol) -> None:
+def test_series_truncation_error_within_tol(normalization, t, tol) -> None:
     """The documented bound: error <= tol * max|x| (2-norm sense for ``"sym"``)."""
-    g, x, w = build(gh, "weights-dense", seed=5)
+    g, x, w = build("weights-dense", seed=5)
     y = heat_kernel(g, x, t, normalization=normalization, method="series", tol=tol)
     err = gh.to_numpy(y) - gh.heat_reference(w, gh.to_numpy(x), t, normalization)
     if normalization == "sym":
@@ -103,7 +104,7 @@ def test_series_truncation_error_within_tol(gh, normalization, t, tol) -> None:
         assert np.abs(err).max() <= tol * float(x.abs().max())
 
 
-def test_large_time_reaches_stationary_distribution(gh) -> None:
+def test_large_time_reaches_stationary_distribution() -> None:
     """``exp(-t(I - P)) x -> 1 pi^T x`` for an irreducible aperiodic attention graph."""
     case = gh.make_attention(8, n=6)
     p = case.probs()
@@ -115,7 +116,7 @@ def test_large_time_reaches_stationary_distribution(gh) -> None:
     gh.assert_close_np(y, expected, atol=1e-8)
 
 
-def test_float32_large_time_is_split(gh, graph_kind, normalization) -> None:
+def test_float32_large_time_is_split(graph_kind, normalization) -> None:
     """DESIGN: large t is split, ``exp(-tL) = exp(-(t/s)L)^s``. Unsplit, the series' leading
     weight ``e^{-tau}`` underflows in float32 for ``tau`` beyond ~100 and the result is 0."""
     case = gh.make_attention(3, n=6, batch=(2,), masked=True, empty_rows=(4,), dtype=torch.float32)
@@ -127,10 +128,10 @@ def test_float32_large_time_is_split(gh, graph_kind, normalization) -> None:
     gh.assert_close_np(y, expected, atol=1e-4 * np.abs(xn).max())
 
 
-def test_series_refusal_counts_every_split(gh, monkeypatch) -> None:
+def test_series_refusal_counts_every_split(monkeypatch) -> None:
     """``SERIES_MAX_TERMS`` bounds the total number of propagations ``s * K`` (``s`` splits of
     order ``K``), not the order of one split. Expected plan computed here with scipy."""
-    g, x, _ = build(gh, "softmax")
+    g, x, _ = build("softmax")
     t, tol = 100.0, 1e-6  # "rw" on attention: tau = t
     s = int(np.ceil(t / heat_module.SERIES_MAX_STEP))
     assert s > 1
@@ -151,8 +152,8 @@ def test_poisson_order_is_smallest_sufficient() -> None:
             assert k == 0 or scipy.stats.poisson.sf(k - 1, tau) > tol
 
 
-def test_auto_prefers_series_then_falls_back(gh, monkeypatch) -> None:
-    g, x, w = build(gh, "softmax")
+def test_auto_prefers_series_then_falls_back(monkeypatch) -> None:
+    g, x, w = build("softmax")
     assert select_heat_method(g, 1.0, "rw", 1e-6).name == "series"
     monkeypatch.setattr(heat_module, "SERIES_MAX_TERMS", 1)
     assert select_heat_method(g, 1.0, "rw", 1e-6).name == "exact"
@@ -181,7 +182,7 @@ def test_heat_on_path_graph_closed_form() -> None:
         np.testing.assert_allclose(y.numpy(), [(1 + e) / 2, (1 - e) / 2], atol=1e-12)
 
 
-def test_heat_kernel_keeps_float64_time(gh) -> None:
+def test_heat_kernel_keeps_float64_time() -> None:
     case = gh.make_attention(0, n=5)
     t = torch.tensor(0.3, dtype=torch.float64)
     op = HeatKernel(t=t, tol=1e-12)

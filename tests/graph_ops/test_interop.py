@@ -10,12 +10,13 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import dense_to_sparse, get_laplacian, to_dense_adj
 
+import graph_helpers as gh
 from heatformer.graph_ops import DenseGraph, SparseGraph, laplacian_matrix
 
 # ---- NetworkX ----------------------------------------------------------------------------------
 
 
-def test_to_networkx_edges_and_weights(gh, graph_kind) -> None:
+def test_to_networkx_edges_and_weights(graph_kind) -> None:
     case = gh.make_attention(1, n=6, batch=(2, 3), masked=True, causal=True, empty_rows=(2,))
     p = case.probs()
     g = case.graph(graph_kind)
@@ -29,20 +30,20 @@ def test_to_networkx_edges_and_weights(gh, graph_kind) -> None:
         np.testing.assert_allclose(nx.to_numpy_array(g_nx, nodelist=range(6)), p[index], atol=1e-15)
 
 
-def test_to_networkx_needs_a_full_index(gh) -> None:
+def test_to_networkx_needs_a_full_index() -> None:
     g = gh.make_attention(1, n=4, batch=(2, 3)).graph("dense")
     for bad in [None, 0, (0, 0, 0)]:
         with pytest.raises(ValueError, match="index"):
             g.to_networkx(bad)
 
 
-def test_unbatched_to_networkx_takes_no_index(gh) -> None:
+def test_unbatched_to_networkx_takes_no_index() -> None:
     w = gh.random_weights(0, 5, symmetric=False)
     g_nx = DenseGraph(torch.as_tensor(w)).to_networkx()
     np.testing.assert_array_equal(nx.to_numpy_array(g_nx, nodelist=range(5)), w)
 
 
-def test_directed_networkx_round_trip(gh) -> None:
+def test_directed_networkx_round_trip() -> None:
     w = gh.random_weights(3, 6, symmetric=False, isolated=(1,))
     g_nx = DenseGraph(torch.as_tensor(w)).to_networkx()
     back = SparseGraph.from_networkx(g_nx)
@@ -50,7 +51,7 @@ def test_directed_networkx_round_trip(gh) -> None:
     np.testing.assert_array_equal(DenseGraph.from_networkx(g_nx, dtype=torch.float64).weight, w)
 
 
-def test_dense_from_undirected_networkx_with_self_loops(gh) -> None:
+def test_dense_from_undirected_networkx_with_self_loops() -> None:
     """An undirected self-loop of weight w becomes W[i, i] = w (NetworkX's adjacency)."""
     w = gh.random_weights(4, 6, isolated=(0,))
     g_nx = nx.Graph()
@@ -79,7 +80,7 @@ def test_sparse_from_undirected_networkx_with_self_loops() -> None:
 # ---- PyTorch Geometric -------------------------------------------------------------------------
 
 
-def test_to_edge_index_matches_pyg(gh, graph_kind) -> None:
+def test_to_edge_index_matches_pyg(graph_kind) -> None:
     """Batched graphs are a disjoint union, as PyG's ``dense_to_sparse`` makes them."""
     case = gh.make_attention(2, n=5, batch=(2, 3), masked=True, empty_rows=(1,))
     p = torch.as_tensor(case.probs())
@@ -91,7 +92,7 @@ def test_to_edge_index_matches_pyg(gh, graph_kind) -> None:
     torch.testing.assert_close(edge_weight[order], ref_weight[ref_order], atol=1e-15, rtol=0)
 
 
-def test_edge_index_round_trip(gh) -> None:
+def test_edge_index_round_trip() -> None:
     w = gh.random_weights(5, 6, symmetric=False, isolated=(2,))
     g = DenseGraph(torch.as_tensor(w))
     edge_index, edge_weight = g.to_edge_index()
@@ -113,7 +114,7 @@ def test_from_edge_index_defaults() -> None:
     torch.testing.assert_close(g.to_dense(), expected)
 
 
-def test_to_pyg_returns_data(gh, graph_kind) -> None:
+def test_to_pyg_returns_data(graph_kind) -> None:
     case = gh.make_attention(3, n=5, batch=(2,), masked=True, empty_rows=(0,))
     data = case.graph(graph_kind).to_pyg(1)
     assert isinstance(data, Data)
@@ -122,7 +123,7 @@ def test_to_pyg_returns_data(gh, graph_kind) -> None:
     gh.assert_close_np(dense, case.probs()[1], atol=1e-15)
 
 
-def test_to_pyg_keeps_isolated_trailing_nodes(gh) -> None:
+def test_to_pyg_keeps_isolated_trailing_nodes() -> None:
     """PyG infers ``num_nodes`` from ``edge_index`` when it is missing, which would drop an
     isolated last node: the count must be stored explicitly."""
     w = gh.random_weights(2, 6, symmetric=False, isolated=(4, 5))
@@ -134,7 +135,7 @@ def test_to_pyg_keeps_isolated_trailing_nodes(gh) -> None:
 
 
 @pytest.mark.parametrize("normalization", ["combinatorial", "sym", "rw"])
-def test_laplacian_matches_pyg_without_self_loops(gh, normalization) -> None:
+def test_laplacian_matches_pyg_without_self_loops(normalization) -> None:
     """PyG's ``get_laplacian`` drops self-loops and puts 1 on isolated nodes; on a graph with
     neither, the conventions agree (``"sym"`` on an undirected graph)."""
     w = gh.random_weights(6, 6, symmetric=normalization == "sym", isolated=(), self_loops=False)
@@ -149,7 +150,7 @@ def test_laplacian_matches_pyg_without_self_loops(gh, normalization) -> None:
     torch.testing.assert_close(laplacian_matrix(g, normalization), expected)
 
 
-def test_self_loops_kept_unlike_pyg(gh) -> None:
+def test_self_loops_kept_unlike_pyg() -> None:
     """DESIGN.md: heatformer keeps self-loops; PyG drops them. The combinatorial Laplacian is
     blind to loops (they cancel), the random-walk one is not."""
     w = gh.random_weights(7, 5, symmetric=False, isolated=())
@@ -170,7 +171,7 @@ def test_self_loops_kept_unlike_pyg(gh) -> None:
 # ---- SciPy -------------------------------------------------------------------------------------
 
 
-def test_scipy_round_trip(gh, graph_kind) -> None:
+def test_scipy_round_trip(graph_kind) -> None:
     case = gh.make_attention(8, n=6, batch=(2,), masked=True, empty_rows=(3,), dtype=torch.float32)
     g = case.graph(graph_kind)
     mat = g.to_scipy(1)

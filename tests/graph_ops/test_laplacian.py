@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+import graph_helpers as gh
 from heatformer.graph_ops import (
     DenseGraph,
     GraphLaplacian,
@@ -66,7 +67,7 @@ def nx_laplacian(g: nx.Graph, normalization: str) -> np.ndarray:
 @pytest.mark.parametrize("normalization", sorted(NX_LAPLACIANS))
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("kind", ["dense", "sparse"])
-def test_undirected_laplacian_equals_networkx(gh, kind, seed, normalization) -> None:
+def test_undirected_laplacian_equals_networkx(kind, seed, normalization) -> None:
     n = 7
     w = gh.random_weights(seed, n, isolated=(seed % n, 2 if seed % n != 2 else 3))
     assert np.diag(w).any(), "the case must have self-loops"
@@ -79,7 +80,7 @@ def test_undirected_laplacian_equals_networkx(gh, kind, seed, normalization) -> 
 
 
 @pytest.mark.parametrize("normalization", sorted(NX_LAPLACIANS))
-def test_networkx_graph_without_self_loops_round_trips_to_its_laplacian(gh, normalization) -> None:
+def test_networkx_graph_without_self_loops_round_trips_to_its_laplacian(normalization) -> None:
     """``SparseGraph.from_networkx`` (self-loop case: see test_interop.py)."""
     w = gh.random_weights(9, 7, isolated=(4,), self_loops=False)
     g_nx = nx_undirected(w)
@@ -88,7 +89,7 @@ def test_networkx_graph_without_self_loops_round_trips_to_its_laplacian(gh, norm
     gh.assert_close_np(laplacian_matrix(g, normalization), expected, atol=1e-6)
 
 
-def test_isolated_node_and_self_loop_rows(gh) -> None:
+def test_isolated_node_and_self_loop_rows() -> None:
     """The two conventions the comparison above relies on, stated on a 3-node graph."""
     w = np.array([[0.0, 0.0, 0.0], [0.0, 2.0, 1.0], [0.0, 1.0, 0.0]])  # 0 isolated, loop at 1
     g = DenseGraph(torch.as_tensor(w))
@@ -103,7 +104,7 @@ def test_isolated_node_and_self_loop_rows(gh) -> None:
     np.testing.assert_allclose(sym, nx_laplacian(nx_undirected(w), "sym"))
 
 
-def test_attention_graph_laplacians_equal_networkx(gh, graph_kind) -> None:
+def test_attention_graph_laplacians_equal_networkx(graph_kind) -> None:
     """Directed attention: combinatorial = nx (out-degree); sym = nx on the undirected W_s."""
     case = gh.make_attention(5, n=6, masked=True, causal=True, empty_rows=(2,))
     p = case.probs()
@@ -123,7 +124,7 @@ def test_attention_graph_laplacians_equal_networkx(gh, graph_kind) -> None:
     [{}, {"masked": True}, {"causal": True}, {"masked": True, "causal": True}],
     ids=["plain", "masked", "causal", "masked-causal"],
 )
-def test_rw_is_identity_minus_attention(gh, graph_kind, variant) -> None:
+def test_rw_is_identity_minus_attention(graph_kind, variant) -> None:
     """On attention (every row has an allowed key): ``L_rw = I - P``, ``L_rw x = x - P x``."""
     case = gh.make_attention(1, n=6, batch=(2, 2), **variant)
     q, k, x = gh.to_numpy(case.q), gh.to_numpy(case.k), gh.to_numpy(case.x)
@@ -141,7 +142,7 @@ def test_rw_is_identity_minus_attention(gh, graph_kind, variant) -> None:
     gh.assert_close_np(laplacian(g, case.x), x - p @ x, atol=1e-12)  # rw is the default
 
 
-def test_fully_masked_rows_have_zero_laplacian_rows(gh, graph_kind, normalization) -> None:
+def test_fully_masked_rows_have_zero_laplacian_rows(graph_kind, normalization) -> None:
     case = gh.make_attention(2, n=6, batch=(2,), masked=True, empty_rows=(0, 4))
     g = case.graph(graph_kind)
     lap = laplacian_matrix(g, normalization)
@@ -157,7 +158,7 @@ def test_fully_masked_rows_have_zero_laplacian_rows(gh, graph_kind, normalizatio
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_all_normalizations_match_reference_directed(gh, graph_kind, normalization, dtype, seed):
+def test_all_normalizations_match_reference_directed(graph_kind, normalization, dtype, seed):
     atol = 1e-5 if dtype == torch.float32 else 1e-12
     if graph_kind == "softmax":
         case = gh.make_attention(seed, n=6, batch=(2, 3), masked=True, empty_rows=(1,), dtype=dtype)
@@ -171,7 +172,7 @@ def test_all_normalizations_match_reference_directed(gh, graph_kind, normalizati
     gh.assert_close_np(laplacian(g, x, normalization), expected @ gh.to_numpy(x), atol=atol)
 
 
-def test_generator_adjacency_markov_and_scale(gh, graph_kind, normalization) -> None:
+def test_generator_adjacency_markov_and_scale(graph_kind, normalization) -> None:
     if graph_kind == "softmax":
         case = gh.make_attention(3, n=6, batch=(2,), masked=True, empty_rows=(5,))
         w, g = case.probs(), case.graph("softmax")
@@ -191,7 +192,7 @@ def test_generator_adjacency_markov_and_scale(gh, graph_kind, normalization) -> 
     gh.assert_close_np(gen.adjacency(x), adj @ x.numpy(), atol=1e-12)
 
 
-def test_combinatorial_annihilates_constants(gh, graph_kind) -> None:
+def test_combinatorial_annihilates_constants(graph_kind) -> None:
     """``L_comb 1 = 0`` (and ``L_rw 1 = 0`` on nodes that have edges)."""
     case = gh.make_attention(4, n=6, batch=(3,), masked=True, causal=True)
     g = case.graph(graph_kind)
@@ -200,7 +201,7 @@ def test_combinatorial_annihilates_constants(gh, graph_kind) -> None:
     assert laplacian(g, ones, "rw").abs().max() < 1e-12
 
 
-def test_spectrum_symmetric_cases(gh) -> None:
+def test_spectrum_symmetric_cases() -> None:
     w = gh.random_weights(6, 7, batch=(2,), isolated=(3,))
     g = gh.graph_from_weights(w, "dense", torch.float64)
     for normalization in ("sym", "combinatorial"):
@@ -219,7 +220,7 @@ def test_spectrum_symmetric_cases(gh) -> None:
     gh.assert_close_np(ev_rw, expected_rw, atol=1e-10)
 
 
-def test_spectrum_directed_is_complex(gh) -> None:
+def test_spectrum_directed_is_complex() -> None:
     case = gh.make_attention(7, n=6, batch=(2,))
     g = case.graph("softmax")
     ev = spectrum(g, "rw")

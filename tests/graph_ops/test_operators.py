@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import graph_helpers as gh
 from heatformer.graph_ops import (
     OPERATORS,
     Attention,
@@ -25,7 +26,7 @@ from heatformer.graph_ops import (
 SOURCES = ["dense", "softmax", "sparse", "weights-dense", "weights-sparse"]
 
 
-def build(gh, source: str, seed: int = 0, device: str | torch.device = "cpu"):
+def build(source: str, seed: int = 0, device: str | torch.device = "cpu"):
     """(graph, x, reference weights)."""
     if source.startswith("weights-"):
         w = gh.random_weights(seed, 6, batch=(2,), symmetric=False, isolated=(3,))
@@ -41,9 +42,9 @@ def build(gh, source: str, seed: int = 0, device: str | torch.device = "cpu"):
 
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_operator_equals_reference(gh, operator_spec, source, device) -> None:
+def test_operator_equals_reference(operator_spec, source, device) -> None:
     _, spec = operator_spec
-    g, x, w = build(gh, source, device=device)
+    g, x, w = build(source, device=device)
     y = spec.make().to(device)(g, x)
     assert y.shape == x.shape and y.device.type == device.type
     gh.assert_close_np(y, spec.reference(w, gh.to_numpy(x)), atol=1e-10)
@@ -51,17 +52,17 @@ def test_operator_equals_reference(gh, operator_spec, source, device) -> None:
 
 @pytest.mark.parametrize("alpha", [0.05, 0.5, 0.95])
 @pytest.mark.parametrize("source", SOURCES)
-def test_ppr_equals_dense_solve(gh, source, alpha, normalization) -> None:
+def test_ppr_equals_dense_solve(source, alpha, normalization) -> None:
     """``alpha (I - (1 - alpha) A)^{-1} x`` with ``A`` from DESIGN.md / GraphLaplacian."""
-    g, x, w = build(gh, source, seed=1)
+    g, x, w = build(source, seed=1)
     op = PersonalizedPageRank(alpha=alpha, normalization=normalization, tol=1e-12)
     expected = gh.ppr_reference(w, gh.to_numpy(x), alpha, normalization)
     gh.assert_close_np(op(g, x), expected, atol=1e-10 * float(x.abs().max()))
 
 
 @pytest.mark.parametrize("tol", [1e-2, 1e-5])
-def test_ppr_truncation_within_tol(gh, tol) -> None:
-    g, x, w = build(gh, "softmax", seed=2)
+def test_ppr_truncation_within_tol(tol) -> None:
+    g, x, w = build("softmax", seed=2)
     y = PersonalizedPageRank(alpha=0.1, tol=tol)(g, x)
     err = np.abs(gh.to_numpy(y) - gh.ppr_reference(w, gh.to_numpy(x), 0.1, "rw")).max()
     assert err <= tol * float(x.abs().max())
@@ -71,8 +72,8 @@ def test_ppr_truncation_within_tol(gh, tol) -> None:
     "coeffs", [[2.0], [0.0, 1.0], [1.0, -1.0], [0.3, -0.2, 0.5, -0.1, 0.05]], ids=str
 )
 @pytest.mark.parametrize("source", SOURCES)
-def test_polynomial_equals_matrix_powers(gh, source, coeffs, normalization) -> None:
-    g, x, w = build(gh, source, seed=3)
+def test_polynomial_equals_matrix_powers(source, coeffs, normalization) -> None:
+    g, x, w = build(source, seed=3)
     y = Polynomial(torch.tensor(coeffs, dtype=torch.float64), normalization=normalization)(g, x)
     expected = gh.polynomial_reference(w, gh.to_numpy(x), coeffs, normalization)
     gh.assert_close_np(y, expected, atol=1e-11)
@@ -81,14 +82,14 @@ def test_polynomial_equals_matrix_powers(gh, source, coeffs, normalization) -> N
 @pytest.mark.parametrize(
     "variant", [{}, {"masked": True}, {"causal": True}], ids=["plain", "masked", "causal"]
 )
-def test_polynomial_one_minus_l_is_attention(gh, graph_kind, variant) -> None:
+def test_polynomial_one_minus_l_is_attention(graph_kind, variant) -> None:
     """On attention without fully masked rows, ``I - L_rw = P``."""
     case = gh.make_attention(4, n=6, batch=(2, 2), **variant)
     g = case.graph(graph_kind)
     torch.testing.assert_close(Polynomial([1.0, -1.0]).double()(g, case.x), Attention()(g, case.x))
 
 
-def test_polynomial_zero_one_is_laplacian(gh, graph_kind, normalization) -> None:
+def test_polynomial_zero_one_is_laplacian(graph_kind, normalization) -> None:
     case = gh.make_attention(5, n=6, batch=(2,), masked=True, empty_rows=(0,))
     g = case.graph(graph_kind)
     torch.testing.assert_close(
@@ -102,7 +103,7 @@ def test_polynomial_zero_one_is_laplacian(gh, graph_kind, normalization) -> None
     [{}, {"masked": True}, {"causal": True}, {"masked": True, "causal": True}],
     ids=["plain", "masked", "causal", "masked-causal"],
 )
-def test_attention_equals_sdpa(gh, graph_kind, variant, dtype, device) -> None:
+def test_attention_equals_sdpa(graph_kind, variant, dtype, device) -> None:
     """SDPA is the golden attention (every row keeps at least one key here)."""
     case = gh.make_attention(6, n=7, batch=(2, 3), dtype=dtype, device=device, **variant)
     mask = case.mask
@@ -117,7 +118,7 @@ def test_attention_equals_sdpa(gh, graph_kind, variant, dtype, device) -> None:
     )
 
 
-def test_laplacian_operator_is_x_minus_sdpa(gh, graph_kind) -> None:
+def test_laplacian_operator_is_x_minus_sdpa(graph_kind) -> None:
     """The Laplacian head: ``(I - P) V``."""
     case = gh.make_attention(7, n=6, batch=(2, 3), causal=True)
     expected = case.x - F.scaled_dot_product_attention(case.q, case.k, case.x, is_causal=True)
@@ -125,14 +126,14 @@ def test_laplacian_operator_is_x_minus_sdpa(gh, graph_kind) -> None:
 
 
 @pytest.mark.parametrize("step", [0.5, -2.0])
-def test_laplacian_step_scales(gh, graph_kind, normalization, step) -> None:
+def test_laplacian_step_scales(graph_kind, normalization, step) -> None:
     case = gh.make_attention(8, n=5, batch=(2,), masked=True)
     g = case.graph(graph_kind)
     y = Laplacian(normalization, step=step).double()(g, case.x)
     torch.testing.assert_close(y, step * laplacian(g, case.x, normalization))
 
 
-def test_heat_operator_equals_functional(gh, graph_kind, normalization) -> None:
+def test_heat_operator_equals_functional(graph_kind, normalization) -> None:
     case = gh.make_attention(9, n=5, batch=(2, 3), masked=True, empty_rows=(4,))
     g = case.graph(graph_kind)
     xn = gh.to_numpy(case.x)
@@ -148,7 +149,7 @@ def test_heat_operator_equals_functional(gh, graph_kind, normalization) -> None:
 
 
 @pytest.mark.parametrize("kind", ["dense", "softmax", "sparse"])
-def test_operator_on_symmetrized_graph(gh, operator_spec, kind) -> None:
+def test_operator_on_symmetrized_graph(operator_spec, kind) -> None:
     """A ``SymmetrizedGraph`` declares ``symmetric = True``, which lets the Laplacians skip
     the transpose product and take the out-degree as ``W_s``'s degree: every operator on it
     must still equal the reference on ``W_s = (W + W^T) / 2``."""
@@ -162,7 +163,7 @@ def test_operator_on_symmetrized_graph(gh, operator_spec, kind) -> None:
     gh.assert_close_np(y, spec.reference(ws, gh.to_numpy(case.x)), atol=1e-10)
 
 
-def test_operator_is_permutation_equivariant(gh, operator_spec, graph_kind) -> None:
+def test_operator_is_permutation_equivariant(operator_spec, graph_kind) -> None:
     """Every operator on every kind, one fixed relabelling (hypothesis draws more in
     test_properties.py)."""
     _, spec = operator_spec
@@ -176,7 +177,7 @@ def test_operator_is_permutation_equivariant(gh, operator_spec, graph_kind) -> N
 
 @pytest.mark.parametrize("kind", ["dense", "softmax", "sparse", "topk"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_fully_masked_rows(gh, operator_spec, kind, causal) -> None:
+def test_fully_masked_rows(operator_spec, kind, causal) -> None:
     """Zero attention output, zero Laplacian row, and finite values and gradients everywhere."""
     name, spec = operator_spec
     case = gh.make_attention(10, n=6, batch=(2,), masked=True, causal=causal, empty_rows=(0, 3))
@@ -214,7 +215,7 @@ FREQUENCY_OPERATORS = {
 
 @pytest.mark.parametrize("nz", ["sym", "rw"])
 @pytest.mark.parametrize("op_name", sorted(FREQUENCY_OPERATORS))
-def test_frequency_response_on_eigenvectors(gh, op_name, nz) -> None:
+def test_frequency_response_on_eigenvectors(op_name, nz) -> None:
     """``op(u) = response(lam) u`` for the eigenvectors ``u`` of a symmetric graph's ``L_sym``.
 
     For ``"rw"`` the eigenvectors are ``D^{-1/2} u`` (``L_rw = D^{-1/2} L_sym D^{1/2}``), with
@@ -234,7 +235,7 @@ def test_frequency_response_on_eigenvectors(gh, op_name, nz) -> None:
     gh.assert_close_np(y, vecs * response.numpy()[..., None, :], atol=1e-10)
 
 
-def test_frequency_response_combinatorial_ppr(gh) -> None:
+def test_frequency_response_combinatorial_ppr() -> None:
     w = gh.random_weights(12, 5, isolated=())
     lam, u = np.linalg.eigh(gh.laplacian_reference(w, "combinatorial"))
     op = PersonalizedPageRank(alpha=0.3, normalization="combinatorial", tol=1e-12)
@@ -245,7 +246,7 @@ def test_frequency_response_combinatorial_ppr(gh) -> None:
 
 
 @pytest.mark.parametrize("op_name", ["heat", "polynomial", "laplacian"])
-def test_frequency_response_combinatorial(gh, op_name) -> None:
+def test_frequency_response_combinatorial(op_name) -> None:
     w = gh.random_weights(12, 5, isolated=())
     lam, u = np.linalg.eigh(gh.laplacian_reference(w, "combinatorial"))
     op = FREQUENCY_OPERATORS[op_name]("combinatorial").double()
@@ -270,11 +271,11 @@ def test_frequency_response_combinatorial(gh, op_name) -> None:
         ("poly", {}, Polynomial),
     ],
 )
-def test_resolve_operator(gh, name, kwargs, cls) -> None:
+def test_resolve_operator(name, kwargs, cls) -> None:
     op = resolve_operator(name, **kwargs)
     assert type(op) is cls
     direct = cls(**kwargs)
-    g, x, _ = build(gh, "softmax")
+    g, x, _ = build("softmax")
     torch.testing.assert_close(op(g, x), direct(g, x))
     assert resolve_operator(op) is op
 

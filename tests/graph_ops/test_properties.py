@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import graph_helpers as gh
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,
@@ -52,7 +53,7 @@ def weight_cases(draw, *, symmetric: bool | None = None):
     }
 
 
-def _kinds(gh, params):
+def _kinds(params):
     case = gh.make_attention(**params)
     return case, {kind: case.graph(kind) for kind in gh.GRAPH_KINDS}
 
@@ -62,8 +63,8 @@ def _kinds(gh, params):
 
 @SETTINGS
 @given(params=attention_cases())
-def test_softmax_rows_sum_to_one_or_zero(gh, params) -> None:
-    _, graphs = _kinds(gh, params)
+def test_softmax_rows_sum_to_one_or_zero(params) -> None:
+    _, graphs = _kinds(params)
     empty = np.zeros(params["n"], dtype=bool)
     empty[list(params["empty_rows"])] = True
     expected = np.broadcast_to(np.where(empty, 0.0, 1.0), (*params["batch"], params["n"]))
@@ -77,7 +78,7 @@ def test_softmax_rows_sum_to_one_or_zero(gh, params) -> None:
 
 @SETTINGS
 @given(params=weight_cases())
-def test_rw_normalized_rows_sum_to_one_or_zero(gh, params) -> None:
+def test_rw_normalized_rows_sum_to_one_or_zero(params) -> None:
     w = gh.random_weights(**params)
     expected = (w.sum(-1) > 0).astype(float)
     ones = torch.ones(*w.shape[:-1], 1, dtype=torch.float64)
@@ -93,7 +94,7 @@ def test_rw_normalized_rows_sum_to_one_or_zero(gh, params) -> None:
 
 @SETTINGS
 @given(params=weight_cases(), attention=attention_cases())
-def test_sym_spectrum_in_zero_two(gh, params, attention) -> None:
+def test_sym_spectrum_in_zero_two(params, attention) -> None:
     w = gh.random_weights(**params)
     graphs = [gh.graph_from_weights(w, "dense", torch.float64)]
     graphs += [gh.make_attention(**attention).graph(kind) for kind in gh.GRAPH_KINDS]
@@ -111,8 +112,8 @@ def test_sym_spectrum_in_zero_two(gh, params, attention) -> None:
 
 @SETTINGS
 @given(params=attention_cases(), method=st.sampled_from(["series", "exact"]))
-def test_time_zero_is_identity(gh, params, method) -> None:
-    case, graphs = _kinds(gh, params)
+def test_time_zero_is_identity(params, method) -> None:
+    case, graphs = _kinds(params)
     for g in graphs.values():
         for nz in NORMALIZATIONS:
             y = heat_kernel(g, case.x, 0.0, normalization=nz, method=method)
@@ -126,9 +127,9 @@ def test_time_zero_is_identity(gh, params, method) -> None:
     t=st.floats(0.0, 4.0),
     nz=st.sampled_from(NORMALIZATIONS),
 )
-def test_semigroup(gh, params, s, t, nz) -> None:
+def test_semigroup(params, s, t, nz) -> None:
     """``exp(-sL) exp(-tL) x = exp(-(s+t)L) x``."""
-    case, graphs = _kinds(gh, params)
+    case, graphs = _kinds(params)
     for g in graphs.values():
         kw = {"normalization": nz, "tol": 1e-12}
         twice = heat_kernel(g, heat_kernel(g, case.x, t, **kw), s, **kw)
@@ -138,7 +139,7 @@ def test_semigroup(gh, params, s, t, nz) -> None:
 
 @SETTINGS
 @given(params=weight_cases(symmetric=True), t=st.floats(0.0, 10.0))
-def test_combinatorial_heat_conserves_mass_on_undirected_graphs(gh, params, t) -> None:
+def test_combinatorial_heat_conserves_mass_on_undirected_graphs(params, t) -> None:
     """``1^T exp(-t L_comb) x = 1^T x`` when ``W = W^T`` (columns of ``L_comb`` sum to 0)."""
     w = gh.random_weights(**params)
     x = torch.randn(
@@ -152,9 +153,9 @@ def test_combinatorial_heat_conserves_mass_on_undirected_graphs(gh, params, t) -
 
 @SETTINGS
 @given(params=attention_cases(), t=st.floats(0.0, 30.0))
-def test_rw_heat_preserves_constants(gh, params, t) -> None:
+def test_rw_heat_preserves_constants(params, t) -> None:
     """``exp(-t L_rw) 1 = 1``: ``L_rw 1 = 0`` (rows of ``D^+ W`` sum to 1, or the row is 0)."""
-    _, graphs = _kinds(gh, params)
+    _, graphs = _kinds(params)
     ones = torch.ones(*params["batch"], params["n"], 2, dtype=torch.float64)
     for g in graphs.values():
         torch.testing.assert_close(heat_kernel(g, ones, t, tol=1e-12), ones, atol=1e-10, rtol=0)
@@ -162,7 +163,7 @@ def test_rw_heat_preserves_constants(gh, params, t) -> None:
 
 @SETTINGS
 @given(params=weight_cases(), t=st.floats(0.0, 10.0))
-def test_sym_heat_fixes_sqrt_degree(gh, params, t) -> None:
+def test_sym_heat_fixes_sqrt_degree(params, t) -> None:
     """``L_sym D^{1/2} 1 = 0``, so ``exp(-t L_sym)`` fixes ``sqrt(d)`` (d from ``W_s``)."""
     w = gh.random_weights(**params)
     d = 0.5 * (w.sum(-1) + w.sum(-2))
@@ -175,7 +176,7 @@ def test_sym_heat_fixes_sqrt_degree(gh, params, t) -> None:
 
 @SETTINGS
 @given(params=weight_cases(), t=st.floats(0.0, 10.0), nz=st.sampled_from(NORMALIZATIONS))
-def test_heat_is_positive_on_positive_signals(gh, params, t, nz) -> None:
+def test_heat_is_positive_on_positive_signals(params, t, nz) -> None:
     """The heat kernel of a graph Laplacian is entrywise non-negative (a diffusion)."""
     w = gh.random_weights(**params)
     g = gh.graph_from_weights(w, "dense", torch.float64)
@@ -193,7 +194,7 @@ MANY = settings(max_examples=40, deadline=None)
 
 @MANY
 @given(params=attention_cases(causal=False), perm_seed=st.integers(0, 2**31 - 1), data=st.data())
-def test_every_operator_is_permutation_equivariant(gh, params, perm_seed, data) -> None:
+def test_every_operator_is_permutation_equivariant(params, perm_seed, data) -> None:
     """Relabelling the nodes of q, k, the mask and x relabels the output, for every operator
     (drawn per example) on every graph kind."""
     case = gh.make_attention(**params)
@@ -205,7 +206,7 @@ def test_every_operator_is_permutation_equivariant(gh, params, perm_seed, data) 
 
 @MANY
 @given(params=attention_cases(), data=st.data())
-def test_softmax_graph_agrees_with_dense_softmax(gh, params, data) -> None:
+def test_softmax_graph_agrees_with_dense_softmax(params, data) -> None:
     """``SoftmaxGraph(q, k, mask, causal)`` and ``DenseGraph(softmax(...))`` under every
     operator (drawn per example); both also match the numpy reference."""
     case = gh.make_attention(**params)

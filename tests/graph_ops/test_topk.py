@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import graph_helpers as gh
 from heatformer.graph_ops import DenseGraph, SoftmaxGraph, SparseGraph, topk_graph
 
 
@@ -51,7 +52,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("k_top", [1, 2, 4, 6])
-def test_softmax_topk_keeps_k_largest(gh, k_top, variant) -> None:
+def test_softmax_topk_keeps_k_largest(k_top, variant) -> None:
     case = gh.make_attention(1, n=6, batch=(2, 2), **VARIANTS[variant])
     g = SoftmaxGraph(case.q, case.k, mask=case.mask, causal=case.causal).topk(k_top)
     assert isinstance(g, SparseGraph)
@@ -70,7 +71,7 @@ def test_softmax_topk_keeps_k_largest(gh, k_top, variant) -> None:
     gh.assert_close_np(g.out_degree(), np.where(empty, 0.0, 1.0), atol=1e-12)
 
 
-def test_topk_of_general_weights(gh) -> None:
+def test_topk_of_general_weights() -> None:
     w = gh.random_weights(2, 7, batch=(3,), symmetric=False, isolated=(5,))
     for kind in ("dense", "sparse"):
         g = gh.graph_from_weights(w, kind, torch.float64).topk(3)
@@ -113,7 +114,7 @@ def test_ties_go_to_the_lower_index() -> None:
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 3, 5, 256])
-def test_block_size_does_not_change_topk(gh, graph_kind, block_size) -> None:
+def test_block_size_does_not_change_topk(graph_kind, block_size) -> None:
     case = gh.make_attention(3, n=7, batch=(2,), masked=True, causal=True, empty_rows=(3,))
     g = case.graph(graph_kind)
     ref = g.topk(3)
@@ -127,7 +128,7 @@ def test_block_size_does_not_change_topk(gh, graph_kind, block_size) -> None:
     torch.testing.assert_close(via_function.to_dense(), ref.to_dense(), atol=1e-15, rtol=0)
 
 
-def test_topk_n_is_the_dense_graph(gh, graph_kind) -> None:
+def test_topk_n_is_the_dense_graph(graph_kind) -> None:
     case = gh.make_attention(4, n=6, batch=(2,), masked=True, causal=True, empty_rows=(1,))
     g = case.graph(graph_kind).topk(6)
     gh.assert_close_np(g.to_dense(), case.probs(), atol=1e-12)
@@ -135,7 +136,7 @@ def test_topk_n_is_the_dense_graph(gh, graph_kind) -> None:
     gh.assert_close_np(g.propagate(case.x), case.probs() @ x, atol=1e-12)
 
 
-def test_topk_n_of_weights_is_row_normalized(gh) -> None:
+def test_topk_n_of_weights_is_row_normalized() -> None:
     """``topk`` renormalizes: ``topk(N)`` of explicit weights is ``D_out^+ W``."""
     w = gh.random_weights(5, 6, batch=(2,), symmetric=False, isolated=(0,))
     g = gh.graph_from_weights(w, "dense", torch.float64).topk(6)
@@ -144,7 +145,7 @@ def test_topk_n_of_weights_is_row_normalized(gh) -> None:
 
 
 @pytest.mark.parametrize("k_top", [0, -1, 7])
-def test_k_out_of_range(gh, k_top) -> None:
+def test_k_out_of_range(k_top) -> None:
     case = gh.make_attention(0, n=6)
     for kind in gh.GRAPH_KINDS:
         with pytest.raises(ValueError, match=rf"^k_top: expected 1 <= k_top <= 6, got {k_top}$"):
@@ -152,7 +153,7 @@ def test_k_out_of_range(gh, k_top) -> None:
 
 
 @pytest.mark.parametrize(("k_top", "error"), [(0, ValueError), (7, ValueError), (2.0, TypeError)])
-def test_topk_graph_errors_name_k_top(gh, k_top, error) -> None:
+def test_topk_graph_errors_name_k_top(k_top, error) -> None:
     """DESIGN: a bad-input error names the argument; ``topk_graph(q, k, k_top=...)`` has a
     ``k`` argument too (the keys), so ``k:`` points at the wrong one."""
     case = gh.make_attention(0, n=6)
@@ -160,7 +161,7 @@ def test_topk_graph_errors_name_k_top(gh, k_top, error) -> None:
         topk_graph(case.q, case.k, k_top=k_top)
 
 
-def test_softmax_topk_rejects_zero_row_block(gh) -> None:
+def test_softmax_topk_rejects_zero_row_block() -> None:
     """``DenseGraph.topk(k, row_block=0)`` raises; the softmax graph must too."""
     case = gh.make_attention(0, n=6)
     with pytest.raises(ValueError, match=r"^row_block:"):
@@ -169,7 +170,7 @@ def test_softmax_topk_rejects_zero_row_block(gh) -> None:
         case.graph("softmax").topk(2, row_block=0)
 
 
-def test_block_size_is_the_old_name_of_row_block(gh) -> None:
+def test_block_size_is_the_old_name_of_row_block() -> None:
     """The renamed keyword still works, with one DeprecationWarning; both at once is refused."""
     case = gh.make_attention(0, n=6)
     new = case.graph("softmax").topk(2, row_block=2)
@@ -183,7 +184,7 @@ def test_block_size_is_the_old_name_of_row_block(gh) -> None:
         case.graph("softmax").topk(2, block_size=2, row_block=2)
 
 
-def test_k_must_be_an_int(gh) -> None:
+def test_k_must_be_an_int() -> None:
     g = gh.make_attention(0, n=6).graph("softmax")
     with pytest.raises(TypeError, match=r"^k_top:"):
         g.topk(2.0)
@@ -194,7 +195,7 @@ def test_k_must_be_an_int(gh) -> None:
 @pytest.mark.parametrize(
     "variant", [{}, {"masked": True, "empty_rows": (2,)}, {"causal": True}], ids=str
 )
-def test_topk_gradcheck_q_k_x(gh, variant) -> None:
+def test_topk_gradcheck_q_k_x(variant) -> None:
     """Gradients reach q and k through the kept scores (and x through the sparse product)."""
     case = gh.make_attention(6, n=5, batch=(2,), **variant)
 
@@ -205,7 +206,7 @@ def test_topk_gradcheck_q_k_x(gh, variant) -> None:
     assert torch.autograd.gradcheck(f, inputs)
 
 
-def test_topk_gradient_equals_explicit_reference(gh) -> None:
+def test_topk_gradient_equals_explicit_reference() -> None:
     """Grad of the top-k output equals that of an explicit masked softmax over the kept set."""
     case = gh.make_attention(7, n=6, batch=(2,), masked=True)
     keep = torch.as_tensor(reference_topk(masked_scores(case), 3))

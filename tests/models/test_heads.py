@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from heatformer.graph_ops import OPERATORS, HeatKernel, Laplacian, PersonalizedPageRank
+import model_helpers as mh
+from heatformer.graph_ops import (
+    OPERATORS,
+    HeatKernel,
+    Laplacian,
+    PersonalizedPageRank,
+    resolve_operator,
+)
 from heatformer.models import (
     GPT,
     DiffusionAttention,
@@ -140,3 +148,20 @@ def test_models_get_the_right_operators_per_layer(heads) -> None:
     assert [b.attn.causal for b in vit.blocks] == [False] * 3
     heat = gpt.blocks[2].attn.head_operators[0]
     assert isinstance(heat, HeatKernel) and float(heat.t) == 0.5
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_every_registered_operator_has_a_reference(name) -> None:
+    """The layer tests look references up by registry name; the numpy one must agree with the
+    generic spectral one (from ``frequency_response``) where both apply, for every example."""
+    assert name in mh.REFERENCES
+    gen = np.random.default_rng(0)
+    w = gen.uniform(0.1, 1.0, (6, 6))
+    p = w / w.sum(1, keepdims=True)  # every node has out-edges: I' = I
+    v = gen.standard_normal((6, 3))
+    for params in OPERATORS[name].examples:
+        op = resolve_operator(name, **params).double()
+        # rows of p sum to 1: the combinatorial scale (largest out-degree) is 1 as well
+        np.testing.assert_allclose(
+            mh.operator_ref(op, p, v, 0), mh.spectral_ref(op, p, v), atol=1e-8
+        )

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import model_helpers as mh
 from heatformer.models import (
     GPT,
     DiffusionAttention,
@@ -47,7 +48,7 @@ def tokens(seed: int, b: int, n: int, vocab: int = 13) -> torch.Tensor:
 # ---- blocks ------------------------------------------------------------------------------------
 
 
-def test_block_is_pre_ln_residual(mh) -> None:
+def test_block_is_pre_ln_residual() -> None:
     torch.manual_seed(0)
     block = TransformerBlock(16, 4, "attention:2,laplacian:2", causal=True).to(F64)
     x = mh.random_input(1)
@@ -56,7 +57,7 @@ def test_block_is_pre_ln_residual(mh) -> None:
     torch.testing.assert_close(block(x, key_mask), h + block.mlp(block.ln2(h)), atol=0, rtol=0)
 
 
-def test_zero_init_block_leaves_x_plus_mlp(mh) -> None:
+def test_zero_init_block_leaves_x_plus_mlp() -> None:
     model = tiny_gpt("attention:2,laplacian:1,heat:1", zero_init=True)
     x = mh.random_input(2)
     for block in model.blocks:
@@ -103,7 +104,7 @@ def test_model_parameter_count_is_independent_of_the_operator_mix(heads) -> None
 
 
 @COMPILE_WARNINGS
-def test_compiled_block_matches_eager(mh) -> None:
+def test_compiled_block_matches_eager() -> None:
     torch.manual_seed(0)
     block = TransformerBlock(8, 2, "attention:1,laplacian:1", causal=True).eval()
     x = mh.random_input(3, 2, 5, 8, dtype=torch.float32)
@@ -119,7 +120,7 @@ def test_compiled_block_matches_eager(mh) -> None:
 
 @pytest.mark.slow  # ~20 s cold: graph breaks (float(t), the series order) mean several graphs
 @COMPILE_WARNINGS
-def test_compiled_block_with_heat_heads_matches_eager(mh) -> None:
+def test_compiled_block_with_heat_heads_matches_eager() -> None:
     torch.manual_seed(0)
     block = TransformerBlock(8, 2, "attention:1,heat[t=0.5]:1").eval()
     x = mh.random_input(5, 2, 5, 8, dtype=torch.float32)
@@ -355,7 +356,7 @@ def tiny_classifier(pool: str, causal: bool, heads="attention:2,laplacian:1,heat
 @pytest.mark.parametrize(
     ("pool", "causal"), [("mean", False), ("mean", True), ("last", True), ("cls", False)]
 )
-def test_classifier_pooling_ignores_padded_tokens(mh, pool, causal) -> None:
+def test_classifier_pooling_ignores_padded_tokens(pool, causal) -> None:
     model = tiny_classifier(pool, causal)
     idx = tokens(6, 3, 8)
     key_mask = mh.padding_mask(3, 8, [8, 5, 2])
@@ -374,7 +375,7 @@ def test_classifier_pooling_ignores_padded_tokens(mh, pool, causal) -> None:
     )
 
 
-def test_classifier_pooling_reads_the_right_token(mh) -> None:
+def test_classifier_pooling_reads_the_right_token() -> None:
     idx = tokens(7, 2, 6)
     for pool, pick in [("last", lambda x: x[:, -1]), ("mean", lambda x: x.mean(1))]:
         model = tiny_classifier(pool, causal=True)

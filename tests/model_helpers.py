@@ -10,14 +10,15 @@ DESIGN.md, never with heatformer's graph code:
   PPR ``alpha (I - (1 - alpha) A)^{-1} v``; polynomial ``sum_k c_k L^k v``, with the three
   normalizations (self-loops kept, pseudo-inverse degrees).
 
-Tests reach the helpers through the session-scoped ``mh`` fixture (``--import-mode=importlib``
-means test modules cannot import one another).
+Test modules import it directly (``import model_helpers as mh``; ``tests/`` is on
+``sys.path``).
 """
 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,14 +26,7 @@ import scipy.linalg
 import torch
 from torch import Tensor
 
-from heatformer.graph_ops import (
-    Attention,
-    DiffusionOperator,
-    HeatKernel,
-    Laplacian,
-    PersonalizedPageRank,
-    Polynomial,
-)
+from heatformer.graph_ops import DiffusionOperator
 from heatformer.models import DiffusionAttention
 from references import adjacency_reference, laplacian_reference
 
@@ -63,26 +57,48 @@ def softmax_probs(q: np.ndarray, k: np.ndarray, allowed: np.ndarray) -> np.ndarr
     return np.divide(ex, z, out=np.zeros_like(ex), where=z > 0)
 
 
+def _group_time(op: DiffusionOperator, head: int) -> float:
+    t = to_numpy(op.t)
+    return float(t) if t.ndim == 0 else float(t[head])
+
+
+#: one float64 reference per registered operator name, from DESIGN.md's formulas:
+#: ``(op, P, v, head) -> op(P, v)``, reading the operator's public parameters
+REFERENCES: dict[str, Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]] = {
+    "attention": lambda op, p, v, h: adjacency_reference(p, "rw") @ v,
+    "laplacian": lambda op, p, v, h: float(op.step) * laplacian_reference(p, op.normalization) @ v,
+    "heat": lambda op, p, v, h: (
+        scipy.linalg.expm(-_group_time(op, h) * laplacian_reference(p, op.normalization)) @ v
+    ),
+    "ppr": lambda op, p, v, h: (
+        op.alpha
+        * np.linalg.solve(
+            np.eye(len(p)) - (1 - op.alpha) * adjacency_reference(p, op.normalization), v
+        )
+    ),
+    "polynomial": lambda op, p, v, h: sum(
+        c * np.linalg.matrix_power(laplacian_reference(p, op.normalization), i) @ v
+        for i, c in enumerate(to_numpy(op.coeffs))
+    ),
+}
+
+
+def spectral_ref(op: DiffusionOperator, p: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Any operator from its frequency response: ``V f(Lambda) V^{-1} v`` for the
+    eigendecomposition of its Laplacian (the ``"rw"`` one unless it declares another). Valid
+    where every node has out-edges (``I' = I``) and ``L`` is diagonalizable."""
+    lap = laplacian_reference(p, getattr(op, "normalization", "rw"))
+    lam, vecs = np.linalg.eig(lap)
+    response = op.frequency_response(torch.as_tensor(lam)).detach().numpy()
+    return np.real(vecs @ np.diag(response) @ np.linalg.solve(vecs, v))
+
+
 def operator_ref(op: DiffusionOperator, p: np.ndarray, v: np.ndarray, head: int) -> np.ndarray:
-    """One head's output ``op(P, v)`` in float64; ``head`` is the head's index inside its
-    operator's group (for a per-head heat time)."""
-    if isinstance(op, Attention):
-        return adjacency_reference(p, "rw") @ v
-    norm = op.normalization
-    lap = laplacian_reference(p, norm)
-    if isinstance(op, Laplacian):
-        return float(op.step) * lap @ v
-    if isinstance(op, HeatKernel):
-        t = to_numpy(op.t)
-        t_h = float(t) if t.ndim == 0 else float(t[head])
-        return scipy.linalg.expm(-t_h * lap) @ v
-    if isinstance(op, PersonalizedPageRank):
-        a = adjacency_reference(p, norm)
-        return op.alpha * np.linalg.solve(np.eye(len(p)) - (1 - op.alpha) * a, v)
-    if isinstance(op, Polynomial):
-        coeffs = to_numpy(op.coeffs)
-        return sum(c * np.linalg.matrix_power(lap, i) @ v for i, c in enumerate(coeffs))
-    raise TypeError(type(op).__name__)
+    """One head's output ``op(P, v)`` in float64, looked up by the operator's registry name
+    (:data:`REFERENCES`; the spectral one for an operator without an entry); ``head`` is the
+    head's index inside its operator's group (for a per-head heat time)."""
+    reference = REFERENCES.get(op.name)
+    return reference(op, p, v, head) if reference else spectral_ref(op, p, v)
 
 
 def diffuse_ref(
@@ -101,7 +117,7 @@ def diffuse_ref(
         allowed = allowed_matrix(n, None if mask is None else mask[bi], layer.causal)
         for hh in range(h):
             head_allowed = allowed
-            if mask is not None and getattr(ops[hh], "normalization", None) == "sym":
+            if mask is not None and ops[hh].reads_transpose:
                 # sym heads also drop the out-edges of padded queries: W_s must not carry them
                 head_allowed = allowed & mask[bi][:, None]
             p = softmax_probs(q[bi, hh], k[bi, hh], head_allowed)
@@ -154,17 +170,4 @@ def padding_mask(b: int, n: int, real: list[int]) -> Tensor:
     return mask
 
 
-@pytest.fixture(scope="session")
-def mh() -> SimpleNamespace:
-    """The models test helpers (builders and numpy/scipy references)."""
-    return SimpleNamespace(
-        to_numpy=to_numpy,
-        allowed_matrix=allowed_matrix,
-        softmax_probs=softmax_probs,
-        laplacian_ref=laplacian_reference,
-        operator_ref=operator_ref,
-        diffuse_ref=diffuse_ref,
-        random_layer=random_layer,
-        random_input=random_input,
-        padding_mask=padding_mask,
-    )
+laplacian_ref = laplacian_reference
