@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from heatformer.checks import NORMALIZATIONS, check_normalization
 from heatformer.graph_ops import (
     Attention,
     DiffusionOperator,
@@ -27,7 +28,6 @@ from heatformer.graph_ops import (
     resolve_operator,
     spectrum,
 )
-from heatformer.checks import NORMALIZATIONS, check_normalization
 from heatformer.viz._common import (
     PathLike,
     axes_or_new,
