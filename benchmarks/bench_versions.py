@@ -1,0 +1,117 @@
+"""The same measurements on two source trees, alternating, side by side in one run.
+
+For a restructuring that must keep speed: ``--baseline`` is the ``src`` folder of another
+checkout (``git worktree add /tmp/base <commit>``); each round runs every measurement once in
+a fresh child process per tree (``PYTHONPATH`` set to that tree), alternating trees, so a load
+spike hits both alike. Printed: the median over rounds per tree and the ratio new / baseline.
+
+Measurements (the public API both trees share):
+
+- ``layer mixed``: a ``DiffusionAttention(512, 8, "attention:4,laplacian:4")`` forward +
+  backward at B=4, N=1024 (the fused SDPA path), and ``layer attention`` (all attention);
+- ``heat series``: ``heat_kernel`` on a ``SoftmaxGraph`` at H=4, N=1024, d=64, t=1, tol 1e-6;
+- ``topk build``: ``SoftmaxGraph(q, k).topk(32)`` at H=4, N=4096, d=64, and
+  ``topk propagate``: forward + backward of ``propagate`` on that graph.
+
+    python benchmarks/bench_versions.py --baseline /tmp/base/src --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[2]))
+from heatformer.graph_ops import SoftmaxGraph, heat_kernel
+from heatformer.models import DiffusionAttention
+name = sys.argv[1]
+torch.manual_seed(0)
+
+def best(fn, repeats=3):
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+if name.startswith("layer"):
+    spec = "attention:4,laplacian:4" if name == "layer mixed" else "attention:8"
+    layer = DiffusionAttention(512, 8, spec)
+    x = torch.randn(4, 1024, 512, requires_grad=True)
+    def run():
+        layer(x).sum().backward()
+elif name == "heat series":
+    q, k, v = (torch.randn(1, 4, 1024, 64) for _ in range(3))
+    g = SoftmaxGraph(q, k)
+    def run():
+        heat_kernel(g, v, 1.0, method="series", tol=1e-6)
+elif name.startswith("topk"):
+    q, k = (torch.randn(1, 4, 4096, 64, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, 4, 4096, 64, requires_grad=True)
+    if name == "topk build":
+        def run():
+            with torch.no_grad():
+                SoftmaxGraph(q, k).topk(32)
+    else:
+        g = SoftmaxGraph(q, k).topk(32)
+        def run():
+            g.propagate(v).sum().backward(retain_graph=True)
+print(json.dumps({"seconds": best(run)}))
+"""
+
+NAMES = ["layer attention", "layer mixed", "heat series", "topk build", "topk propagate"]
+
+
+def measure(src: Path, name: str, threads: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, name, str(threads)],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} on {src}: {done.stderr[-2000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, required=True, help="src folder of the baseline")
+    parser.add_argument("--new", type=Path, default=ROOT / "src", help="src folder (default: this)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    trees = {"baseline": args.baseline.resolve(), "new": args.new.resolve()}
+    times: dict[str, dict[str, list[float]]] = {n: {t: [] for t in trees} for n in NAMES}
+    for r in range(args.rounds):
+        order = list(trees) if r % 2 == 0 else list(reversed(trees))
+        for name in NAMES:
+            for tree in order:
+                times[name][tree].append(measure(trees[tree], name, args.threads))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    print(f"baseline: {trees['baseline']}\nnew:      {trees['new']}")
+    print(f"{args.rounds} alternating rounds, best of 3 calls per child, {args.threads} threads")
+    print(f"{'measurement':<18}{'baseline':>12}{'new':>12}{'new/base':>10}")
+    results = {}
+    for name in NAMES:
+        base, new = (statistics.median(times[name][t]) for t in trees)
+        results[name] = {"baseline_s": base, "new_s": new, "ratio": new / base}
+        print(f"{name:<18}{base * 1e3:>10.1f}ms{new * 1e3:>10.1f}ms{new / base:>10.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"rounds": args.rounds, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
