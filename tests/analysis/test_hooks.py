@@ -1,4 +1,4 @@
-"""Tests for heatformer.analysis.hooks.collect_token_states."""
+"""Tests for heatformer.analysis.hooks: collect_token_states and snapshot_attention."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from heatformer.analysis import collect_token_states
+from heatformer.analysis import LayerSnapshot, collect_token_states, snapshot_attention
+from heatformer.checks import ArgumentError
+from heatformer.graph_ops import Attention, DenseGraph, Laplacian
+from heatformer.models import GPT, GPTConfig
 
 
 class _Block(nn.Module):
@@ -210,4 +213,83 @@ def test_layer_without_tensor_output_raises() -> None:
     model = nn.Sequential(NoTensor())
     with pytest.raises(TypeError, match="layers: expected submodule '0' to return a tensor"):
         collect_token_states(model, torch.randn(1, 2), ["0"])
+    assert _all_hooks_removed(model)
+
+
+# ----------------------------------------------------------------- snapshot_attention
+
+
+def _gpt(*, dropout: float = 0.0, graph: str = "softmax") -> GPT:
+    torch.manual_seed(5)
+    config = GPTConfig(
+        vocab_size=11, block_size=8, n_layer=3, n_head=3, n_embd=12, dropout=dropout,
+        heads="attention:2,laplacian:1", graph=graph,
+    )  # fmt: skip
+    return GPT(config)
+
+
+def test_snapshot_reproduces_every_attention_layer_output() -> None:
+    """The heads' operators on the snapshot's graphs and values, merged by the layer's output
+    projection, give what each attention layer returned in the model's own forward pass."""
+    model = _gpt()
+    idx = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
+    layers = snapshot_attention(model, idx)
+    names = [f"blocks.{i}.attn" for i in range(3)]
+    outputs = collect_token_states(model, idx, names)
+    assert len(layers) == 3
+    for name, snap in zip(names, layers):
+        assert isinstance(snap, LayerSnapshot)
+        assert snap.graph.to_dense().dtype == torch.float64
+        assert snap.values.shape == (3, 7, 4) and snap.values.dtype == torch.float64
+        assert [type(op) for op in snap.operators] == [Attention, Attention, Laplacian]
+        dense = snap.graph.to_dense()  # (H, N, N)
+        heads = torch.stack(
+            [op(DenseGraph(dense[h]), snap.values[h]) for h, op in enumerate(snap.operators)]
+        )  # (H, N, Dh)
+        attn = model.get_submodule(name)
+        with torch.no_grad():
+            merged = attn.merge_heads(heads.to(torch.float32).unsqueeze(0))  # (1, N, D)
+        torch.testing.assert_close(merged, outputs[name], atol=1e-5, rtol=1e-5)
+
+
+def test_snapshot_of_a_topk_layer_keeps_k_edges_per_query() -> None:
+    layers = snapshot_attention(_gpt(graph="topk[k=2]"), torch.tensor([[1, 2, 3, 4, 5, 6]]))
+    for snap in layers:
+        dense = snap.graph.to_dense()  # (H, N, N)
+        edges = (dense > 0).sum(-1)  # (H, N)
+        torch.testing.assert_close(
+            edges, torch.minimum(torch.arange(1, 7), torch.tensor(2)).expand(3, 6)
+        )
+        torch.testing.assert_close(dense.sum(-1), torch.ones(3, 6, dtype=torch.float64))
+
+
+def test_snapshot_runs_in_eval_mode_and_restores_flags_and_hooks() -> None:
+    model = _gpt(dropout=0.5)
+    model.train()
+    idx = torch.tensor([[1, 2, 3, 4]])
+    first, second = snapshot_attention(model, idx), snapshot_attention(model, idx)
+    for a, b in zip(first, second):  # no dropout: the same graphs twice
+        torch.testing.assert_close(a.graph.to_dense(), b.graph.to_dense(), rtol=0, atol=0)
+    assert all(m.training for m in model.modules())
+    assert _all_hooks_removed(model)
+    snapshot_attention(model, idx, eval_mode=False)
+    assert all(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    ("model", "idx", "argument", "kind"),
+    [
+        (nn.Sequential(nn.Linear(2, 2)), torch.tensor([[1, 2]]), "model", TypeError),
+        (_ToyModel(), torch.tensor([[1, 2]]), "model", TypeError),
+        (_gpt(), torch.tensor([1, 2, 3]), "idx", ValueError),
+        (_gpt(), torch.tensor([[1, 2], [3, 4]]), "idx", ValueError),
+        (_gpt(), [[1, 2]], "idx", ValueError),
+    ],
+)
+def test_snapshot_refuses_bad_input_naming_the_argument(
+    model: nn.Module, idx: object, argument: str, kind: type
+) -> None:
+    with pytest.raises(kind) as info:
+        snapshot_attention(model, idx)  # type: ignore[arg-type]
+    assert isinstance(info.value, ArgumentError) and info.value.argument == argument
     assert _all_hooks_removed(model)

@@ -14,7 +14,8 @@ module per concept:
 - :mod:`~heatformer.analysis.energy` -- smoothness on the attention graph
   (:func:`dirichlet_energy`);
 - :mod:`~heatformer.analysis.hooks` -- :func:`collect_token_states` reads per-layer token
-  states out of any model with forward hooks.
+  states out of any model with forward hooks, :func:`snapshot_attention` the attention graphs
+  and values of every layer.
 
 Conventions of the metrics:
 
@@ -45,7 +46,7 @@ References:
 
 from heatformer.analysis.collapse import NeuralCollapse, neural_collapse
 from heatformer.analysis.energy import dirichlet_energy
-from heatformer.analysis.hooks import collect_token_states
+from heatformer.analysis.hooks import LayerSnapshot, collect_token_states, snapshot_attention
 from heatformer.analysis.separability import NextTokenSeparability, next_token_separability
 from heatformer.analysis.spectra import SpectralDecay, singular_spectrum, spectral_decay
 from heatformer.analysis.variance import (
@@ -55,6 +56,7 @@ from heatformer.analysis.variance import (
 )
 
 __all__ = [
+    "LayerSnapshot",
     "NeuralCollapse",
     "NextTokenSeparability",
     "SpectralDecay",
@@ -64,6 +66,7 @@ __all__ = [
     "neural_collapse",
     "next_token_separability",
     "singular_spectrum",
+    "snapshot_attention",
     "spectral_decay",
     "variance_decomposition",
     "within_sequence_variance",

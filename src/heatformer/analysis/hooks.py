@@ -1,19 +1,26 @@
-"""Collect per-layer token states from any :class:`torch.nn.Module` with forward hooks.
+"""Read a model's inside with forward hooks: per-layer token states, attention graphs.
 
-The hooks live only for one forward pass: they are removed in a ``finally`` block, the
-pass runs under :func:`torch.no_grad`, and every submodule's ``training`` flag is put
-back as it was, whatever happens inside the model.
+:func:`collect_token_states` stores the output of named submodules of any
+:class:`torch.nn.Module`; :func:`snapshot_attention` stores the input of every attention
+layer of a heatformer model and rebuilds its graphs and values (:class:`LayerSnapshot`).
+Both run the model through one routine: the hooks live only for one forward pass (removed in
+a ``finally`` block), the pass runs under :func:`torch.no_grad`, and every submodule's
+``training`` flag is put back as it was, whatever happens inside the model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["collect_token_states"]
+from heatformer.checks import bad_type, bad_value
+from heatformer.graph_ops import DenseGraph, DiffusionOperator, Graph
+
+__all__ = ["LayerSnapshot", "collect_token_states", "snapshot_attention"]
 
 _DEFAULT_CONTAINERS = ("blocks", "layers")
 _MAX_LISTED_NAMES = 12
@@ -26,10 +33,11 @@ def _default_layers(model: nn.Module) -> list[str]:
             names = [f"{attr}.{name}" for name, _ in container.named_children()]
             if names:
                 return names
-    raise ValueError(
-        f"layers: expected a list of submodule names, got None and {type(model).__name__} "
-        f"has no non-empty {' or '.join(repr(a) for a in _DEFAULT_CONTAINERS)} container "
-        f"to default to; pass names from model.named_modules()"
+    raise bad_value(
+        "layers",
+        f"expected a list of submodule names, got None and {type(model).__name__} has no "
+        f"non-empty {' or '.join(repr(a) for a in _DEFAULT_CONTAINERS)} container to default "
+        f"to; pass names from model.named_modules()",
     )
 
 
@@ -44,35 +52,94 @@ def _resolve_layers(model: nn.Module, layers: Sequence[str] | None) -> dict[str,
     if layers is None:
         names = _default_layers(model)
     elif isinstance(layers, str) or not isinstance(layers, Sequence):
-        raise TypeError(f"layers: expected a list of submodule names, got {type(layers)}")
+        raise bad_type("layers", f"expected a list of submodule names, got {type(layers)}")
     else:
         names = list(layers)
     modules: dict[str, nn.Module] = {}
     for name in names:
         if not isinstance(name, str):
-            raise TypeError(f"layers: expected str names, got {type(name)} ({name!r})")
+            raise bad_type("layers", f"expected str names, got {type(name)} ({name!r})")
         if name in modules:
-            raise ValueError(f"layers: expected distinct names, got {name!r} twice")
+            raise bad_value("layers", f"expected distinct names, got {name!r} twice")
         try:
             modules[name] = model.get_submodule(name)
         except AttributeError:
-            raise ValueError(
-                f"layers: unknown submodule {name!r}; {_valid_names_hint(model)}"
+            raise bad_value(
+                "layers", f"unknown submodule {name!r}; {_valid_names_hint(model)}"
             ) from None
     return modules
 
 
-def _first_tensor(output: Any, name: str) -> Tensor:
-    if isinstance(output, Tensor):
-        return output
-    if isinstance(output, (tuple, list)):
-        for item in output:
+def _first_tensor(value: Any) -> Tensor | None:
+    """``value`` if it is a tensor, else the first tensor of a tuple or list (or None)."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for item in value:
             if isinstance(item, Tensor):
                 return item
-    raise TypeError(
-        f"layers: expected submodule {name!r} to return a tensor or a tuple holding one, "
-        f"got {type(output)}"
-    )
+    return None
+
+
+def _run_hooked(
+    model: nn.Module,
+    inputs: Any,
+    modules: Mapping[str, nn.Module],
+    *,
+    argument: str,
+    read_inputs: bool = False,
+    to_cpu: bool = False,
+    eval_mode: bool = True,
+) -> dict[str, Tensor]:
+    """Call ``model`` once and store, for each named submodule, its output (or its first
+    tensor argument, with ``read_inputs``) as a detached copy; errors name ``argument``."""
+    states: dict[str, Tensor] = {}
+
+    def store(name: str, value: Any) -> None:
+        if name in states:
+            raise bad_value(
+                argument,
+                f"submodule {name!r} ran more than once in one forward pass; its states would "
+                f"be ambiguous",
+            )
+        state = _first_tensor(value)
+        if state is None:
+            what = "be called with" if read_inputs else "return"
+            raise bad_type(
+                argument,
+                f"expected submodule {name!r} to {what} a tensor or a tuple holding one, "
+                f"got {type(value)}",
+            )
+        state = state.detach()
+        states[name] = state.to("cpu", copy=True) if to_cpu else state.clone()
+
+    def make_hook(name: str) -> Any:
+        if read_inputs:
+            return lambda module, args: store(name, args)
+        return lambda module, args, output: store(name, output)
+
+    flags = [(module, module.training) for module in model.modules()]
+    register = "register_forward_pre_hook" if read_inputs else "register_forward_hook"
+    handles = [getattr(module, register)(make_hook(n)) for n, module in modules.items()]
+    try:
+        if eval_mode:
+            model.eval()
+        with torch.no_grad():
+            if isinstance(inputs, tuple):
+                model(*inputs)
+            elif isinstance(inputs, Mapping):
+                model(**inputs)
+            else:
+                model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, flag in flags:
+            module.training = flag
+    missing = [name for name in modules if name not in states]
+    if missing:
+        raise bad_value(argument, f"submodules {missing} did not run during the forward pass")
+    return {name: states[name] for name in modules}
 
 
 def collect_token_states(
@@ -126,40 +193,87 @@ def collect_token_states(
         (tensor([[-1.,  2.]]), tensor([[0., 2.]]))
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model)}")
+        raise bad_type("model", f"expected a torch.nn.Module, got {type(model)}")
     modules = _resolve_layers(model, layers)
-    states: dict[str, Tensor] = {}
+    return _run_hooked(
+        model, inputs, modules, argument="layers", to_cpu=to_cpu, eval_mode=eval_mode
+    )
 
-    def make_hook(name: str) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if name in states:
-                raise ValueError(
-                    f"layers: submodule {name!r} ran more than once in one forward pass; "
-                    f"its states would be ambiguous"
-                )
-            state = _first_tensor(output, name).detach()
-            states[name] = state.to("cpu", copy=True) if to_cpu else state.clone()
 
-        return hook
+@dataclass(frozen=True)
+class LayerSnapshot:
+    """The attention of one layer on one sequence: its graphs, values and operators.
 
-    flags = [(module, module.training) for module in model.modules()]
-    handles = [module.register_forward_hook(make_hook(n)) for n, module in modules.items()]
-    try:
-        if eval_mode:
-            model.eval()
-        with torch.no_grad():
-            if isinstance(inputs, tuple):
-                model(*inputs)
-            elif isinstance(inputs, Mapping):
-                model(**inputs)
-            else:
-                model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, flag in flags:
-            module.training = flag
-    missing = [name for name in modules if name not in states]
-    if missing:
-        raise ValueError(f"layers: submodules {missing} did not run during the forward pass")
-    return {name: states[name] for name in modules}
+    Attributes:
+        graph: the attention graphs of the heads, a float64 :class:`DenseGraph` of batch
+            shape ``(H,)`` (row ``i`` = query ``i``).
+        values: the heads' values ``v``, float64, ``(H, N, Dh)``.
+        operators: the operator of every head (``op(graph, values)`` is the head's output).
+    """
+
+    graph: Graph
+    values: Tensor
+    operators: tuple[DiffusionOperator, ...]
+
+
+def snapshot_attention(
+    model: nn.Module, idx: Tensor, *, eval_mode: bool = True
+) -> list[LayerSnapshot]:
+    """Run ``model`` on one sequence and read each layer's attention graphs and values.
+
+    Works for any model whose ``blocks[i].attn`` is a
+    :class:`~heatformer.models.DiffusionAttention` (the reference GPT and ViT): a forward
+    pre-hook stores the input of every ``attn`` during one pass (as
+    :func:`collect_token_states` does: no grad, hooks removed, training flags restored), then
+    ``attn.graphs`` and ``attn.project_qkv`` rebuild the graphs and values from it.
+
+    Args:
+        model: the model, e.g. a trained GPT.
+        idx: ``(1, N)`` input of the model (token ids for a GPT).
+        eval_mode: switch the model to eval mode for the pass (no dropout).
+
+    Returns:
+        One :class:`LayerSnapshot` per block, on the model's device.
+
+    Raises:
+        TypeError: ``model`` has no ``blocks`` whose ``attn`` are ``DiffusionAttention``.
+        ValueError: ``idx`` is not a ``(1, N)`` tensor; an attention layer ran more than
+            once or never.
+
+    Examples:
+        >>> from heatformer.models import GPT, GPTConfig
+        >>> _ = torch.manual_seed(0)
+        >>> gpt = GPT(GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=2, n_embd=8,
+        ...                     heads="attention:1,laplacian:1"))
+        >>> layers = snapshot_attention(gpt, torch.tensor([[1, 2, 3]]))
+        >>> len(layers), tuple(layers[0].graph.to_dense().shape), layers[0].values.shape
+        (2, (2, 3, 3), torch.Size([2, 3, 4]))
+        >>> [op.name for op in layers[1].operators]
+        ['attention', 'laplacian']
+    """
+    from heatformer.models import DiffusionAttention
+
+    blocks = getattr(model, "blocks", None)
+    attns: dict[str, DiffusionAttention] = {}
+    for i, block in enumerate(blocks if isinstance(blocks, nn.ModuleList) else []):
+        attn = getattr(block, "attn", None)
+        if isinstance(attn, DiffusionAttention):
+            attns[f"blocks.{i}.attn"] = attn
+    if not attns or len(attns) != len(blocks):  # type: ignore[arg-type]
+        raise bad_type(
+            "model",
+            f"expected a model whose blocks[i].attn are DiffusionAttention, got "
+            f"{type(model).__name__}",
+        )
+    if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.shape[0] != 1:
+        raise bad_value("idx", f"expected a (1, N) input, got {getattr(idx, 'shape', idx)}")
+    inputs = _run_hooked(model, idx, attns, argument="model", read_inputs=True, eval_mode=eval_mode)
+    snaps = []
+    with torch.no_grad():
+        for name, attn in attns.items():
+            x = inputs[name]  # (1, N, D)
+            dense = attn.graphs(x).to_dense()[0].to(torch.float64)  # (H, N, N)
+            _, _, v = attn.project_qkv(x)  # (1, H, N, Dh)
+            operators = tuple(attn.head_operators)
+            snaps.append(LayerSnapshot(DenseGraph(dense), v[0].to(torch.float64), operators))
+    return snaps

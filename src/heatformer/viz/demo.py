@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heatformer._progress import Progress
+from heatformer.analysis import LayerSnapshot, snapshot_attention
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,
@@ -173,79 +174,6 @@ def train_tiny_gpt(
     bar.close()
     model.eval()
     return model, losses
-
-
-@dataclass(frozen=True)
-class LayerSnapshot:
-    """The attention of one layer on one sequence, everything the pictures need.
-
-    Attributes:
-        graph: the attention graphs of the heads, batch shape ``(H,)``.
-        values: the heads' values ``v``, ``(H, N, Dh)``.
-        operators: the operator of every head.
-    """
-
-    graph: Graph
-    values: Tensor
-    operators: tuple[DiffusionOperator, ...]
-
-
-def snapshot_attention(model: nn.Module, idx: Tensor) -> list[LayerSnapshot]:
-    """Run ``model`` on one sequence and read each layer's attention graphs and values.
-
-    Works for any model whose ``blocks[i].attn`` is a
-    :class:`~heatformer.models.DiffusionAttention` (the reference GPT and ViT): a forward
-    pre-hook captures the input of every ``attn``, then ``attn.graphs`` and
-    ``attn.project_qkv`` rebuild the graphs and values.
-
-    Args:
-        model: the model, e.g. a trained GPT.
-        idx: ``(1, N)`` input of the model.
-
-    Returns:
-        One :class:`LayerSnapshot` per block.
-    """
-    from heatformer.models import DiffusionAttention
-
-    blocks = getattr(model, "blocks", None)
-    attns: list[DiffusionAttention] = []
-    for block in blocks if isinstance(blocks, nn.ModuleList) else []:
-        attn = getattr(block, "attn", None)
-        if isinstance(attn, DiffusionAttention):
-            attns.append(attn)
-    if not attns or len(attns) != len(blocks):  # type: ignore[arg-type]
-        raise TypeError(
-            f"model: expected a model whose blocks[i].attn are DiffusionAttention, got "
-            f"{type(model).__name__}"
-        )
-    if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.shape[0] != 1:
-        raise ValueError(f"idx: expected a (1, N) input, got {getattr(idx, 'shape', idx)}")
-    inputs: list[Tensor] = []
-
-    def grab(_module: nn.Module, args: tuple[object, ...]) -> None:
-        first = args[0]
-        if isinstance(first, Tensor):
-            inputs.append(first.detach())
-
-    hooks = [attn.register_forward_pre_hook(grab) for attn in attns]
-    try:
-        with torch.no_grad():
-            model(idx)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    if len(inputs) != len(attns):
-        raise ValueError(
-            f"model: expected each attention layer to run once, got {len(inputs)} calls"
-        )
-    snaps = []
-    with torch.no_grad():
-        for attn, x in zip(attns, inputs):
-            dense = attn.graphs(x).to_dense()[0].to(torch.float64)  # (H, N, N)
-            _, _, v = attn.project_qkv(x)  # (1, H, N, Dh)
-            operators = tuple(attn.head_operators)
-            snaps.append(LayerSnapshot(DenseGraph(dense), v[0].to(torch.float64), operators))
-    return snaps
 
 
 @dataclass(frozen=True)
