@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from heatformer.graph_ops import Graph, heat_kernel
+from heatformer.graph_ops import DenseGraph, Graph, heat_kernel
 from heatformer.viz._common import PathLike, new_figure, save_figure, single_graph
 from heatformer.viz.graphs import (
     _arc_extent,
@@ -159,6 +159,26 @@ def plot_heat_diffusion(
     one = single_graph(graph, index)
     ts = _times(times)
     frames = heat_diffusion_frames(one, signal, ts, normalization=normalization)
+    return _draw_heat_strip(
+        one, ts, frames, label=f"heat exp(−tL) x  ({normalization})", tokens=tokens,
+        layout=layout, top_k=top_k, cmap=cmap, gamma=gamma, save=save,
+    )  # fmt: skip
+
+
+def _draw_heat_strip(
+    one: DenseGraph,
+    ts: Sequence[float],
+    frames: Tensor,
+    *,
+    label: str,
+    tokens: Sequence[str] | str | bytes | None,
+    layout: str,
+    top_k: int | None,
+    cmap: str,
+    gamma: float,
+    save: PathLike | None,
+) -> Figure:
+    """The strip of :func:`plot_heat_diffusion` for given frames ``(T, N)`` at times ``ts``."""
     norm = _heat_norm(frames, gamma)
     n, count = one.num_nodes, len(ts)
     if layout == "arc":
@@ -176,7 +196,7 @@ def plot_heat_diffusion(
             norm=norm, curvature=0.2 if layout == "arc" else None, edge_width=2.0,
             edge_alpha=0.45, ax=ax, title=f"t = {t:g}",
         )  # fmt: skip
-    _colorbar(fig, axes, cmap, norm, f"heat exp(−tL) x  ({normalization})")
+    _colorbar(fig, axes, cmap, norm, label)
     save_figure(fig, save)
     return fig
 
@@ -237,6 +257,27 @@ def animate_heat_diffusion(
     ts = _times(times if times is not None else torch.linspace(0.0, 6.0, 24))
     one = single_graph(graph, index)
     frames = heat_diffusion_frames(one, signal, ts, normalization=normalization)
+    return _write_heat_gif(
+        one, ts, frames, path=path, tokens=tokens, layout=layout, top_k=top_k, cmap=cmap,
+        gamma=gamma, fps=fps, dpi=dpi,
+    )  # fmt: skip
+
+
+def _write_heat_gif(
+    one: DenseGraph,
+    ts: Sequence[float],
+    frames: Tensor,
+    *,
+    path: Path,
+    tokens: Sequence[str] | str | bytes | None,
+    layout: str,
+    top_k: int | None,
+    cmap: str,
+    gamma: float,
+    fps: int,
+    dpi: int,
+) -> Path:
+    """The GIF of :func:`animate_heat_diffusion` for given frames ``(T, N)`` at times ``ts``."""
     norm = _heat_norm(frames, gamma)
     fig = draw_attention_graph(
         one, tokens=tokens, top_k=top_k, layout=layout, node_values=frames[0], cmap=cmap,

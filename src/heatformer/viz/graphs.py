@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from heatformer.graph_ops import Graph
+from heatformer.graph_ops import DenseGraph, Graph
 from heatformer.viz._common import (
     PathLike,
     axes_or_new,
@@ -435,22 +435,34 @@ def plot_topk_pruning(
     if len(ks) == 0:
         raise ValueError("ks: expected at least one value of k (None = the full graph)")
     one = single_graph(graph, index)
-    n = one.num_nodes
-    cols = len(ks)
+    kept = [(_topk_title(k), one if k is None else single_graph(one.topk(k), None)) for k in ks]
+    return _draw_topk_pruning(kept, tokens=tokens, layout=layout, save=save)
+
+
+def _topk_title(k: int | None) -> str:
+    return "full attention" if k is None else f"top-{k}"
+
+
+def _draw_topk_pruning(
+    kept: Sequence[tuple[str, DenseGraph]],
+    *,
+    tokens: Sequence[str] | str | bytes | None,
+    layout: str,
+    save: PathLike | None,
+) -> Figure:
+    """The figure of :func:`plot_topk_pruning` for given ``(title, pruned graph)`` pairs."""
+    n = kept[0][1].num_nodes
+    cols = len(kept)
     width = max(4.2 * cols, 0.16 * n * cols)
     graph_height = 0.35 if layout == "arc" else 1.0  # relative to the matrix row
     fig = new_figure((width, (width / cols) * (1.0 + graph_height) + 0.6))
     grid = fig.add_gridspec(2, cols, height_ratios=[1.0, graph_height])
     mat_axes = [fig.add_subplot(grid[0, c]) for c in range(cols)]
     graph_axes = [fig.add_subplot(grid[1, c]) for c in range(cols)]
-    for c, k in enumerate(ks):
-        name = "full attention" if k is None else f"top-{k}"
-        plot_attention_matrix(
-            one, tokens=tokens, top_k=k, ax=mat_axes[c], title=name, colorbar=False
-        )
-        draw_attention_graph(one, tokens=tokens, top_k=k, layout=layout, ax=graph_axes[c])
-        kept = one if k is None else one.topk(k)
-        count = int((kept.to_dense() > 0).sum())
+    for c, (name, pruned) in enumerate(kept):
+        plot_attention_matrix(pruned, tokens=tokens, ax=mat_axes[c], title=name, colorbar=False)
+        draw_attention_graph(pruned, tokens=tokens, layout=layout, ax=graph_axes[c])
+        count = int((pruned.to_dense() > 0).sum())
         graph_axes[c].set_title(f"{name}: {count} edges", fontsize=9)
     save_figure(fig, save)
     return fig

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from heatformer.checks import NORMALIZATIONS, check_normalization
+from heatformer.checks import NORMALIZATIONS, bad_value, check_normalization
 from heatformer.graph_ops import (
     Attention,
     DiffusionOperator,
@@ -80,17 +80,21 @@ def plot_spectra(
     Returns:
         A :class:`~matplotlib.figure.Figure` with one axes per normalization.
     """
-    import numpy as np
-
     if len(normalizations) == 0:
-        raise ValueError("normalizations: expected at least one of ['rw', 'sym', 'combinatorial']")
+        raise bad_value("normalizations", "expected at least one of ['rw', 'sym', 'combinatorial']")
     for name in normalizations:
         check_normalization(name)
     one = single_graph(graph, index)
-    fig = new_figure((4.2 * len(normalizations), 3.8))
-    for c, name in enumerate(normalizations):
-        ax = fig.add_subplot(1, len(normalizations), c + 1)
-        ev = spectrum(one, name)
+    return _draw_spectra({name: spectrum(one, name) for name in normalizations}, save=save)
+
+
+def _draw_spectra(spectra: Mapping[str, Tensor], *, save: PathLike | None) -> Figure:
+    """The figure of :func:`plot_spectra` for given eigenvalues, ``{normalization: (N,)}``."""
+    import numpy as np
+
+    fig = new_figure((4.2 * len(spectra), 3.8))
+    for c, (name, ev) in enumerate(spectra.items()):
+        ax = fig.add_subplot(1, len(spectra), c + 1)
         if ev.is_complex() and float(ev.imag.abs().max()) > 1e-9:
             ax.scatter(ev.real.numpy(), ev.imag.numpy(), s=18, color="C0", label="eigenvalues")
             if name == "rw":
@@ -187,24 +191,51 @@ def plot_frequency_responses(
     """
     ops = _operators(operators)
     if not ops:
-        raise ValueError("operators: expected at least one operator")
+        raise bad_value("operators", "expected at least one operator")
     if lam is None:
         if isinstance(num, bool) or not isinstance(num, int) or num < 2:
-            raise ValueError(f"num: expected an int >= 2, got {num!r}")
+            raise bad_value("num", f"expected an int >= 2, got {num!r}")
         lam = torch.linspace(0.0, float(lam_max), num, dtype=torch.float64)
     elif not isinstance(lam, Tensor) or lam.dim() != 1:
-        raise ValueError(f"lam: expected a 1-D tensor of eigenvalues, got {lam!r}")
+        raise bad_value("lam", f"expected a 1-D tensor of eigenvalues, got {lam!r}")
     lam = lam.detach().to(torch.float64).cpu()
+    curves = _frequency_responses(ops, lam)
+    return _draw_frequency_responses(
+        lam, curves, eigenvalues=eigenvalues, ax=ax, title=title, save=save
+    )
+
+
+def _frequency_responses(
+    operators: Mapping[str, DiffusionOperator], lam: Tensor
+) -> dict[str, Tensor]:
+    """``{label: f(lam)}`` of each operator, float64 on the CPU (the curves of
+    :func:`plot_frequency_responses`): shape ``lam.shape``, or ``(H, len(lam))`` for an
+    operator with one diffusion time per head."""
+    with torch.no_grad():
+        return {
+            label: op.frequency_response(lam).detach().to(torch.float64).cpu()
+            for label, op in operators.items()
+        }
+
+
+def _draw_frequency_responses(
+    lam: Tensor,
+    curves: Mapping[str, Tensor],
+    *,
+    eigenvalues: Tensor | None,
+    ax: Axes | None,
+    title: str | None,
+    save: PathLike | None,
+) -> Figure:
+    """The figure of :func:`plot_frequency_responses` for given curves ``{label: f(lam)}``."""
     fig, ax = axes_or_new(ax, (6.4, 4.2))
     x = lam.numpy()
-    with torch.no_grad():
-        for label, op in ops.items():
-            y = op.frequency_response(lam).detach().to(torch.float64).cpu()
-            if y.dim() == 1:
-                ax.plot(x, y.numpy(), lw=2, label=label)
-            else:  # one curve per head (e.g. a time per head)
-                for h, row in enumerate(y.reshape(-1, lam.numel())):
-                    ax.plot(x, row.numpy(), lw=1.5, label=f"{label} [{h}]")
+    for label, y in curves.items():
+        if y.dim() == 1:
+            ax.plot(x, y.numpy(), lw=2, label=label)
+        else:  # one curve per head (e.g. a time per head)
+            for h, row in enumerate(y.reshape(-1, lam.numel())):
+                ax.plot(x, row.numpy(), lw=1.5, label=f"{label} [{h}]")
     if eigenvalues is not None:
         ev = eigenvalues.detach().cpu()
         ev = (ev.real if ev.is_complex() else ev).to(torch.float64).reshape(-1)
@@ -251,24 +282,49 @@ def plot_operator_outputs(
         The :class:`~matplotlib.figure.Figure`; its axes has the input line first, then one
         line per operator (values ``op(graph, signal)``).
     """
-    import numpy as np
-
     one = single_graph(graph, index)
-    n = one.num_nodes
+    x = _signal_of(signal, one.num_nodes)
+    outputs = _operator_outputs(one, x, _operators(operators))
+    return _draw_operator_outputs(x, outputs, tokens=tokens, ax=ax, title=title, save=save)
+
+
+def _signal_of(signal: Tensor | Sequence[float], n: int) -> Tensor:
+    """``signal`` as a float64 CPU tensor of shape ``(n,)``, or a ``ValueError``."""
     x = torch.as_tensor(
         signal.detach().cpu() if isinstance(signal, Tensor) else signal, dtype=torch.float64
     )
     if x.shape != (n,):
-        raise ValueError(f"signal: expected shape ({n},), got {tuple(x.shape)}")
-    ops = _operators(operators)
+        raise bad_value("signal", f"expected shape ({n},), got {tuple(x.shape)}")
+    return x
+
+
+def _operator_outputs(
+    one: Graph, x: Tensor, operators: Mapping[str, DiffusionOperator]
+) -> dict[str, Tensor]:
+    """``{label: op(one, x)}`` for an unbatched graph and a signal ``x`` of shape ``(N,)``."""
+    with torch.no_grad():
+        return {label: op(one, x.unsqueeze(-1)).squeeze(-1) for label, op in operators.items()}
+
+
+def _draw_operator_outputs(
+    x: Tensor,
+    outputs: Mapping[str, Tensor],
+    *,
+    tokens: Sequence[str] | str | bytes | None,
+    ax: Axes | None,
+    title: str | None,
+    save: PathLike | None,
+) -> Figure:
+    """The figure of :func:`plot_operator_outputs` for given outputs ``{label: (N,)}``."""
+    import numpy as np
+
+    n = x.shape[0]
     labels = token_labels(tokens, n)
     fig, ax = axes_or_new(ax, (max(6.4, 0.25 * n + 2), 3.8))
     pos = np.arange(n)
     ax.plot(pos, x.numpy(), color="0.55", lw=1.2, ls="--", marker=".", label="input x")
-    with torch.no_grad():
-        for label, op in ops.items():
-            y = op(one, x.unsqueeze(-1)).squeeze(-1)
-            ax.plot(pos, y.numpy(), lw=1.8, marker="o", ms=3, label=label)
+    for label, y in outputs.items():
+        ax.plot(pos, y.numpy(), lw=1.8, marker="o", ms=3, label=label)
     ax.axhline(0.0, color="0.85", lw=0.6, zorder=0)
     step = max(1, n // 40)
     ax.set_xticks(pos[::step], labels[::step], fontsize=8)
