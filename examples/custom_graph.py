@@ -45,22 +45,23 @@ class DilatedBuilder(GraphBuilder):
         super().__init__(d=d, w=w)
         self.d, self.w = d, w
 
-    def build(self, q, k, *, mask=None, causal=False, row_block=None) -> Graph:
+    def build(self, q, k, *, key_mask=None, drop_masked_queries=False, causal=False,
+              row_block=None) -> Graph:  # fmt: skip
         n = q.shape[-2]
         pos = torch.arange(n, device=q.device)
-        band = dilated_band(pos, pos, self.d, self.w)  # (N, N): fine for an example
-        mask = band if mask is None else mask & band
+        mask = dilated_band(pos, pos, self.d, self.w)  # (N, N): fine for an example
+        if key_mask is not None:  # (B, N) real keys -> (B, 1, N, N)
+            keys = key_mask[:, None, None, :]
+            mask = mask & keys & (keys.transpose(-1, -2) if drop_masked_queries else True)
         return SoftmaxGraph(q, k, mask=mask, causal=causal, row_block=row_block)
 
-    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, past: int) -> Tensor:
-        n, total = q.shape[-2], k.shape[-2]
-        rows = past + torch.arange(n, device=q.device)  # absolute positions of the queries
-        cols = past + n - total + torch.arange(total, device=q.device)  # of the cached keys
-        allowed = dilated_band(rows, cols, self.d, self.w) & (cols <= rows.unsqueeze(-1))
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
+        rows = past + torch.arange(q.shape[-2], device=q.device)  # positions of the queries
+        allowed = dilated_band(rows, positions, self.d, self.w) & (positions <= rows[:, None])
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
-    def cache_size(self) -> int:
-        return self.w * self.d + 1  # older keys are never attended again
+    def cache_keep(self) -> tuple[int, int]:
+        return 0, self.w * self.d + 1  # older keys are never attended again
 
 
 def main() -> None:

@@ -159,8 +159,8 @@ def _inputs(seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _graph(case: GraphCase, q: Tensor, k: Tensor) -> Graph:
-    mask = _key_mask(N)[:, None, None, :] if case.masked else None  # (B, 1, 1, N)
-    return case.builder.build(q, k, mask=mask, causal=case.causal)
+    key_mask = _key_mask(N) if case.masked else None  # (B, N)
+    return case.builder.build(q, k, key_mask=key_mask, causal=case.causal)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
@@ -254,13 +254,10 @@ def _per_head_reference(layer: DiffusionAttention, x: Tensor, key_mask: Tensor |
         q, k, v = layer.project_qkv(x)
         heads = []
         for h, op in enumerate(layer.head_operators):
-            mask = None
-            if key_mask is not None:
-                mask = key_mask[:, None, None, :]  # (B, 1, 1, N)
-                if op.reads_transpose:
-                    mask = mask & mask.transpose(-1, -2)
-            graph = layer.graph_kind.build(q[:, h : h + 1], k[:, h : h + 1], mask=mask,
-                                           causal=layer.causal)  # fmt: skip
+            graph = layer.graph_kind.build(
+                q[:, h : h + 1], k[:, h : h + 1], key_mask=key_mask,
+                drop_masked_queries=op.reads_transpose, causal=layer.causal,
+            )  # fmt: skip
             heads.append(op(DenseGraph(graph.to_dense()), v[:, h : h + 1]))
         return layer.merge_heads(torch.cat(heads, dim=1))
 

@@ -695,24 +695,22 @@ class _Band(GraphBuilder):
         super().__init__(w=w)
         self.w = w
 
-    def build(self, q, k, *, mask=None, causal=False, row_block=None):
+    def build(self, q, k, *, key_mask=None, drop_masked_queries=False, causal=False, **_):
         pos = torch.arange(q.shape[-2])
         band = (pos.unsqueeze(-1) - pos) < self.w
-        return SoftmaxGraph(q, k, mask=band if mask is None else mask & band, causal=causal)
+        return SoftmaxGraph(q, k, mask=band, causal=causal)
 
-    def decode(self, q, k, v, *, past):
-        n, total = q.shape[-2], k.shape[-2]
-        rows = past + torch.arange(n)
-        cols = past + n - total + torch.arange(total)
-        allowed = (cols <= rows.unsqueeze(-1)) & (rows.unsqueeze(-1) - cols < self.w)
+    def decode(self, q, k, v, *, positions, past):
+        rows = (past + torch.arange(q.shape[-2])).unsqueeze(-1)
+        allowed = (positions <= rows) & (rows - positions < self.w)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
-    def cache_size(self) -> int:
-        return self.w
+    def cache_keep(self) -> tuple[int, int]:
+        return 0, self.w
 
 
 def test_a_rolling_cache_keeps_only_what_the_graph_kind_needs() -> None:
-    """A kind with ``cache_size`` trims the cache after decoding each chunk, and chunks longer
+    """A kind with ``cache_keep`` trims the cache after decoding each chunk, and chunks longer
     than the cache still see the keys they need."""
     layer = mh.random_layer("attention:2,laplacian:2", causal=True, graph=_Band(3))
     assert layer.supports_cache

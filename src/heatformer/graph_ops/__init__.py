@@ -6,7 +6,8 @@ operator ever needs the ``N x N`` matrix. One module per concept:
 
 - :mod:`~heatformer.graph_ops.protocol` -- the :class:`Graph` protocol (knows no kind);
 - :mod:`~heatformer.graph_ops.dense`, :mod:`~heatformer.graph_ops.softmax`,
-  :mod:`~heatformer.graph_ops.sparse`, :mod:`~heatformer.graph_ops.symmetrized` -- the kinds;
+  :mod:`~heatformer.graph_ops.sparse`, :mod:`~heatformer.graph_ops.window`,
+  :mod:`~heatformer.graph_ops.symmetrized` -- the kinds;
 - :mod:`~heatformer.graph_ops.sparsify` -- top-k, thresholding; :mod:`~heatformer.graph_ops.
   interop` -- NetworkX, SciPy, PyG;
 - :mod:`~heatformer.graph_ops.builders` -- graph kinds for layers (:data:`GRAPHS`);
@@ -41,6 +42,7 @@ from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import topk_graph
 from heatformer.graph_ops.symmetrized import SymmetrizedGraph
+from heatformer.graph_ops.window import WindowGraph
 
 __all__ = [
     "GRAPHS",
@@ -62,6 +64,7 @@ __all__ = [
     "SoftmaxGraph",
     "SparseGraph",
     "SymmetrizedGraph",
+    "WindowGraph",
     "adjacency_matrix",
     "heat_kernel",
     "laplacian",

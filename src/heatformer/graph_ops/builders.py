@@ -8,11 +8,14 @@ a spec string at the boundary (a config, the command line) by :func:`resolve_gra
                             (:class:`~heatformer.graph_ops.SoftmaxGraph`, never ``N x N``)
 ``"topk[k=32]"``            its ``k`` strongest keys per query, renormalized
                             (:class:`~heatformer.graph_ops.SparseGraph`, ``N k`` memory)
+``"window[w=128,global=1]"``  a sliding window (causal: the ``w`` most recent keys; else a
+                            band of half-width ``w``) and ``g`` global tokens
+                            (:class:`~heatformer.graph_ops.WindowGraph`, ``O(N (w + g))``)
 ==========================  =================================================================
 
 An entry declares what it supports -- causal masking, key masks, incremental decoding
-(:meth:`GraphBuilder.decode`, which the KV cache calls), how many past keys decoding needs
-(:meth:`GraphBuilder.cache_size`) -- and code that uses a kind asks the entry, never its class.
+(:meth:`GraphBuilder.decode`, which the KV cache calls), which past keys decoding needs
+(:meth:`GraphBuilder.cache_keep`) -- and code that uses a kind asks the entry, never its class.
 A new kind from outside the library is one subclass and ``GRAPHS["name"] = MyBuilder`` (see
 ``examples/custom_graph.py``).
 """
@@ -32,13 +35,16 @@ from heatformer.graph_ops._spec import format_entry, parse_entry
 from heatformer.graph_ops.protocol import Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparsify import _stable_topk_indices
+from heatformer.graph_ops.window import WindowGraph
 
 __all__ = [
     "GRAPHS",
     "GraphBuilder",
     "SoftmaxBuilder",
     "TopkBuilder",
+    "WindowBuilder",
     "decode_allowed",
+    "key_mask_view",
     "resolve_graph",
 ]
 
@@ -76,28 +82,32 @@ class GraphBuilder:
         q: Tensor,
         k: Tensor,
         *,
-        mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        drop_masked_queries: bool = False,
         causal: bool = False,
         row_block: int | None = None,
     ) -> Graph:
         """The graph of queries ``q`` and keys ``k`` (``(..., N, E)`` each).
 
         Args:
-            q, k: queries and keys.
-            mask: bool, broadcastable to ``(..., N, N)``, ``True`` = may attend.
+            q, k: queries and keys, batch dims usually ``(B, H)``.
+            key_mask: bool ``(B, N)`` (leading batch dims of ``q``), ``True`` = a real key.
+            drop_masked_queries: padded queries lose their out-edges too (for operators that
+                read ``W^T``, so that padding cannot reach real tokens through it).
             causal: forbid attending to later positions.
             row_block: query rows per block in chunked work (None: the default slab).
         """
         raise NotImplementedError  # pragma: no cover - every kind defines it
 
-    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, past: int) -> Tensor:
-        """``P v`` for new queries of a causal sequence, the keys of every earlier token cached.
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
+        """``P v`` for new queries of a causal sequence, from the cached keys and values.
 
         Args:
             q: ``(B, H, n, E)`` queries at positions ``past ... past + n - 1``.
             k, v: ``(B, H, T, E)``, ``(B, H, T, C)``: the cached keys and values, the new
-                tokens' included (``T = past + n`` unless :meth:`cache_size` lets the cache
-                drop old keys).
+                tokens' included.
+            positions: ``(T,)`` absolute position of every cached key (the cache keeps what
+                :meth:`cache_keep` asks for).
             past: tokens before the new ones.
 
         Returns:
@@ -105,9 +115,10 @@ class GraphBuilder:
         """
         raise NotImplementedError(f"graph kind {self.name!r} has no incremental decoding")
 
-    def cache_size(self) -> int | None:
-        """Most recent keys decoding needs (None: all of them)."""
-        return None
+    def cache_keep(self) -> tuple[int, int | None]:
+        """``(first, last)``: decoding needs the first ``first`` tokens and the last ``last``
+        (None: all of them)."""
+        return 0, None
 
     def check_nodes(self, max_nodes: int) -> None:
         """Refuse parameters that no graph of at most ``max_nodes`` nodes can honour (a config
@@ -123,15 +134,34 @@ class GraphBuilder:
         return hash(self.spec)
 
 
-def decode_allowed(n: int, total: int, past: int, device: torch.device) -> Tensor:
-    """Bool ``(n, T)``: which of ``T`` cached keys each of ``n`` new queries may see (causal).
+def decode_allowed(n: int, positions: Tensor, past: int) -> Tensor:
+    """Bool ``(n, T)``: which cached keys (at absolute ``positions``) each of ``n`` new queries
+    (at ``past ... past + n - 1``) may see in causal order."""
+    rows = past + torch.arange(n, device=positions.device)
+    return positions <= rows.unsqueeze(-1)  # (n, T)
 
-    The cache holds the most recent ``T`` tokens, so slot ``j`` is absolute position
-    ``past + n - T + j``; new query ``i`` is at ``past + i``.
-    """
-    first = past + n - total  # absolute position of cache slot 0
-    pos_k = first + torch.arange(total, device=device)
-    return pos_k <= (past + torch.arange(n, device=device)).unsqueeze(-1)  # (n, T)
+
+def key_mask_view(key_mask: Tensor | None, batch_dims: int) -> Tensor | None:
+    """A ``(B, N)`` key mask as an attention mask ``(B, 1, ..., 1, N)`` broadcasting against
+    ``(*batch, N, N)`` scores with ``batch_dims`` leading dims."""
+    if key_mask is None:
+        return None
+    lead = key_mask.shape[:-1]
+    return key_mask.reshape(*lead, *([1] * (batch_dims - len(lead))), 1, key_mask.shape[-1])
+
+
+def _softmax_graph(
+    q: Tensor,
+    k: Tensor,
+    key_mask: Tensor | None,
+    drop_masked_queries: bool,
+    causal: bool,
+    row_block: int | None,
+) -> SoftmaxGraph:
+    mask = key_mask_view(key_mask, q.dim() - 2)
+    if mask is not None and drop_masked_queries:
+        mask = mask & mask.transpose(-1, -2)  # (B, 1, N, N)
+    return SoftmaxGraph(q, k, mask=mask, causal=causal, row_block=row_block)
 
 
 class SoftmaxBuilder(GraphBuilder):
@@ -145,14 +175,15 @@ class SoftmaxBuilder(GraphBuilder):
         q: Tensor,
         k: Tensor,
         *,
-        mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        drop_masked_queries: bool = False,
         causal: bool = False,
         row_block: int | None = None,
     ) -> Graph:
-        return SoftmaxGraph(q, k, mask=mask, causal=causal, row_block=row_block)
+        return _softmax_graph(q, k, key_mask, drop_masked_queries, causal, row_block)
 
-    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, past: int) -> Tensor:
-        allowed = decode_allowed(q.shape[-2], k.shape[-2], past, q.device)
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
+        allowed = decode_allowed(q.shape[-2], positions, past)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
 
@@ -189,15 +220,16 @@ class TopkBuilder(GraphBuilder):
         q: Tensor,
         k: Tensor,
         *,
-        mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        drop_masked_queries: bool = False,
         causal: bool = False,
         row_block: int | None = None,
     ) -> Graph:
-        graph = SoftmaxGraph(q, k, mask=mask, causal=causal, row_block=row_block)
+        graph = _softmax_graph(q, k, key_mask, drop_masked_queries, causal, row_block)
         return graph.topk(min(self.k, graph.num_nodes), row_block=row_block)
 
-    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, past: int) -> Tensor:
-        allowed = decode_allowed(q.shape[-2], k.shape[-2], past, q.device)
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
+        allowed = decode_allowed(q.shape[-2], positions, past)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, n, T)
         scores = scores.masked_fill(~allowed, float("-inf"))
         idx = _stable_topk_indices(scores, min(self.k, scores.shape[-1]))  # (B, H, n, K)
@@ -208,10 +240,71 @@ class TopkBuilder(GraphBuilder):
         return (w.unsqueeze(-1) * v_kept).sum(-2)  # (B, H, n, C)
 
 
+class WindowBuilder(GraphBuilder):
+    """``"window[w=W,global=G]"``: a sliding window of ``W`` keys (causal) or a band of
+    half-width ``W`` (bidirectional), plus ``G`` global tokens (default 0).
+
+    Built in ``O(N (W + G))`` (:class:`~heatformer.graph_ops.WindowGraph`). Decoding keeps the
+    first ``G`` and the last ``W`` tokens' keys (a rolling cache) and equals recomputation.
+
+    Args:
+        w: the window, a positive int.
+        num_global: global tokens, an int >= 0 (``global=`` in a spec).
+    """
+
+    name = "window"
+    incremental = True
+    examples = ({"w": 3}, {"w": 2, "global": 2})
+    #: spec names that are not Python identifiers -> constructor arguments
+    spec_aliases: ClassVar[dict[str, str]] = {"global": "num_global"}
+
+    def __init__(self, w: int, num_global: int = 0) -> None:
+        V.check_positive_int("w", w)
+        if isinstance(num_global, bool) or not isinstance(num_global, int) or num_global < 0:
+            raise V.bad_value("global", f"expected an int >= 0, got {num_global!r}")
+        params: dict[str, Any] = {"w": w} if not num_global else {"w": w, "global": num_global}
+        super().__init__(**params)
+        self.w, self.num_global = w, num_global
+
+    def check_nodes(self, max_nodes: int) -> None:
+        if self.num_global > max_nodes:
+            raise V.bad_value(
+                "graph",
+                f"{self.spec}: expected at most the {max_nodes} tokens a sequence can hold as "
+                f"global tokens, got {self.num_global}",
+            )
+
+    def build(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        drop_masked_queries: bool = False,
+        causal: bool = False,
+        row_block: int | None = None,
+    ) -> Graph:
+        return WindowGraph(
+            q, k, window=self.w, causal=causal, num_global=min(self.num_global, q.shape[-2]),
+            key_mask=key_mask, drop_masked_queries=drop_masked_queries, row_block=row_block,
+        )  # fmt: skip
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
+        rows = (past + torch.arange(q.shape[-2], device=q.device)).unsqueeze(-1)  # (n, 1)
+        gap = rows - positions
+        local = (gap >= 0) & (gap < self.w)
+        glob = ((rows < self.num_global) | (positions < self.num_global)) & (gap >= 0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=local | glob)
+
+    def cache_keep(self) -> tuple[int, int | None]:
+        return self.num_global, self.w
+
+
 #: name -> graph kind; the one place strings become graph builders.
 GRAPHS: dict[str, type[GraphBuilder]] = {
     "softmax": SoftmaxBuilder,
     "topk": TopkBuilder,
+    "window": WindowBuilder,
 }
 
 
@@ -237,6 +330,8 @@ def resolve_graph(spec: str | GraphBuilder) -> GraphBuilder:
     if key not in GRAPHS:
         raise V.bad_value("graph", f"expected one of {sorted(GRAPHS)}, got {name!r} in {spec!r}")
     factory = GRAPHS[key]
+    aliases = getattr(factory, "spec_aliases", {})
+    params = {aliases.get(name, name): value for name, value in params.items()}
     accepted = [p for p in inspect.signature(factory).parameters if p not in ("self", "params")]
     unknown = sorted(set(params) - set(accepted))
     if unknown:

@@ -75,17 +75,20 @@ def _heads_index(heads: Sequence[int]) -> slice | Tensor:
 class KVCache:
     """Keys and values of the tokens seen so far, for incremental decoding.
 
-    A graph kind that needs only recent keys (:meth:`~heatformer.graph_ops.GraphBuilder.
-    cache_size`) keeps at most that many; :attr:`position` counts every token seen.
+    A graph kind that needs only some past keys (:meth:`~heatformer.graph_ops.GraphBuilder.
+    cache_keep`: e.g. a window's first ``g`` and last ``w`` tokens) keeps only those;
+    :attr:`positions` records the absolute position of every cached key.
 
     Attributes:
         k: ``(B, H, T, Dh)`` keys, or None before the first call.
         v: ``(B, H, T, Dh)`` values, or None.
+        positions: ``(T,)`` absolute positions of the cached keys, or None.
         position: tokens processed so far (the absolute position of the next one).
     """
 
     k: Tensor | None = None
     v: Tensor | None = None
+    positions: Tensor | None = None
     position: int = 0
 
     @property
@@ -95,15 +98,21 @@ class KVCache:
 
     def append(self, k: Tensor, v: Tensor) -> None:
         """Add the new tokens' keys and values."""
+        n = int(k.shape[-2])
+        new = torch.arange(self.position, self.position + n, device=k.device)
         self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
-        self.position += int(k.shape[-2])
+        self.positions = new if self.positions is None else torch.cat([self.positions, new])
+        self.position += n
 
-    def trim(self, keep: int | None) -> None:
-        """Keep only the last ``keep`` positions (None: all), once the new tokens are decoded."""
-        if keep is not None and self.k is not None and self.v is not None:
-            if self.k.shape[-2] > keep:
-                self.k, self.v = self.k[..., -keep:, :], self.v[..., -keep:, :]
+    def trim(self, first: int, last: int | None) -> None:
+        """Keep the keys of the first ``first`` tokens and of the last ``last`` (None: all)."""
+        if last is None or self.k is None or self.v is None or self.positions is None:
+            return
+        keep = (self.positions < first) | (self.positions >= self.position - last)
+        if not bool(keep.all()):
+            self.k, self.v = self.k[..., keep, :], self.v[..., keep, :]
+            self.positions = self.positions[keep]
 
 
 class DiffusionAttention(nn.Module):
@@ -140,7 +149,7 @@ class DiffusionAttention(nn.Module):
     Equivalent to::
 
         q, k, v = self.project_qkv(x)                      # (B, H, N, Dh) each
-        P = graph_kind.build(q, k, mask, causal)            # (B, H, N, N), never formed
+        P = graph_kind.build(q, k, key_mask, causal)        # (B, H, N, N), never formed
         y[:, h] = op_h(DenseGraph(P[:, h]), v[:, h])        # per head
         out = self.out_proj(y.transpose(1, 2).reshape(B, N, D))
 
@@ -312,15 +321,17 @@ class DiffusionAttention(nn.Module):
             raise checks.bad_value(
                 "key_mask", f"expected shape ({b}, {n}), got {tuple(key_mask.shape)}"
             )
-        return key_mask[:, None, None, :]  # (B, 1, 1, N)
+        return key_mask  # (B, N)
 
     def _graph(
-        self, q: Tensor, k: Tensor, mask: Tensor | None, *, symmetric_mask: bool = False
+        self, q: Tensor, k: Tensor, key_mask: Tensor | None, *, symmetric_mask: bool = False
     ) -> Graph:
-        if mask is not None and symmetric_mask:
-            # padded queries lose their out-edges too, so W^T cannot carry them to real tokens
-            mask = mask & mask.transpose(-1, -2)  # (B, 1, N, N)
-        return self.graph_kind.build(q, k, mask=mask, causal=self.causal, row_block=self.row_block)
+        # with symmetric_mask, padded queries lose their out-edges too, so W^T cannot carry
+        # them to real tokens
+        return self.graph_kind.build(
+            q, k, key_mask=key_mask, drop_masked_queries=symmetric_mask, causal=self.causal,
+            row_block=self.row_block,
+        )  # fmt: skip
 
     def graphs(self, x: Tensor, key_mask: Tensor | None = None) -> Graph:
         """The attention graph of every head for input ``x`` (batch shape ``(B, H)``), as the
@@ -427,8 +438,9 @@ class DiffusionAttention(nn.Module):
         past = cache.position
         cache.append(k, v)
         keys, values = cast(Tensor, cache.k), cast(Tensor, cache.v)  # set by append
-        pv = self.graph_kind.decode(q, keys, values, past=past)  # (B, H, n, Dh)
-        cache.trim(self.graph_kind.cache_size())  # keys no later token can attend
+        positions = cast(Tensor, cache.positions)
+        pv = self.graph_kind.decode(q, keys, values, positions=positions, past=past)
+        cache.trim(*self.graph_kind.cache_keep())  # keys no later token can attend
         a, b, _ = self._coefficients(v)  # new tokens always see themselves: I' v = v
         return self.merge_heads(torch.addcmul(pv * a, v, b))
 

@@ -1,0 +1,424 @@
+r"""Local attention graphs: a sliding window, with optional global tokens, in ``O(N w)``.
+
+Query ``i`` may attend key ``j`` when
+
+- **causal**: ``0 <= i - j < w`` (the ``w`` most recent keys, itself included), or
+- **bidirectional**: ``|i - j| <= w`` (a band of half-width ``w``),
+
+or when one of them is a **global token** (``i < g`` or ``j < g``: the first ``g`` positions
+attend to and are attended by every position, Longformer/BigBird style; causal order still
+applies), and the key is not padding (``key_mask``). The weights are the softmax of
+``q k^T * scale`` over the allowed keys, exactly as :class:`~heatformer.graph_ops.SoftmaxGraph`
+with the corresponding ``N x N`` mask -- but nothing of size ``N x N`` is ever formed.
+
+How: queries are cut into blocks of ``b`` rows; block ``[s, s + b)`` needs only the keys of a
+slab of ``b + w - 1`` positions (``b + 2w`` bidirectional) plus the ``g`` global keys, so
+:meth:`WindowGraph.propagate` is one batched, masked
+:func:`~torch.nn.functional.scaled_dot_product_attention` over all blocks at once (fused and
+flash-backed where available: ``O(N (w + g + b) d)`` work, ``O(N d)`` memory). The ``g``
+global rows are dense rows over all ``N`` keys, ``O(g N)``. Transpose products and top-k work
+on the same slabs, block by block, in ``O(N (w + g))`` memory.
+
+References:
+    Beltagy, I., Peters, M. & Cohan, A. (2020). Longformer: the long-document transformer.
+    Zaheer, M. et al. (2020). Big Bird: transformers for longer sequences. NeurIPS.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from heatformer import checks as V
+from heatformer.graph_ops.protocol import SLAB_ELEMENTS, Graph, _fold, _numel
+from heatformer.graph_ops.sparse import SparseGraph
+
+__all__ = ["WindowGraph"]
+
+
+def _stable_topk(scores: Tensor, k: int) -> Tensor:
+    from heatformer.graph_ops.sparsify import _stable_topk_indices
+
+    return _stable_topk_indices(scores, k)
+
+
+class WindowGraph(Graph):
+    r"""The attention graph of a sliding window (and global tokens), never ``N x N``.
+
+    Args:
+        q: ``(..., N, E)`` queries.
+        k: ``(..., N, E)`` keys (batch dims broadcast with ``q``'s).
+        window: ``w >= 1``: keys per query (causal), or the band's half-width.
+        causal: each query sees only itself and earlier keys.
+        num_global: ``g >= 0`` global tokens (the first ``g`` positions).
+        key_mask: bool ``(B, N)`` (``True`` = a real key), broadcast over the dims between
+            the first and the node dim (e.g. heads); None = every key is real.
+        drop_masked_queries: padded queries lose their out-edges too (what a symmetrizing
+            operator needs, so that ``W^T`` cannot carry padding to real tokens).
+        scale: logit scale; default ``1 / sqrt(E)``.
+        row_block: query rows per block (default ``max(window, 32)``, at most 256).
+
+    Shape:
+        ``propagate(x)``: ``x`` ``(..., N, C)`` -> ``(..., N, C)``.
+
+    Equivalent to::
+
+        allowed = band(i, j) | (i < g) | (j < g)           # and j <= i if causal
+        allowed &= key_mask[j] (& key_mask[i] if drop_masked_queries)
+        SoftmaxGraph(q, k, mask=allowed)
+
+    Example:
+        >>> import torch
+        >>> q = k = torch.zeros(1, 5, 2)                  # uniform attention over the window
+        >>> g = WindowGraph(q, k, window=2, causal=True)
+        >>> g.propagate(torch.tensor([[[1.], [3.], [5.], [7.], [9.]]])).squeeze(-1)
+        tensor([[1., 2., 4., 6., 8.]])
+    """
+
+    row_stochastic = True
+
+    def __init__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        window: int,
+        causal: bool = False,
+        num_global: int = 0,
+        key_mask: Tensor | None = None,
+        drop_masked_queries: bool = False,
+        scale: float | None = None,
+        row_block: int | None = None,
+    ) -> None:
+        q = V.check_float_tensor("q", q, min_dim=2)
+        k = V.check_float_tensor("k", k, min_dim=2)
+        if q.dtype != k.dtype:
+            raise V.bad_type("k", f"expected the dtype of q ({q.dtype}), got {k.dtype}")
+        if q.shape[-2:] != k.shape[-2:]:
+            raise V.bad_value(
+                "k", f"expected shape (..., {q.shape[-2]}, {q.shape[-1]}), got {tuple(k.shape)}"
+            )
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        self.window = V.check_positive_int("window", window)
+        if isinstance(num_global, bool) or not isinstance(num_global, int):
+            raise V.bad_type("num_global", f"expected an int >= 0, got {type(num_global).__name__}")
+        if num_global < 0:
+            raise V.bad_value("num_global", f"expected an int >= 0, got {num_global}")
+        self.num_global = num_global
+        self.causal = V.check_bool("causal", causal)
+        self.drop_masked_queries = V.check_bool("drop_masked_queries", drop_masked_queries)
+        n = int(q.shape[-2])
+        if self.num_global > n:
+            raise V.bad_value("num_global", f"expected at most N = {n}, got {num_global}")
+        self.q = self._tensor = q.expand(*batch, n, q.shape[-1])
+        self.k = k.expand(*batch, n, k.shape[-1])
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        bf = _numel(batch)
+        self._key_mask: Tensor | None = None
+        if key_mask is not None:
+            if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
+                raise V.bad_type("key_mask", "expected a bool tensor (True = a real key)")
+            if key_mask.shape[-1] != n or len(batch) < key_mask.dim() - 1:
+                raise V.bad_value(
+                    "key_mask", f"expected shape (B, N={n}), got {tuple(key_mask.shape)}"
+                )
+            lead = key_mask.shape[:-1]
+            view = key_mask.reshape(*lead, *([1] * (len(batch) - len(lead))), n)
+            self._key_mask = view.expand(*batch, n).reshape(bf, n)  # (Bf, N)
+        b = row_block if row_block is not None else min(256, max(self.window, 32))
+        self.row_block = V.check_positive_int("row_block", b)
+        self._rows_nonempty = key_mask is None  # a row always keeps its own key
+        self._row_has_edge: Tensor | None = None
+
+    # ---- geometry ----------------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.q.shape[-2])
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.q.shape[:-2]
+
+    def to(self, dtype: torch.dtype) -> WindowGraph:
+        if dtype == self.dtype:
+            return self
+        graph = WindowGraph.__new__(WindowGraph)
+        graph.__dict__.update(self.__dict__)
+        graph.q = graph._tensor = self.q.to(dtype)
+        graph.k = self.k.to(dtype)
+        return graph
+
+    def _before(self) -> int:
+        """Keys of a block's slab before its first query (``w - 1``, or ``w`` bidirectional)."""
+        return self.window - 1 if self.causal else self.window
+
+    def _slab(self) -> int:
+        """Keys in one block's slab: ``b + w - 1`` (causal) or ``b + 2 w``."""
+        return self.row_block + (self.window - 1 if self.causal else 2 * self.window)
+
+    def _num_blocks(self) -> int:
+        return -(-self.num_nodes // self.row_block)
+
+    def _unfold(self, t: Tensor, fill: float | bool = 0.0) -> Tensor:
+        """Slabs of ``t`` ``(Bf, N, ...)`` -> ``(Bf, nb, L, ...)``: block ``m`` holds positions
+        ``m b - before ... m b - before + L - 1`` (out-of-range ones ``fill``)."""
+        nb, b, slab, before = self._num_blocks(), self.row_block, self._slab(), self._before()
+        padded_len = (nb - 1) * b + slab
+        pad_front, pad_back = before, padded_len - before - t.shape[1]
+        trailing = [0, 0] * (t.dim() - 2)
+        padded = F.pad(t, [*trailing, pad_front, pad_back], value=fill)  # (Bf, P, ...)
+        slabs = padded.unfold(1, slab, b)  # (Bf, nb, ..., L)
+        return slabs.movedim(-1, 2)  # (Bf, nb, L, ...)
+
+    def _blocks_of(self, t: Tensor) -> Tensor:
+        """Query blocks of ``t`` ``(Bf, N, ...)`` -> ``(Bf, nb, b, ...)`` (zero-padded)."""
+        nb, b = self._num_blocks(), self.row_block
+        trailing = [0, 0] * (t.dim() - 2)
+        padded = F.pad(t, [*trailing, 0, nb * b - t.shape[1]])
+        return padded.reshape(t.shape[0], nb, b, *t.shape[2:])
+
+    def _allowed(self, blocks: slice) -> Tensor:
+        """Bool ``(Bf or 1, nb', b, g + L)``: the allowed (global key, slab key) pairs."""
+        n, g, b, before = self.num_nodes, self.num_global, self.row_block, self._before()
+        dev = self.device
+        m = torch.arange(self._num_blocks(), device=dev)[blocks]  # (nb',)
+        rows = m[:, None] * b + torch.arange(b, device=dev)  # (nb', b) absolute query
+        cols = m[:, None] * b - before + torch.arange(self._slab(), device=dev)  # (nb', L)
+        gap = rows[:, :, None] - cols[:, None, :]  # (nb', b, L)  i - j
+        band = (gap >= 0) & (gap < self.window) if self.causal else gap.abs() <= self.window
+        band &= (cols[:, None, :] >= g) & (cols[:, None, :] < n)  # real keys, not global ones
+        gcols = torch.arange(g, device=dev)
+        glob = torch.ones(len(m), b, g, dtype=torch.bool, device=dev)
+        if self.causal:
+            glob = gcols <= rows[:, :, None]  # (nb', b, g)
+        allowed = torch.cat([glob, band], dim=-1).unsqueeze(0)  # (1, nb', b, g + L)
+        if self._key_mask is not None:
+            km = self._key_mask
+            slab_mask = self._unfold(km, fill=False)[:, blocks]  # (Bf, nb', L)
+            keys = torch.cat([km[:, :g].unsqueeze(1).expand(-1, len(m), -1), slab_mask], -1)
+            allowed = allowed & keys.unsqueeze(2)  # (Bf, nb', b, g + L)
+            if self.drop_masked_queries:
+                allowed = allowed & self._blocks_of(km)[:, blocks].unsqueeze(-1)
+        return allowed
+
+    def _keys(self, t: Tensor, blocks: slice) -> Tensor:
+        """``(Bf, N, D)`` -> the keys (or values) of each block: ``(Bf, nb', g + L, D)``."""
+        slabs = self._unfold(t)[:, blocks]  # (Bf, nb', L, D)
+        glob = t[:, : self.num_global].unsqueeze(1).expand(-1, slabs.shape[1], -1, -1)
+        return torch.cat([glob, slabs], dim=2)
+
+    def _flat(self) -> tuple[Tensor, Tensor]:
+        n, e = self.q.shape[-2:]
+        return self.q.reshape(-1, n, e), self.k.reshape(-1, n, e)  # (Bf, N, E) each
+
+    def _chunks(self, per_block: int) -> list[slice]:
+        """Runs of blocks whose ``(Bf, blocks, b, per_block)`` slab stays near SLAB_ELEMENTS."""
+        rows = _numel(self.batch_shape) * self.row_block * max(1, per_block)
+        step = max(1, SLAB_ELEMENTS // rows)
+        nb = self._num_blocks()
+        return [slice(s, min(s + step, nb)) for s in range(0, nb, step)]
+
+    def _global_allowed(self) -> Tensor:
+        """Bool ``(Bf or 1, g, N)``: what the global rows may attend (every key, causal order)."""
+        g, n = self.num_global, self.num_nodes
+        allowed = torch.ones(1, g, n, dtype=torch.bool, device=self.device)
+        if self.causal:
+            allowed = torch.arange(n, device=self.device) <= torch.arange(
+                g, device=self.device
+            ).unsqueeze(-1)
+            allowed = allowed.unsqueeze(0)
+        if self._key_mask is not None:
+            allowed = allowed & self._key_mask.unsqueeze(1)
+            if self.drop_masked_queries:
+                allowed = allowed & self._key_mask[:, :g].unsqueeze(-1)
+        return allowed
+
+    # ---- weights -------------------------------------------------------------------------
+
+    def _block_weights(self, q: Tensor, k: Tensor, blocks: slice) -> Tensor:
+        """Softmax weights ``(Bf, nb', b, g + L)`` of the blocks (rows of global tokens 0)."""
+        qb = self._blocks_of(q)[:, blocks]  # (Bf, nb', b, E)
+        s = (qb @ self._keys(k, blocks).transpose(-1, -2)) * self.scale
+        allowed = self._allowed(blocks)
+        s = s.masked_fill(~allowed, float("-inf"))
+        has = allowed.any(-1, keepdim=True)
+        p = torch.softmax(torch.where(has, s, 0.0), dim=-1)
+        p = torch.where(allowed, p, 0.0)
+        if self.num_global:  # global rows are dense rows, computed apart
+            rows = torch.arange(self._num_blocks(), device=q.device)[blocks, None] * self.row_block
+            rows = rows + torch.arange(self.row_block, device=q.device)  # (nb', b)
+            p = p.masked_fill((rows < self.num_global)[None, :, :, None], 0.0)
+        return p
+
+    def _global_weights(self, q: Tensor, k: Tensor) -> Tensor:
+        """Dense rows ``(Bf, g, N)`` of the global tokens."""
+        s = (q[:, : self.num_global] @ k.transpose(-1, -2)) * self.scale
+        allowed = self._global_allowed()
+        s = s.masked_fill(~allowed, float("-inf"))
+        has = allowed.any(-1, keepdim=True)
+        return torch.where(allowed, torch.softmax(torch.where(has, s, 0.0), dim=-1), 0.0)
+
+    # ---- protocol ------------------------------------------------------------------------
+
+    def propagate(self, x: Tensor) -> Tensor:
+        xf, unfold = _fold(self._check_x(x), self.batch_shape)
+        q, k = self._flat()
+        n = self.num_nodes
+        everything = slice(None)
+        allowed = self._allowed(everything)  # (Bf or 1, nb, b, g + L)
+        has = allowed.any(-1, keepdim=True)
+        y = F.scaled_dot_product_attention(
+            self._blocks_of(q), self._keys(k, everything), self._keys(xf, everything),
+            attn_mask=allowed | ~has, scale=self.scale,
+        )  # fmt: skip  # (Bf, nb, b, C)
+        y = (y * has).reshape(q.shape[0], -1, xf.shape[-1])[:, :n]  # (Bf, N, C)
+        if self.num_global:
+            ga = self._global_allowed()
+            g_has = ga.any(-1, keepdim=True)
+            yg = F.scaled_dot_product_attention(
+                q[:, : self.num_global], k, xf, attn_mask=ga | ~g_has, scale=self.scale
+            )  # (Bf, g, C)
+            y = torch.cat([yg * g_has, y[:, self.num_global :]], dim=1)
+        return unfold(y)
+
+    def propagate_transpose(self, x: Tensor) -> Tensor:
+        xf, unfold = _fold(self._check_x(x), self.batch_shape)
+        q, k = self._flat()
+        n, g, b = self.num_nodes, self.num_global, self.row_block
+        nb, slab, before = self._num_blocks(), self._slab(), self._before()
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or xf.requires_grad)
+
+        def chunk(q: Tensor, k: Tensor, xb: Tensor, blocks: slice) -> tuple[Tensor, Tensor]:
+            p = self._block_weights(q, k, blocks)  # (Bf, nb', b, g + L)
+            out = p.transpose(-1, -2) @ xb  # (Bf, nb', g + L, C)
+            return out[:, :, :g].sum(1), out[:, :, g:]  # (Bf, g, C), (Bf, nb', L, C)
+
+        xb_all = self._blocks_of(xf)  # (Bf, nb, b, C)
+        to_global = xf.new_zeros(xf.shape[0], g, xf.shape[-1])
+        slabs: list[Tensor] = []
+        for blocks in self._chunks(g + slab):
+            args = (q, k, xb_all[:, blocks])
+            fn = lambda q, k, xb, blocks=blocks: chunk(q, k, xb, blocks)  # noqa: E731
+            tg, ts = checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
+            to_global = to_global + tg
+            slabs.append(ts)
+        parts = torch.cat(slabs, dim=1)  # (Bf, nb, L, C): contributions to slab positions
+        c = parts.shape[-1]
+        cols = parts.permute(0, 3, 2, 1).reshape(parts.shape[0], c * slab, nb)
+        length = (nb - 1) * b + slab
+        added = F.fold(cols, output_size=(length, 1), kernel_size=(slab, 1), stride=(b, 1))
+        out = added.reshape(parts.shape[0], c, length).transpose(1, 2)[:, before : before + n]
+        if g:
+            out = torch.cat([out[:, :g] + to_global, out[:, g:]], dim=1)
+            out = out + self._global_weights(q, k).transpose(-1, -2) @ xf[:, :g]
+        return unfold(out)
+
+    def row_has_edge(self) -> Tensor:
+        """Bool ``(..., N)``: which rows have at least one allowed key."""
+        if self._row_has_edge is None:
+            shape = (*self.batch_shape, self.num_nodes)
+            if self._key_mask is None:
+                has = torch.ones(shape, dtype=torch.bool, device=self.device)
+            else:
+                bf, n, g = _numel(self.batch_shape), self.num_nodes, self.num_global
+                blocks = self._allowed(slice(None)).any(-1).expand(bf, -1, -1)  # (Bf, nb, b)
+                has = blocks.reshape(bf, -1)[:, :n]
+                if g:
+                    has = torch.cat([self._global_allowed().any(-1).expand(bf, g), has[:, g:]], 1)
+                has = has.reshape(shape)
+            self._row_has_edge = has
+        return self._row_has_edge
+
+    def out_degree(self) -> Tensor:
+        return self.row_has_edge().to(self.dtype)
+
+    def in_degree(self) -> Tensor:
+        ones = torch.ones(
+            *self.batch_shape, self.num_nodes, 1, dtype=self.dtype, device=self.device
+        )
+        return self.propagate_transpose(ones).squeeze(-1)
+
+    def _weight_rows(self, start: int, stop: int) -> Tensor:
+        """Dense rows ``(Bf, rows, N)`` (for to_dense and generic conversions: ``O(rows N)``)."""
+        q, k = self._flat()
+        n, g = self.num_nodes, self.num_global
+        rows = torch.arange(start, stop, device=self.device).unsqueeze(-1)  # (rows, 1)
+        cols = torch.arange(n, device=self.device)
+        gap = rows - cols
+        band = (gap >= 0) & (gap < self.window) if self.causal else gap.abs() <= self.window
+        glob = (rows < g) | (cols < g)
+        allowed = (band | (glob & (gap >= 0) if self.causal else band | glob)).unsqueeze(0)
+        if self._key_mask is not None:
+            allowed = allowed & self._key_mask.unsqueeze(1)
+            if self.drop_masked_queries:
+                allowed = allowed & self._key_mask[:, start:stop].unsqueeze(-1)
+        s = (q[:, start:stop] @ k.transpose(-1, -2)) * self.scale
+        s = s.masked_fill(~allowed, float("-inf"))
+        has = allowed.any(-1, keepdim=True)
+        return torch.where(allowed, torch.softmax(torch.where(has, s, 0.0), dim=-1), 0.0)
+
+    # ---- top-k inside the window: O(N (w + g)) -------------------------------------------
+
+    def topk(
+        self, k_top: int, *, row_block: int | None = None, block_size: int | None = None
+    ) -> SparseGraph:
+        """The ``k_top`` heaviest allowed keys of every query, renormalized (see
+        :meth:`Graph.topk <heatformer.graph_ops.Graph.topk>`), ranked inside each block's slab:
+        ``O(N (w + g))`` work and memory. Equals the top-k of the dense banded matrix (ties to
+        the lower key index); a row with fewer allowed keys keeps zero-weight entries.
+
+        Raises:
+            ValueError: ``k_top`` outside ``[1, min(N, g + L)]`` (``L`` the slab length).
+        """
+        n, g = self.num_nodes, self.num_global
+        limit = min(n, g + self._slab())
+        k_top = V.check_positive_int("k_top", k_top, upper=limit)
+        q, k = self._flat()
+        idx_parts, w_parts = [], []
+        for blocks in self._chunks(g + self._slab()):
+            with torch.no_grad():
+                s = self._blocks_of(q)[:, blocks] @ self._keys(k, blocks).transpose(-1, -2)
+                s = (s * self.scale).masked_fill(~self._allowed(blocks), float("-inf"))
+                slot = _stable_topk(s, k_top)  # (Bf, nb', b, K) slots, ascending
+            idx_parts.append(self._slot_columns(slot, blocks))
+            w_parts.append(self._kept(q, k, blocks, slot))
+        idx = torch.cat(idx_parts, dim=1).reshape(q.shape[0], -1, k_top)[:, :n]
+        w = torch.cat(w_parts, dim=1).reshape(q.shape[0], -1, k_top)[:, :n]
+        if g:  # the global rows rank all N keys
+            dense = self._global_weights(*self._flat())
+            with torch.no_grad():
+                ranks = (q[:, :g] @ k.transpose(-1, -2)).masked_fill(
+                    ~self._global_allowed(), float("-inf")
+                )
+                gidx = _stable_topk(ranks, k_top)  # (Bf, g, K)
+            gw = dense.gather(-1, gidx)
+            gw = gw * torch.where(gw.sum(-1, keepdim=True) > 0, 1 / gw.sum(-1, keepdim=True), 0)
+            idx = torch.cat([gidx, idx[:, g:]], dim=1)
+            w = torch.cat([gw, w[:, g:]], dim=1)
+        shape = (*self.batch_shape, n, k_top)
+        return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape))
+
+    def _slot_columns(self, slot: Tensor, blocks: slice) -> Tensor:
+        """Absolute key index of each kept slot; an empty slot points at the row itself."""
+        g, b, before = self.num_global, self.row_block, self._before()
+        m = torch.arange(self._num_blocks(), device=slot.device)[blocks]
+        first = (m * b - before).view(1, -1, 1, 1)
+        col = torch.where(slot < g, slot, slot - g + first)
+        rows = (m[:, None] * b + torch.arange(b, device=slot.device)).view(1, -1, b, 1)
+        valid = (col >= 0) & (col < self.num_nodes)
+        return torch.where(valid, col, rows.clamp_max(self.num_nodes - 1))
+
+    def _kept(self, q: Tensor, k: Tensor, blocks: slice, slot: Tensor) -> Tensor:
+        def kept(q: Tensor, k: Tensor) -> Tensor:
+            p = self._block_weights(q, k, blocks).gather(-1, slot)  # (Bf, nb', b, K)
+            total = p.sum(-1, keepdim=True)
+            return p * torch.where(total > 0, 1 / torch.where(total > 0, total, 1.0), 0.0)
+
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+            return checkpoint(kept, q, k, use_reentrant=False)
+        return kept(q, k)

@@ -1,0 +1,164 @@
+"""Sliding-window and global-token graphs against the dense softmax with the same mask.
+
+``WindowGraph`` must equal ``SoftmaxGraph(q, k, mask=band)`` -- forward, backward, transpose
+products, degrees, dense weights, top-k -- for causal and bidirectional windows, global tokens,
+key masks (with and without dropping padded queries) and every block size, while never forming
+an ``N x N`` tensor; a rolling KV cache keeps only the keys the window needs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from heatformer.graph_ops import (
+    HeatKernel,
+    Laplacian,
+    PersonalizedPageRank,
+    SoftmaxGraph,
+    WindowGraph,
+    resolve_graph,
+)
+from heatformer.models import GPT, DiffusionAttention, GPTConfig, KVCache
+
+F64 = torch.float64
+
+
+def band_mask(n: int, w: int, causal: bool, g: int, key_mask, drop: bool) -> torch.Tensor:
+    """The dense mask the window graph stands for (written from its definition)."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+    gap = i - j
+    band = ((gap >= 0) & (gap < w)) if causal else gap.abs() <= w
+    glob = (i < g) | (j < g)
+    allowed = band | (glob & (gap >= 0)) if causal else band | glob
+    if key_mask is None:
+        return allowed
+    allowed = allowed & key_mask[:, None, :]
+    if drop:
+        allowed = allowed & key_mask[:, :, None]
+    return allowed[:, None]  # (B, 1, N, N)
+
+
+CASES = [
+    pytest.param(n, w, causal, g, masked, drop, rb, id=f"n{n}-w{w}-{'c' if causal else 'b'}"
+                 f"-g{g}{'-m' if masked else ''}{'-d' if drop else ''}-rb{rb}")
+    for n, w, causal, g, masked, drop, rb in itertools.product(
+        [1, 6, 23], [1, 4], [False, True], [0, 2], [False, True], [False, True], [None, 5]
+    )
+    if g <= n and (masked or not drop)
+]  # fmt: skip
+
+
+def _make(n, w, causal, g, masked, drop, rb, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 2, n, 4, generator=gen, dtype=F64, requires_grad=True)
+    k = torch.randn(2, 2, n, 4, generator=gen, dtype=F64, requires_grad=True)
+    x = torch.randn(2, 2, n, 3, generator=gen, dtype=F64, requires_grad=True)
+    key_mask = None
+    if masked:
+        key_mask = torch.ones(2, n, dtype=torch.bool)
+        key_mask[1, : max(1, n // 3)] = False  # left padding: causal rows without edges
+    window = WindowGraph(q, k, window=w, causal=causal, num_global=g, key_mask=key_mask,
+                         drop_masked_queries=drop, row_block=rb)  # fmt: skip
+    dense = SoftmaxGraph(q, k, mask=band_mask(n, w, causal, g, key_mask, drop))
+    return window, dense, (q, k, x)
+
+
+@pytest.mark.parametrize(("n", "w", "causal", "g", "masked", "drop", "rb"), CASES)
+def test_window_graph_equals_the_dense_masked_softmax(n, w, causal, g, masked, drop, rb):
+    window, dense, (q, k, x) = _make(n, w, causal, g, masked, drop, rb)
+    for name, fn in {
+        "propagate": lambda G: G.propagate(x),
+        "propagate_transpose": lambda G: G.propagate_transpose(x),
+        "to_dense": lambda G: G.to_dense(),
+        "out_degree": lambda G: G.out_degree(),
+        "in_degree": lambda G: G.in_degree(),
+        "sym laplacian": lambda G: Laplacian("sym")(G, x),
+        "heat": lambda G: HeatKernel(t=2.0, tol=1e-12)(G, x),
+        "ppr comb": lambda G: PersonalizedPageRank(0.3, "combinatorial", tol=1e-12)(G, x),
+    }.items():
+        torch.testing.assert_close(fn(window), fn(dense), atol=1e-12, rtol=1e-10, msg=name)
+
+    # gradients into q, k and x, through both products
+    def loss(G):
+        return (G.propagate(x) ** 2).sum() + (G.propagate_transpose(x) ** 2).sum()
+
+    for a, b in zip(torch.autograd.grad(loss(window), (q, k, x)),
+                    torch.autograd.grad(loss(dense), (q, k, x)), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)
+
+
+@pytest.mark.parametrize(("n", "w", "causal", "g", "masked", "drop", "rb"), CASES[::3])
+def test_topk_inside_the_window_equals_topk_of_the_banded_matrix(n, w, causal, g, masked, drop, rb):
+    window, dense, (q, k, x) = _make(n, w, causal, g, masked, drop, rb, seed=1)
+    k_top = min(3, n)
+    a, b = window.topk(k_top), dense.topk(k_top)
+    assert a.num_edges == b.num_edges == 4 * n * k_top  # exactly k per row
+    torch.testing.assert_close(a.to_dense(), b.to_dense(), atol=1e-12, rtol=1e-10)
+    ga = torch.autograd.grad((a.propagate(x) ** 2).sum(), (q, k))
+    gb = torch.autograd.grad((b.propagate(x) ** 2).sum(), (q, k))
+    for u, v in zip(ga, gb, strict=True):
+        torch.testing.assert_close(u, v, atol=1e-11, rtol=1e-9)
+
+
+def test_a_long_window_graph_never_forms_n_by_n() -> None:
+    """131072 nodes: an N x N float32 tensor would take 64 GiB, more than this machine has."""
+    n = 1 << 17
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 1, n, 8, generator=gen) for _ in range(2))
+    x = torch.randn(1, 1, n, 2, generator=gen)
+    graph = WindowGraph(q, k, window=8, causal=True, num_global=1)
+    y, yt = graph.propagate(x), graph.propagate_transpose(x)
+    assert y.shape == yt.shape == (1, 1, n, 2) and bool(torch.isfinite(y).all())
+    # row n-1 by hand: its 8 most recent keys and the global key 0
+    cols = torch.tensor([0, *range(n - 8, n)])
+    p = torch.softmax((q[0, 0, -1] @ k[0, 0, cols].T) / 8**0.5, -1)
+    torch.testing.assert_close(y[0, 0, -1], p @ x[0, 0, cols], atol=1e-5, rtol=1e-5)
+    # mass: the column sums (in-degrees) of a row-stochastic graph add up to N
+    torch.testing.assert_close(graph.in_degree().sum(), torch.tensor(float(n)), rtol=1e-4, atol=0)
+    assert graph.topk(4).num_edges == 4 * n
+
+
+@pytest.mark.parametrize("spec", ["window[w=3]", "window[w=2,global=2]"])
+def test_rolling_kv_cache_keeps_at_most_w_plus_g_keys_and_equals_recomputation(spec) -> None:
+    builder = resolve_graph(spec)
+    first, last = builder.cache_keep()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=24, n_layer=2, n_head=2, n_embd=8,
+                          heads="attention:1,laplacian:1", graph=spec)).double().eval()  # fmt: skip
+    assert model.supports_cache
+    idx = torch.randint(0, 11, (2, 20), generator=torch.Generator().manual_seed(1))
+    full = model(idx)
+    caches = [KVCache() for _ in model.blocks]
+    steps = [model(idx[:, :6], caches)]
+    for i in range(6, 20):
+        steps.append(model(idx[:, i : i + 1], caches))
+        assert all(c.length <= first + last for c in caches)
+        assert all(sorted(c.positions.tolist())[:first] == list(range(first)) for c in caches)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("spec", ["softmax", "topk[k=3]", "window[w=2]", "window[w=2,global=1]"])
+def test_layer_graphs_support_topk_dense_and_propagate_for_every_kind(spec) -> None:
+    layer = DiffusionAttention(8, 2, "attention:2", graph=spec, causal=True, dtype=F64)
+    x = torch.randn(2, 7, 8, dtype=F64)
+    graph = layer.graphs(x)
+    assert tuple(graph.batch_shape) == (2, 2) and graph.num_nodes == 7
+    sparse = graph.topk(2)
+    assert sparse.num_edges == 2 * 2 * 7 * 2
+    v = torch.randn(2, 2, 7, 3, dtype=F64)
+    torch.testing.assert_close(graph.propagate(v), graph.to_dense() @ v, atol=1e-12, rtol=0)
+
+
+def test_window_spec_errors_name_the_graph() -> None:
+    with pytest.raises(ValueError, match=r"^graph: in 'window\[w=0\]': w: expected"):
+        resolve_graph("window[w=0]")
+    with pytest.raises(ValueError, match=r"^graph: in 'window\[w=2,global=-1\]': global:"):
+        resolve_graph("window[w=2,global=-1]")
+    with pytest.raises(ValueError, match=r"^graph: window: unknown parameter\(s\) \['width'\]"):
+        resolve_graph("window[width=2]")
+    with pytest.raises(ValueError, match=r"^graph: window\[w=2,global=9\]: expected at most"):
+        GPTConfig(block_size=8, graph="window[w=2,global=9]")
+    assert resolve_graph("window[w=4,global=0]").spec == "window[w=4]"
