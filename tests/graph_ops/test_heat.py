@@ -141,7 +141,51 @@ def test_series_refusal_counts_every_split(monkeypatch) -> None:
     with pytest.raises(ValueError, match=rf"^method: 'series' refused: needs {total} propagations"):
         heat_kernel(g, x, t, method="series", tol=tol)
     monkeypatch.setattr(heat_module, "SERIES_MAX_TERMS", total)
+    monkeypatch.setattr(heat_module, "MATERIALIZE_BUDGET_BYTES", 0)  # keep it matrix-free
     assert select_heat_method(g, t, "rw", tol).name == "series"
+
+
+def test_auto_materializes_an_implicit_graph_under_the_budget(monkeypatch) -> None:
+    """``"series-dense"``: the series on ``P`` formed once, while ``B H N^2`` floats fit the
+    budget; same result as the matrix-free series; refused (with reasons) otherwise."""
+    g, x, _ = build("softmax")
+    size = g.materialized_bytes()
+    assert size == g.q.shape[0] * g.num_nodes**2 * g.q.element_size()
+    assert select_heat_method(g, 1.0, "rw", 1e-8).name == "series-dense"
+    dense = heat_kernel(g, x, 1.0, method="series-dense", tol=1e-12)
+    torch.testing.assert_close(dense, heat_kernel(g, x, 1.0, method="series", tol=1e-12),
+                               atol=1e-12, rtol=0)  # fmt: skip
+    monkeypatch.setattr(heat_module, "MATERIALIZE_BUDGET_BYTES", size - 1)
+    assert select_heat_method(g, 1.0, "rw", 1e-8).name == "series"
+    with pytest.raises(ValueError, match=r"'series-dense' refused: its explicit weights take"):
+        heat_kernel(g, x, 1.0, method="series-dense")
+    explicit = DenseGraph(g.to_dense().detach())  # already explicit: nothing to materialize
+    assert select_heat_method(explicit, 1.0, "rw", 1e-8).name == "series"
+    with pytest.raises(ValueError, match=r"no explicit form that is cheaper"):
+        heat_kernel(explicit, x, 1.0, method="series-dense")
+
+
+def test_large_series_terms_are_recomputed_in_backward(monkeypatch) -> None:
+    """Above CHECKPOINT_ELEMENTS a term is recomputed in backward, with the same gradients."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, x = (torch.randn(2, 12, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))  # fmt: skip
+
+    def grads() -> tuple[torch.Tensor, ...]:
+        y = heat_kernel(SoftmaxGraph(q, k), x, 1.5, method="series", tol=1e-10)
+        return torch.autograd.grad((y**2).sum(), (q, k, x))
+
+    stored = grads()
+    monkeypatch.setattr(heat_module, "CHECKPOINT_ELEMENTS", 1)
+    calls = []
+    real = heat_module.checkpoint
+    monkeypatch.setattr(
+        heat_module, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    recomputed = grads()
+    assert calls  # the recomputing path ran
+    for a, b in zip(stored, recomputed, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-13, rtol=0)
 
 
 def test_poisson_order_is_smallest_sufficient() -> None:
@@ -154,6 +198,8 @@ def test_poisson_order_is_smallest_sufficient() -> None:
 
 def test_auto_prefers_series_then_falls_back(monkeypatch) -> None:
     g, x, w = build("softmax")
+    assert select_heat_method(g, 1.0, "rw", 1e-6).name == "series-dense"
+    monkeypatch.setattr(heat_module, "MATERIALIZE_BUDGET_BYTES", 0)
     assert select_heat_method(g, 1.0, "rw", 1e-6).name == "series"
     monkeypatch.setattr(heat_module, "SERIES_MAX_TERMS", 1)
     assert select_heat_method(g, 1.0, "rw", 1e-6).name == "exact"
@@ -162,12 +208,12 @@ def test_auto_prefers_series_then_falls_back(monkeypatch) -> None:
     monkeypatch.setattr(heat_module, "EXACT_MAX_NODES", 3)
     with pytest.raises(ValueError, match="method") as info:
         heat_kernel(g, x, 1.0)
-    assert "'series'" in str(info.value) and "'exact'" in str(info.value)
+    assert all(f"'{m}'" in str(info.value) for m in ("series-dense", "series", "exact"))
     assert "SERIES_MAX_TERMS" in str(info.value) and "EXACT_MAX_NODES" in str(info.value)
 
 
 def test_registry_declares_methods() -> None:
-    assert set(HEAT_METHODS) == {"series", "exact"}
+    assert list(HEAT_METHODS) == ["series-dense", "series", "exact"]  # the order "auto" tries
     for name, entry in HEAT_METHODS.items():
         assert entry.name == name and entry.summary
 

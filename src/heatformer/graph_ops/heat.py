@@ -19,6 +19,12 @@ numerically useless beyond ``t`` of a few units). Large ``tau`` is split,
 ``K`` at which the Poisson tail ``P[Poisson(tau/s) > K]`` drops below ``tol / s``, so the total
 truncation error is at most ``tol * max|x|`` (in the 2-norm sense for ``"sym"``).
 
+``"series-dense"`` -- the same series on the graph's explicit weights, formed once
+(:meth:`~heatformer.graph_ops.Graph.materialized`): for an attention graph each term is then
+one ``N x N`` matrix product instead of a fused attention call that recomputes the scores,
+half the flops, at ``B H N^2`` memory; ``"auto"`` takes it while the weights fit
+:data:`MATERIALIZE_BUDGET_BYTES` (256 MiB by default), else the matrix-free ``"series"``.
+
 ``"exact"`` -- ``torch.linalg.matrix_exp(-t L) @ x`` on the dense Laplacian: ``O(N^3)``, for
 small graphs and as a reference.
 
@@ -37,9 +43,11 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
 from heatformer.graph_ops._methods import Method, check_method, select_method
@@ -59,6 +67,14 @@ DENSE_DTYPE = torch.float64
 SERIES_MAX_TERMS = 5000
 #: Largest ``tau = c t`` handled in one series sub-step.
 SERIES_MAX_STEP = 8.0
+#: Most bytes ``"series-dense"`` may spend on an explicit copy of an implicit graph's weights
+#: (``B H N^2`` floats for attention); above it, ``"auto"`` keeps the matrix-free series. Set
+#: it (``heatformer.graph_ops.heat.MATERIALIZE_BUDGET_BYTES = ...``) to trade memory for speed.
+MATERIALIZE_BUDGET_BYTES = 1 << 28
+#: Terms of at least this many elements are recomputed in backward instead of stored
+#: (``torch.utils.checkpoint``): a heat series on a million tokens keeps one term per
+#: propagation, not every intermediate of every propagation.
+CHECKPOINT_ELEMENTS = 1 << 24
 
 
 def poisson_order(tau: float, tol: float) -> int:
@@ -116,11 +132,45 @@ def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol:
         term = y.to(x.dtype)  # products with the graph in the signal's dtype
         acc = weight * y
         for k in range(1, order + 1):
-            term = gen.markov(term)
+            term = propagation_step(gen.markov, term)
             weight = weight * step / k
             acc = torch.addcmul(acc, weight, term)  # acc + weight * term, one pass
         y = acc
     return y.to(x.dtype)
+
+
+def propagation_step(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``fn(x)`` for one step of a series; recomputed in backward for large signals
+    (:data:`CHECKPOINT_ELEMENTS`), so the memory of a ``K``-term series is ``K`` signals."""
+    if torch.is_grad_enabled() and x.numel() >= CHECKPOINT_ELEMENTS:
+        out: Tensor = checkpoint(fn, x, use_reentrant=False)
+        return out
+    return fn(x)
+
+
+def _series_dense(
+    graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float
+) -> Tensor:
+    return _series(graph.materialized(), x, t, normalization, tol)
+
+
+def _series_dense_refuse(
+    graph: Graph, t: Tensor | float, normalization: str, tol: float
+) -> str | None:
+    size = graph.materialized_bytes()
+    if size is None:
+        return "the graph has no explicit form that is cheaper to propagate"
+    if size > MATERIALIZE_BUDGET_BYTES:
+        return (
+            f"its explicit weights take {size / 2**20:.0f} MiB, more than "
+            f"MATERIALIZE_BUDGET_BYTES = {MATERIALIZE_BUDGET_BYTES / 2**20:.0f} MiB"
+        )
+    gen = GraphLaplacian(graph, normalization)
+    tau_max = float(_tau(gen, t).detach().max())
+    s, order = _series_plan(tau_max, tol)
+    if s * order < 2:
+        return "one propagation or none: materializing the weights would save nothing"
+    return _series_refuse(graph, t, normalization, tol)
 
 
 def _series_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: float) -> str | None:
@@ -162,6 +212,11 @@ def _exact_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: floa
 HeatMethod = Method
 
 HEAT_METHODS: dict[str, Method] = {
+    "series-dense": Method(
+        "series-dense", _series_dense, _series_dense_refuse,
+        "the series on the graph's explicit weights, formed once: half the flops of "
+        "recomputing them per term; B H N^2 memory, under MATERIALIZE_BUDGET_BYTES",
+    ),
     "series": Method(
         "series", _series, _series_refuse,
         "positive Poisson-weighted series in M, one propagate per term; O(N) memory",

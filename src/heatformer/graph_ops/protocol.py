@@ -182,6 +182,17 @@ class Graph(ABC):
         w = self._weight_rows(start, stop).gather(-1, idx)
         return _row_normalize(w)
 
+    def materialized_bytes(self) -> int | None:
+        """Bytes an explicit copy of the weights would take when it makes repeated
+        :meth:`propagate` calls cheaper (an implicit graph that recomputes its weights each
+        time), else None. Heat series ask this before materializing under a budget."""
+        return None
+
+    def materialized(self) -> Graph:
+        """The same graph with explicit weights (when :meth:`materialized_bytes` is not None):
+        differentiable, equal to ``self`` up to round-off."""
+        raise NotImplementedError(f"{type(self).__name__} has no cheaper explicit form")
+
     def _check_x(self, x: Tensor) -> Tensor:
         return V.check_signal(x, self.num_nodes, self.batch_shape, self.dtype)
 

@@ -118,6 +118,21 @@ class SoftmaxGraph(Graph):
     def _blocks(self, row_block: int | None) -> list[tuple[int, int]]:
         return super()._blocks(self.row_block if row_block is None else row_block)
 
+    def materialized_bytes(self) -> int:
+        n = self.num_nodes
+        return _numel(self.batch_shape) * n * n * self.q.element_size()
+
+    def materialized(self) -> Graph:
+        """``DenseGraph(self.to_dense())``, keeping what is known of the rows (stochastic,
+        non-empty) so that the Laplacians skip the work they would do for unknown weights."""
+        from heatformer.graph_ops.dense import DenseGraph
+
+        dense = DenseGraph.__new__(DenseGraph)  # trusted: NaN in, NaN out
+        dense.weight = dense._tensor = self.to_dense()
+        dense.row_stochastic = True
+        dense._rows_nonempty = self._rows_nonempty
+        return dense
+
     def to(self, dtype: torch.dtype) -> SoftmaxGraph:
         if dtype == self.dtype:
             return self

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype
+from heatformer.graph_ops.heat import propagation_step
 from heatformer.graph_ops.laplacian import GraphLaplacian
 from heatformer.graph_ops.operators.base import NormalizedOperator, _parameter
 from heatformer.graph_ops.protocol import Graph
@@ -73,7 +74,7 @@ class Polynomial(NormalizedOperator):
         xa = x.to(acc)
         y = c[-1] * xa
         for k in range(c.numel() - 2, -1, -1):
-            y = gen.laplacian(y.to(x.dtype)).to(acc) + c[k] * xa
+            y = propagation_step(gen.laplacian, y.to(x.dtype)).to(acc) + c[k] * xa
         return y.to(x.dtype)
 
     def frequency_response(self, lam: Tensor) -> Tensor:

@@ -10,7 +10,12 @@ from torch import Tensor
 from heatformer import checks as V
 from heatformer.graph_ops._methods import Method, check_method, select_method
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
-from heatformer.graph_ops.heat import DENSE_DTYPE, EXACT_MAX_NODES, SERIES_MAX_TERMS
+from heatformer.graph_ops.heat import (
+    DENSE_DTYPE,
+    EXACT_MAX_NODES,
+    SERIES_MAX_TERMS,
+    propagation_step,
+)
 from heatformer.graph_ops.laplacian import GraphLaplacian, adjacency_matrix
 from heatformer.graph_ops.operators.base import NormalizedOperator
 from heatformer.graph_ops.protocol import Graph
@@ -141,7 +146,7 @@ def _ppr_series(graph: Graph, x: Tensor, alpha: float, normalization: str, tol: 
     term, acc = x, alpha * x.to(accumulation_dtype(x.dtype))  # half precision sums in float32
     weight = alpha
     for _ in range(ppr_order(alpha, tol)):
-        term = gen.adjacency(term)
+        term = propagation_step(gen.adjacency, term)
         weight *= 1.0 - alpha
         acc = torch.add(acc, term, alpha=weight)
     return acc.to(x.dtype)
