@@ -139,7 +139,7 @@ FIGURES: dict[tuple[str, ...], Callable[[Path], None]] = {
 
 def _fingerprint() -> str:
     digest = hashlib.sha256(Path(__file__).read_bytes())
-    for path in sorted(Path(heatformer.viz.__file__).parent.glob("*.py")):
+    for path in sorted(Path(heatformer.viz.__file__).parent.rglob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 

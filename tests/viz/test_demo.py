@@ -1,4 +1,5 @@
-"""The teaching demo: it runs in under a minute, and its page shows files that exist.
+"""The teaching demo: it runs in under a minute, its page shows files that exist, and the page
+is drawn from the computed data alone.
 
 The default demo is built once per session (the ``demo`` fixture of ``conftest.py``) and
 shared by these tests and the browser test.
@@ -6,16 +7,28 @@ shared by these tests and the browser test.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import heatformer.analysis
 from heatformer.cli import main
-from heatformer.graph_ops import Attention, DenseGraph, Laplacian
+from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph
 from heatformer.viz import build_demo, render_demo
-from heatformer.viz.demo import LayerSnapshot, snapshot_attention, train_tiny_gpt
+from heatformer.viz.demo import (
+    DemoData,
+    LayerSnapshot,
+    compute_demo,
+    demo_from_snapshots,
+    snapshot_attention,
+    train_tiny_gpt,
+    write_demo,
+)
 
 
 def test_demo_runs_in_under_a_minute(demo) -> None:
@@ -144,10 +157,10 @@ def test_cli_demo_refuses_bad_input_before_training(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import heatformer.viz.demo as demo_module
+    import heatformer.viz.demo.compute as compute
 
     trained: list[str] = []
-    monkeypatch.setattr(demo_module, "train_tiny_gpt", lambda *a, **k: trained.append("x"))
+    monkeypatch.setattr(compute, "train_tiny_gpt", lambda *a, **k: trained.append("x"))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     out = tmp_path / "out"
@@ -159,3 +172,120 @@ def test_cli_demo_refuses_bad_input_before_training(
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert trained == []  # refused before minutes of training, so nothing is lost
     assert not out.exists()
+
+
+def _random_layers(text: str, *, layers: int = 2, seed: int = 0) -> list[LayerSnapshot]:
+    """Snapshots of random causal attention graphs: 2 attention and 2 Laplacian heads."""
+    gen = torch.Generator().manual_seed(seed)
+    n, snaps = len(text), []
+    for _ in range(layers):
+        q, k = (torch.randn(4, n, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+        graph = DenseGraph(SoftmaxGraph(q, k, causal=True).to_dense())  # (H, N, N)
+        values = torch.randn(4, n, 8, generator=gen, dtype=torch.float64)  # (H, N, Dh)
+        snaps.append(LayerSnapshot(graph, values, (Attention(), Attention(), Laplacian(),
+                                                   Laplacian())))  # fmt: skip
+    return snaps
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_the_data_holds_the_numbers_the_page_describes() -> None:
+    text = "x = f(y) + 1"
+    layers = _random_layers(text)
+    data = demo_from_snapshots(layers, text=text, layer=1, source=3, per_layer={"a": [0.5, 0.4]})
+    n = len(text)
+    assert (data.layer, data.attention_head, data.laplacian_head, data.filter_head) == (1, 0, 2, 2)
+    assert data.operators == (("attention", "attention", "laplacian", "laplacian"),) * 2
+    torch.testing.assert_close(data.attention, torch.stack([s.graph.to_dense() for s in layers]))
+    head = data.attention[1, 0]  # (N, N), the head of the single-head pictures
+    # heat flow: a one-hot drop on the source at t = 0, then exp(-t (I - P)) e_source
+    assert data.heat_times == (0.0, 0.5, 1.0, 2.0, 4.0) and len(data.animation_times) == 25
+    torch.testing.assert_close(data.heat[0], torch.eye(n, dtype=torch.float64)[3])
+    lap = torch.eye(n, dtype=torch.float64) - head
+    for t, frame in zip(data.heat_times, data.heat):
+        torch.testing.assert_close(frame, torch.linalg.matrix_exp(-t * lap)[:, 3])
+    # causal P: the random-walk eigenvalues are 1 - P[i, i]
+    rw = torch.sort(data.spectra["rw"].real).values
+    torch.testing.assert_close(rw, torch.sort(1 - head.diagonal()).values)
+    # frequency responses 1 - lam, lam, exp(-lam); P v + (I - P) v = v on the Laplacian head
+    attention, laplacian, heat = data.responses.values()
+    torch.testing.assert_close(attention, 1 - data.lam)
+    torch.testing.assert_close(laplacian, data.lam)
+    torch.testing.assert_close(heat, torch.exp(-data.lam))
+    torch.testing.assert_close(data.channel, layers[1].values[2, :, 0])
+    torch.testing.assert_close(sum(data.outputs.values()), data.channel)
+    # top-k: k heaviest edges per query (fewer on the first rows of a causal graph), rows sum to 1
+    assert list(data.topk) == ["full attention", "top-4", "top-2"]
+    for title, k in (("top-4", 4), ("top-2", 2)):
+        kept = data.topk[title]
+        torch.testing.assert_close((kept > 0).sum(-1), torch.arange(1, n + 1).clamp(max=k))
+        torch.testing.assert_close(kept.sum(-1), torch.ones(n, dtype=torch.float64))
+    assert data.per_layer == {"a": (0.5, 0.4)} and data.losses == {}
+
+
+def test_the_page_is_drawn_from_the_data_alone(tmp_path: Path) -> None:
+    """Drawn again from the data's JSON, with one number changed, the page has the same files
+    but the one picture of that number."""
+    text = "a random graph"
+    data = demo_from_snapshots(_random_layers(text, layers=1), text=text, losses={"m": (5.5, 2.25)})
+    plain = json.loads(json.dumps(data.to_dict(), allow_nan=False))  # standard JSON, no NaN
+    assert DemoData.from_dict(plain).to_dict() == plain
+    plain["heat"] = [[0.5 * u for u in frame] for frame in plain["heat"]]
+    first = write_demo(tmp_path / "first", data, gif=False)
+    write_demo(tmp_path / "again", DemoData.from_dict(plain), gif=False)
+    assert [f.name for f in first.files] == [
+        "attention_graph.png", "attention_heads.png", "spectrum.png", "heat_flow.png",
+        "laplacian_vs_attention.png", "topk.png",
+    ]  # fmt: skip
+    assert first.losses == {"m": (5.5, 2.25)}
+    before, after = _files(tmp_path / "first"), _files(tmp_path / "again")
+    assert sorted(before) == sorted(after) == sorted([*(f.name for f in first.files), "index.html"])
+    assert {name for name in before if before[name] != after[name]} == {"heat_flow.png"}
+    with pytest.raises(ValueError, match="data: expected the fields"):
+        DemoData.from_dict({"text": text})
+
+
+def test_computing_the_demo_imports_no_matplotlib() -> None:
+    code = (
+        "import sys, torch\n"
+        "from heatformer.graph_ops import Attention, DenseGraph, Laplacian\n"
+        "from heatformer.viz.demo import LayerSnapshot, demo_from_snapshots\n"
+        "graph = DenseGraph(torch.full((2, 4, 4), 0.25, dtype=torch.float64).tril())\n"
+        "snap = LayerSnapshot(graph, torch.ones(2, 4, 3, dtype=torch.float64),"
+        " (Attention(), Laplacian()))\n"
+        "data = demo_from_snapshots([snap], text='abcd')\n"
+        "print(data.heat.shape, 'matplotlib' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "False"
+
+
+def test_compute_demo_reads_the_models_with_the_analysis_hooks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import heatformer.viz.demo.compute as compute
+
+    assert snapshot_attention is heatformer.analysis.snapshot_attention
+    assert LayerSnapshot is heatformer.analysis.LayerSnapshot
+    calls: list[str] = []
+
+    def counting(name: str, function):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for name in ("snapshot_attention", "collect_token_states"):
+        monkeypatch.setattr(compute, name, counting(name, getattr(compute, name)))
+    data = compute_demo(text="ab cd", steps=2, corpus=b"abcdefgh" * 600)
+    assert sorted(calls) == ["collect_token_states"] * 2 + ["snapshot_attention"]
+    assert set(data.losses) == {"attention:4", "attention:2,laplacian:2"}
+    assert {k: len(v) for k, v in data.per_layer.items()} == {
+        "attention:4": 3, "attention:2,laplacian:2": 3,
+    }  # fmt: skip
+    assert data.attention.shape == (2, 4, 5, 5) and data.text == "ab cd"
+    assert "trained for 2 steps (seed 0)" in data.meta

@@ -14,7 +14,8 @@ GIF) and writes it when given ``save=PATH``.
 - :func:`plot_frequency_responses`, :func:`plot_operator_outputs` -- what each operator does
   to each frequency, and to a signal.
 - :func:`plot_per_layer` -- a token-geometry metric across layers, one line per model.
-- :func:`build_demo` -- the teaching demo behind ``heatformer demo``.
+- :func:`build_demo` -- the teaching demo behind ``heatformer demo``, computed apart from its
+  page (:mod:`heatformer.viz.demo`).
 """
 
 from heatformer.viz._common import INSTALL_HINT, require_matplotlib, token_labels

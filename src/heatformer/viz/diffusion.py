@@ -171,12 +171,12 @@ def _draw_heat_strip(
     frames: Tensor,
     *,
     label: str,
-    tokens: Sequence[str] | str | bytes | None,
-    layout: str,
-    top_k: int | None,
-    cmap: str,
-    gamma: float,
-    save: PathLike | None,
+    tokens: Sequence[str] | str | bytes | None = None,
+    layout: str = "arc",
+    top_k: int | None = 2,
+    cmap: str = "YlOrRd",
+    gamma: float = 0.5,
+    save: PathLike | None = None,
 ) -> Figure:
     """The strip of :func:`plot_heat_diffusion` for given frames ``(T, N)`` at times ``ts``."""
     norm = _heat_norm(frames, gamma)
@@ -269,13 +269,13 @@ def _write_heat_gif(
     frames: Tensor,
     *,
     path: Path,
-    tokens: Sequence[str] | str | bytes | None,
-    layout: str,
-    top_k: int | None,
-    cmap: str,
-    gamma: float,
-    fps: int,
-    dpi: int,
+    tokens: Sequence[str] | str | bytes | None = None,
+    layout: str = "arc",
+    top_k: int | None = 2,
+    cmap: str = "YlOrRd",
+    gamma: float = 0.5,
+    fps: int = 6,
+    dpi: int = 80,
 ) -> Path:
     """The GIF of :func:`animate_heat_diffusion` for given frames ``(T, N)`` at times ``ts``."""
     norm = _heat_norm(frames, gamma)

@@ -1,0 +1,392 @@
+"""The teaching demo's numbers: trained models, attention graphs, heat flows, spectra.
+
+Everything the demo page shows is computed here into one :class:`DemoData` of tensors,
+strings and numbers, which :mod:`heatformer.viz.demo.page` draws without a model (and which
+:meth:`DemoData.to_dict` turns into plain lists for JSON). :func:`compute_demo` trains the
+demo's two tiny byte-level GPTs on a built-in corpus (the source of a few standard-library
+modules, so no download) with a plain AdamW loop (:func:`train_tiny_gpt`), reads the attention
+of the one with Laplacian heads with :func:`heatformer.analysis.snapshot_attention` and the
+token geometry of both with :func:`heatformer.analysis.collect_token_states`;
+:func:`demo_from_snapshots` computes the rest from any attention snapshots. Nothing here
+imports matplotlib.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from heatformer._progress import Progress
+from heatformer.analysis import (
+    LayerSnapshot,
+    collect_token_states,
+    snapshot_attention,
+    within_sequence_variance,
+)
+from heatformer.checks import NORMALIZATIONS, bad_type, bad_value
+from heatformer.graph_ops import (
+    Attention,
+    DenseGraph,
+    DiffusionOperator,
+    HeatKernel,
+    Laplacian,
+    spectrum,
+)
+from heatformer.viz._common import single_graph
+from heatformer.viz.demo.data import DemoData
+from heatformer.viz.diffusion import _times, heat_diffusion_frames
+from heatformer.viz.graphs import _topk_title
+from heatformer.viz.spectra import _frequency_responses, _operator_outputs, _signal_of
+
+__all__ = [
+    "CORPUS_MODULES",
+    "DEFAULT_TEXT",
+    "DEMO_HEADS",
+    "DEMO_LAYERS",
+    "check_demo_arguments",
+    "compute_demo",
+    "demo_corpus",
+    "demo_from_snapshots",
+    "train_tiny_gpt",
+]
+
+#: The sentence the demo looks at (the corpus is Python source, so a line of Python).
+DEFAULT_TEXT = "def add(a, b): return a + b"
+
+#: Standard-library modules whose source is the demo's training corpus.
+CORPUS_MODULES = (
+    "argparse", "collections", "dataclasses", "enum", "functools", "json.decoder", "string",
+    "textwrap", "typing",
+)  # fmt: skip
+
+#: The two model configurations trained by the demo: name -> head spec.
+DEMO_HEADS = {"attention:4": "attention:4", "attention:2,laplacian:2": "attention:2,laplacian:2"}
+
+#: Layers of the demo GPTs (the ``layer`` of :func:`build_demo` indexes them).
+DEMO_LAYERS = 2
+
+
+def demo_corpus(modules: Sequence[str] = CORPUS_MODULES, max_bytes: int = 400_000) -> bytes:
+    """The demo's built-in training text: the source code of a few stdlib modules (UTF-8).
+
+    Args:
+        modules: importable module names whose source is concatenated.
+        max_bytes: cap on the returned length.
+
+    Raises:
+        ValueError: the sources could not be read (e.g. a Python without ``.py`` files).
+    """
+    chunks = []
+    for name in modules:
+        try:
+            chunks.append(inspect.getsource(importlib.import_module(name)))
+        except (ImportError, OSError, TypeError):
+            continue
+    text = "".join(chunks).encode("utf-8")[:max_bytes]
+    if len(text) < 10_000:
+        raise bad_value(
+            "modules",
+            f"expected readable Python sources of at least 10000 bytes, got {len(text)} from "
+            f"{list(modules)}",
+        )
+    return text
+
+
+def _byte_ids(text: str | bytes) -> Tensor:
+    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    return torch.tensor(list(data), dtype=torch.long)
+
+
+def train_tiny_gpt(
+    corpus: str | bytes,
+    *,
+    heads: str,
+    steps: int = 200,
+    seed: int = 0,
+    block_size: int = 64,
+    batch_size: int = 16,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_embd: int = 64,
+    lr: float = 3e-3,
+    max_seconds: float | None = None,
+    progress: bool = False,
+) -> tuple[nn.Module, list[float]]:
+    """Train a tiny byte-level :class:`~heatformer.models.GPT` with AdamW (a plain loop).
+
+    Args:
+        corpus: training text (bytes or str, read as UTF-8 bytes; vocabulary 256).
+        heads: the head spec, e.g. ``"attention:2,laplacian:2"``.
+        steps: optimizer steps.
+        seed: seeds the initialization and the batches.
+        block_size, batch_size, n_layer, n_head, n_embd: model and batch sizes.
+        lr: learning rate.
+        max_seconds: stop early after this much wall time (``None``: no limit).
+        progress: report the steps on stderr (:mod:`heatformer._progress`: a bar on a
+            terminal, one line per 10 % otherwise), as ``demo <heads>``.
+
+    Returns:
+        ``(model in eval mode, training loss of every step)``.
+    """
+    from heatformer.models import GPT, GPTConfig
+
+    _check_steps(steps)
+    data = _byte_ids(corpus)
+    if data.numel() <= block_size + 1:
+        raise bad_value("corpus", f"expected more than {block_size + 1} bytes, got {data.numel()}")
+    torch.manual_seed(seed)
+    model = GPT(
+        GPTConfig(
+            vocab_size=256, block_size=block_size, n_layer=n_layer, n_head=n_head,
+            n_embd=n_embd, heads=heads,
+        )
+    )  # fmt: skip
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(seed)
+    offsets = torch.arange(block_size + 1)  # (N+1,)
+    losses: list[float] = []
+    start = time.perf_counter()
+    bar = Progress(steps, f"demo {heads}", enabled=progress, leave=False)
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, data.numel() - block_size - 1, (batch_size, 1), generator=gen)
+        window = data[starts + offsets]  # (B, N+1)
+        x, y = window[:, :-1], window[:, 1:]  # (B, N) each
+        logits = model(x)  # (B, N, 256)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        bar.update(1, loss=losses[-1])
+        if max_seconds is not None and time.perf_counter() - start > max_seconds:
+            break
+    bar.close()
+    model.eval()
+    return model, losses
+
+
+def _within_share(model: nn.Module, corpus: bytes, block_size: int) -> list[float]:
+    """Within-sequence share of the token variance after the embedding and each block."""
+    data = _byte_ids(corpus[-(32 * block_size + 1) :])
+    windows = data[: (data.numel() // block_size) * block_size].view(-1, block_size)[:32]
+    names = [f"blocks.{i}" for i in range(len(model.blocks))]  # type: ignore[arg-type]
+    states = collect_token_states(model, windows, ["drop", *names])
+    shares = []
+    for h in states.values():
+        h = h.to(torch.float64)
+        total = ((h - h.mean((0, 1))) ** 2).sum(-1).mean()
+        shares.append(float(within_sequence_variance(h) / total))
+    return shares
+
+
+def _check_steps(steps: object) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise bad_value("steps", f"expected a positive int, got {steps!r}")
+
+
+def check_demo_arguments(*, text: str, layer: int, steps: int) -> None:
+    """Refuse a bad ``text``, ``layer`` or ``steps`` of :func:`compute_demo` before any work.
+
+    Raises:
+        TypeError: ``layer`` is not an int.
+        ValueError: ``text`` is not 2 to 64 bytes of UTF-8, ``layer`` is not an index into the
+            :data:`DEMO_LAYERS` layers, ``steps`` is not a positive int.
+    """
+    raw = text.encode("utf-8")
+    if not 2 <= len(raw) <= 64:
+        raise bad_value("text", f"expected 2 to 64 bytes of UTF-8, got {len(raw)}")
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise bad_type("layer", f"expected an int, got {type(layer).__name__}")
+    if not -DEMO_LAYERS <= layer < DEMO_LAYERS:
+        raise bad_value("layer", f"expected an index into {DEMO_LAYERS} layers, got {layer}")
+    _check_steps(steps)
+
+
+#: Diffusion times of the heat-flow strip and of the animation.
+HEAT_TIMES = (0.0, 0.5, 1.0, 2.0, 4.0)
+ANIMATION_TIMES = tuple(torch.linspace(0.0, 6.0, 25).tolist())
+
+#: The values of ``k`` of the top-k picture (``None``: the full graph).
+TOPK_KS = (None, 4, 2)
+
+
+def _first_head(ops: Sequence[DiffusionOperator], kind: type) -> int | None:
+    for h, op in enumerate(ops):
+        if type(op) is kind:
+            return h
+    return None
+
+
+def demo_from_snapshots(
+    layers: Sequence[LayerSnapshot],
+    *,
+    text: str,
+    layer: int = 0,
+    source: int | None = None,
+    per_layer: Mapping[str, Sequence[float]] | None = None,
+    losses: Mapping[str, tuple[float, float]] | None = None,
+    meta: str = "",
+) -> DemoData:
+    """Compute everything the demo page shows from attention snapshots (no model needed).
+
+    Args:
+        layers: one :class:`~heatformer.analysis.LayerSnapshot` per layer, e.g. from
+            :func:`~heatformer.analysis.snapshot_attention` (or random graphs), all with the
+            same heads and tokens.
+        text: the sentence (one token per character; ``len(text)`` must be ``N``).
+        layer: which layer the single-head pictures use.
+        source: the token that receives the drop of heat (default: the token after the first
+            that receives the most attention in the attention head).
+        per_layer: ``{config: [within-sequence variance share per layer]}``, or ``None``.
+        losses: ``{config: (first, last)}`` training losses.
+        meta: a line of text about the run.
+
+    Returns:
+        The :class:`DemoData`.
+
+    Raises:
+        ValueError: no layers, layers of different shapes, ``layer`` or ``source`` out of
+            range, ``text`` not of ``N`` characters.
+    """
+    if not layers:
+        raise bad_value("layers", "expected at least one LayerSnapshot")
+    if not -len(layers) <= layer < len(layers):
+        raise bad_value("layer", f"expected an index into {len(layers)} layers, got {layer}")
+    snap = layers[layer]
+    n = snap.graph.num_nodes
+    if len(text) != n:
+        raise bad_value("text", f"expected {n} characters (one per node), got {len(text)}")
+    att = _first_head(snap.operators, Attention)
+    att = 0 if att is None else att
+    lap = _first_head(snap.operators, Laplacian)
+    if source is None:  # the most attended token after the first (often a sink) and before the end
+        received = snap.graph.in_degree()[att]  # (N,)
+        source = 1 + int(received[1 : max(2, n - 2)].argmax()) if n > 3 else 0
+    elif not -n <= source < n:
+        raise bad_value("source", f"expected a token index in [0, {n}), got {source}")
+    dense = [s.graph.to_dense().detach().to("cpu", torch.float64) for s in layers]
+    if any(d.shape != dense[layer].shape for d in dense):
+        shapes = [tuple(d.shape) for d in dense]
+        raise bad_value("layers", f"expected graphs of one shape (H, N, N), got {shapes}")
+    head = single_graph(snap.graph, att)  # the head of the single-head pictures
+    filter_head = lap if lap is not None else att
+    pair = {"attention head: P = I − L": Attention(), "Laplacian head: L = I − P": Laplacian()}
+    filters = {**pair, "heat head t=1: exp(−L)": HeatKernel(t=1.0)}  # section 5, left
+    lam = torch.linspace(0.0, 2.0, 201, dtype=torch.float64)
+    filter_graph = DenseGraph(snap.graph.to_dense()[filter_head].detach().to(torch.float64))
+    channel = _signal_of(snap.values[filter_head, :, 0], n)  # (N,)
+    heat_times, animation_times = _times(HEAT_TIMES), _times(ANIMATION_TIMES)
+    topk = {
+        _topk_title(k): (head if k is None else single_graph(head.topk(k), None)).to_dense()
+        for k in TOPK_KS
+    }
+    return DemoData(
+        text=text,
+        layer=layer % len(layers),
+        attention_head=att,
+        laplacian_head=lap,
+        filter_head=filter_head,
+        source=source,
+        operators=tuple(tuple(op.name for op in s.operators) for s in layers),
+        attention=torch.stack(dense),  # (L, H, N, N)
+        spectra={name: spectrum(head, name) for name in NORMALIZATIONS},
+        heat_times=tuple(heat_times),
+        heat=heat_diffusion_frames(head, source, heat_times),  # (T, N)
+        animation_times=tuple(animation_times),
+        animation=heat_diffusion_frames(head, source, animation_times),  # (T', N)
+        lam=lam,
+        responses=_frequency_responses(filters, lam),
+        eigenvalues=spectrum(filter_graph, "rw").cpu(),
+        channel=channel,
+        outputs=_operator_outputs(single_graph(snap.graph, filter_head), channel, pair),
+        topk=topk,
+        per_layer=None if per_layer is None else {k: tuple(v) for k, v in per_layer.items()},
+        losses=dict(losses or {}),
+        meta=meta,
+    )
+
+
+@contextlib.contextmanager
+def _torch_threads(num_threads: int | None) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def compute_demo(
+    *,
+    text: str = DEFAULT_TEXT,
+    steps: int = 200,
+    seed: int = 0,
+    layer: int = 0,
+    corpus: str | bytes | None = None,
+    compare: bool = True,
+    max_train_seconds: float | None = 15.0,
+    num_threads: int | None = 1,
+    progress: bool = False,
+) -> DemoData:
+    """Train the demo's GPTs briefly and compute everything its page shows on ``text``.
+
+    :func:`heatformer.viz.build_demo` calls this, then draws the page with
+    :func:`~heatformer.viz.demo.write_demo`.
+
+    Args:
+        text: the sentence, 2 to 64 bytes of UTF-8 (one token per byte).
+        steps: training steps per model.
+        seed: seeds training and batches.
+        layer: the layer of the single-head pictures.
+        corpus: training text (default :func:`demo_corpus`).
+        compare: also train an attention-only model and measure the token geometry of both.
+        max_train_seconds: stop training a model early after this many seconds.
+        num_threads: torch CPU threads meanwhile (restored afterwards); ``None`` leaves the
+            setting alone.
+        progress: report the training steps on stderr (:mod:`heatformer._progress`).
+
+    Returns:
+        The :class:`~heatformer.viz.demo.DemoData`.
+
+    Raises:
+        ValueError: as :func:`check_demo_arguments` (checked before any training).
+    """
+    check_demo_arguments(text=text, layer=layer, steps=steps)
+    raw = text.encode("utf-8")
+    labels = [chr(b) if b < 128 else "·" for b in raw]
+    data = demo_corpus() if corpus is None else corpus
+    data_bytes = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    with _torch_threads(num_threads):
+        configs = DEMO_HEADS if compare else {"attention:2,laplacian:2": "attention:2,laplacian:2"}
+        models: dict[str, nn.Module] = {}
+        losses: dict[str, tuple[float, float]] = {}
+        done = steps
+        for name, heads in configs.items():
+            model, curve = train_tiny_gpt(
+                data_bytes, heads=heads, steps=steps, seed=seed, n_layer=DEMO_LAYERS,
+                max_seconds=max_train_seconds, progress=progress,
+            )  # fmt: skip
+            models[name] = model
+            losses[name] = (curve[0], float(sum(curve[-10:]) / len(curve[-10:])))
+            done = min(done, len(curve))
+        main = models["attention:2,laplacian:2"]
+        layers = snapshot_attention(main, _byte_ids(raw).unsqueeze(0))
+        per_layer = (
+            {name: _within_share(m, data_bytes, 64) for name, m in models.items()}
+            if compare
+            else None
+        )
+        return demo_from_snapshots(
+            layers, text="".join(labels), layer=layer, per_layer=per_layer, losses=losses,
+            meta=f"Two-layer byte-level GPTs (4 heads, width 64) trained for {done} steps "
+            f"(seed {seed}) on the source of {len(CORPUS_MODULES)} standard-library modules.",
+        )  # fmt: skip
