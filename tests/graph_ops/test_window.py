@@ -162,3 +162,15 @@ def test_window_spec_errors_name_the_graph() -> None:
     with pytest.raises(ValueError, match=r"^graph: window\[w=2,global=9\]: expected at most"):
         GPTConfig(block_size=8, graph="window[w=2,global=9]")
     assert resolve_graph("window[w=4,global=0]").spec == "window[w=4]"
+
+
+def test_slabs_made_without_grad_do_not_serve_a_backward() -> None:
+    """The key slabs are shared between propagations of one graph; a no-grad one first must
+    not cut the gradient of a later one."""
+    window, dense, (q, k, x) = _make(9, 3, True, 0, False, False, None)
+    with torch.no_grad():
+        window.propagate(x)
+    a = torch.autograd.grad(window.propagate(x).sum(), (q, k))
+    b = torch.autograd.grad(dense.propagate(x).sum(), (q, k))
+    for u, v in zip(a, b, strict=True):
+        torch.testing.assert_close(u, v, atol=1e-12, rtol=1e-10)

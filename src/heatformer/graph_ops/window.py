@@ -133,6 +133,11 @@ class WindowGraph(Graph):
         self.row_block = V.check_positive_int("row_block", b)
         self._rows_nonempty = key_mask is None  # a row always keeps its own key
         self._row_has_edge: Tensor | None = None
+        # the blocks' mask and key slabs, made on the first propagate and shared by the next
+        # ones (a heat series propagates one graph many times)
+        self._all_allowed: Tensor | None = None
+        self._all_keys: Tensor | None = None
+        self._keys_grad_mode = False
 
     # ---- geometry ----------------------------------------------------------------------------
 
@@ -151,6 +156,7 @@ class WindowGraph(Graph):
         graph.__dict__.update(self.__dict__)
         graph.q = graph._tensor = self.q.to(dtype)
         graph.k = self.k.to(dtype)
+        graph._all_keys = None
         return graph
 
     def _before(self) -> int:
@@ -270,13 +276,20 @@ class WindowGraph(Graph):
         q, k = self._flat()
         n = self.num_nodes
         everything = slice(None)
-        allowed = self._allowed(everything)  # (Bf or 1, nb, b, g + L)
-        has = allowed.any(-1, keepdim=True)
+        grad_mode = torch.is_grad_enabled()
+        if self._all_allowed is None or self._all_keys is None or self._keys_grad_mode != grad_mode:
+            self._keys_grad_mode = grad_mode  # slabs made without grad must not serve backward
+            allowed = self._allowed(everything)  # (Bf or 1, nb, b, g + L)
+            if self._key_mask is not None:  # rows without edges attend anywhere, then are 0
+                allowed = allowed | ~allowed.any(-1, keepdim=True)
+            self._all_allowed, self._all_keys = allowed, self._keys(k, everything)
         y = F.scaled_dot_product_attention(
-            self._blocks_of(q), self._keys(k, everything), self._keys(xf, everything),
-            attn_mask=allowed | ~has, scale=self.scale,
+            self._blocks_of(q), self._all_keys, self._keys(xf, everything),
+            attn_mask=self._all_allowed, scale=self.scale,
         )  # fmt: skip  # (Bf, nb, b, C)
-        y = (y * has).reshape(q.shape[0], -1, xf.shape[-1])[:, :n]  # (Bf, N, C)
+        y = y.reshape(q.shape[0], -1, xf.shape[-1])[:, :n]  # (Bf, N, C)
+        if self._key_mask is not None:
+            y = y * self.row_has_edge().reshape(q.shape[0], n, 1)
         if self.num_global:
             ga = self._global_allowed()
             g_has = ga.any(-1, keepdim=True)
