@@ -8,9 +8,24 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import heatformer.viz
-from heatformer.viz import require_matplotlib, token_labels
+from heatformer.checks import ArgumentError
+from heatformer.viz import (
+    animate_heat_diffusion,
+    build_demo,
+    draw_attention_graph,
+    find_collection,
+    plot_frequency_responses,
+    plot_heat_diffusion,
+    plot_per_layer,
+    plot_spectra,
+    plot_topk_pruning,
+    require_matplotlib,
+    token_labels,
+)
+from heatformer.viz.demo import demo_from_snapshots
 
 VIZ = Path(heatformer.viz.__file__).parent
 
@@ -36,7 +51,9 @@ def test_plots_use_agg_without_pyplot() -> None:
 
 
 def test_no_print_or_show_in_the_library() -> None:
-    for path in VIZ.glob("*.py"):
+    paths = sorted(VIZ.rglob("*.py"))
+    assert VIZ / "demo" / "page.py" in paths
+    for path in paths:
         if path.name == "_cli.py":  # the command-line front end prints by design
             continue
         tree = ast.parse(path.read_text())
@@ -53,3 +70,38 @@ def test_token_labels() -> None:
     assert token_labels(["", "\x00"], 2) == ["∅", "·"]
     with pytest.raises(ValueError, match="tokens: expected 2 labels"):
         token_labels("abc", 2)
+
+
+_W = torch.full((3, 3), 1 / 3)
+
+
+@pytest.mark.parametrize(
+    ("call", "argument", "kind"),
+    [
+        (lambda: draw_attention_graph(_W, layout="grid"), "layout", ValueError),
+        (lambda: draw_attention_graph(_W, min_weight=-1.0), "min_weight", ValueError),
+        (lambda: draw_attention_graph(_W, node_values=[1.0]), "node_values", ValueError),
+        (lambda: draw_attention_graph(_W, 0), "index", ValueError),
+        (lambda: draw_attention_graph([[1.0]]), "graph", TypeError),
+        (lambda: draw_attention_graph(_W, tokens="ab"), "tokens", ValueError),
+        (lambda: find_collection(draw_attention_graph(_W), "legend"), "gid", ValueError),
+        (lambda: plot_topk_pruning(_W, ks=()), "ks", ValueError),
+        (lambda: plot_heat_diffusion(_W, True), "signal", TypeError),
+        (lambda: plot_heat_diffusion(_W, 0, times=[]), "times", ValueError),
+        (lambda: animate_heat_diffusion(_W, 0, save="heat.png"), "save", ValueError),
+        (lambda: animate_heat_diffusion(_W, 0, save="heat.gif", fps=0), "fps", ValueError),
+        (lambda: plot_spectra(_W, normalizations=()), "normalizations", ValueError),
+        (lambda: plot_frequency_responses(num=1), "num", ValueError),
+        (lambda: plot_per_layer({}), "values", ValueError),
+        (lambda: plot_per_layer({"a": [1.0, 0.0]}, logy=True), "values", ValueError),
+        (lambda: demo_from_snapshots([], text="ab"), "layers", ValueError),
+        (lambda: build_demo("unused", text="x"), "text", ValueError),
+        (lambda: build_demo("unused", layer=1.0), "layer", TypeError),
+    ],
+)  # fmt: skip
+def test_errors_carry_the_argument_name(call, argument: str, kind: type) -> None:
+    with pytest.raises(kind) as info:
+        call()
+    assert isinstance(info.value, ArgumentError)
+    assert info.value.argument == argument
+    assert str(info.value).startswith(f"{argument}: ")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import Tensor
 
+from heatformer.checks import bad_type, bad_value
 from heatformer.graph_ops import DenseGraph, Graph
 
 if TYPE_CHECKING:
@@ -86,8 +87,8 @@ def single_graph(graph: Graph | Tensor, index: tuple[int, ...] | int | None) -> 
     if isinstance(graph, Tensor):
         graph = DenseGraph(graph.detach().to(torch.float64))
     if not isinstance(graph, Graph):
-        raise TypeError(
-            f"graph: expected a heatformer Graph or an (N, N) tensor, got {type(graph).__name__}"
+        raise bad_type(
+            "graph", f"expected a heatformer Graph or an (N, N) tensor, got {type(graph).__name__}"
         )
     if index is None:
         index = ()
@@ -95,13 +96,14 @@ def single_graph(graph: Graph | Tensor, index: tuple[int, ...] | int | None) -> 
         index = (index,)
     batch = tuple(graph.batch_shape)
     if len(index) != len(batch):
-        raise ValueError(
-            f"index: the graph has batch shape {batch}; expected an index with {len(batch)} "
-            f"entries selecting one graph, got {index!r}"
+        raise bad_value(
+            "index",
+            f"the graph has batch shape {batch}; expected an index with {len(batch)} entries "
+            f"selecting one graph, got {index!r}",
         )
     for i, (j, size) in enumerate(zip(index, batch)):
         if not -size <= j < size:
-            raise ValueError(f"index: entry {i} must lie in [0, {size}), got {j}")
+            raise bad_value("index", f"entry {i} must lie in [0, {size}), got {j}")
     dense = graph.to_dense().detach()
     dense = dense[index] if index else dense
     return DenseGraph(dense.to(device="cpu", dtype=torch.float64))
@@ -127,7 +129,7 @@ def token_labels(tokens: Sequence[str] | str | bytes | None, num_nodes: int) -> 
         tokens = [chr(b) for b in tokens]
     labels = [_visible(str(t)) for t in tokens]
     if len(labels) != num_nodes:
-        raise ValueError(f"tokens: expected {num_nodes} labels (one per node), got {len(labels)}")
+        raise bad_value("tokens", f"expected {num_nodes} labels (one per node), got {len(labels)}")
     return labels
 
 

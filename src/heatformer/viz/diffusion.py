@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from heatformer.checks import bad_type, bad_value
 from heatformer.graph_ops import DenseGraph, Graph, heat_kernel
 from heatformer.viz._common import PathLike, new_figure, save_figure, single_graph
 from heatformer.viz.graphs import (
@@ -38,10 +39,10 @@ __all__ = ["animate_heat_diffusion", "heat_diffusion_frames", "plot_heat_diffusi
 
 def _signal(signal: int | Tensor | Sequence[float], n: int) -> Tensor:
     if isinstance(signal, bool):
-        raise TypeError(f"signal: expected a node index or an (N,) tensor, got {signal!r}")
+        raise bad_type("signal", f"expected a node index or an (N,) tensor, got {signal!r}")
     if isinstance(signal, int):
         if not -n <= signal < n:
-            raise ValueError(f"signal: expected a node index in [0, {n}), got {signal}")
+            raise bad_value("signal", f"expected a node index in [0, {n}), got {signal}")
         x = torch.zeros(n, dtype=torch.float64)
         x[signal] = 1.0
         return x
@@ -49,18 +50,18 @@ def _signal(signal: int | Tensor | Sequence[float], n: int) -> Tensor:
         signal.detach().cpu() if isinstance(signal, Tensor) else signal, dtype=torch.float64
     )
     if x.shape != (n,):
-        raise ValueError(f"signal: expected a node index or shape ({n},), got {tuple(x.shape)}")
+        raise bad_value("signal", f"expected a node index or shape ({n},), got {tuple(x.shape)}")
     if not bool(torch.isfinite(x).all()):
-        raise ValueError("signal: expected finite values, got NaN or inf")
+        raise bad_value("signal", "expected finite values, got NaN or inf")
     return x
 
 
 def _times(times: Sequence[float] | Tensor) -> list[float]:
     values = [float(t) for t in (times.tolist() if isinstance(times, Tensor) else times)]
     if not values:
-        raise ValueError("times: expected at least one diffusion time, got none")
+        raise bad_value("times", "expected at least one diffusion time, got none")
     if any(not t >= 0 for t in values):
-        raise ValueError(f"times: expected diffusion times >= 0, got {values}")
+        raise bad_value("times", f"expected diffusion times >= 0, got {values}")
     return values
 
 
@@ -251,9 +252,9 @@ def animate_heat_diffusion(
     """
     path = Path(save)
     if path.suffix.lower() != ".gif":
-        raise ValueError(f"save: expected a path ending in .gif, got {str(save)!r}")
+        raise bad_value("save", f"expected a path ending in .gif, got {str(save)!r}")
     if isinstance(fps, bool) or not isinstance(fps, int) or fps < 1:
-        raise ValueError(f"fps: expected a positive int, got {fps!r}")
+        raise bad_value("fps", f"expected a positive int, got {fps!r}")
     ts = _times(times if times is not None else torch.linspace(0.0, 6.0, 24))
     one = single_graph(graph, index)
     frames = heat_diffusion_frames(one, signal, ts, normalization=normalization)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from heatformer.checks import bad_value
 from heatformer.graph_ops import DenseGraph, Graph
 from heatformer.viz._common import (
     PathLike,
@@ -82,7 +83,7 @@ LAYOUTS: dict[str, Callable[[nx.DiGraph], Position]] = {
 
 def _check_layout(layout: str) -> Callable[[nx.DiGraph], Position]:
     if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {sorted(LAYOUTS)}, got {layout!r}")
+        raise bad_value("layout", f"expected one of {sorted(LAYOUTS)}, got {layout!r}")
     return LAYOUTS[layout]
 
 
@@ -158,7 +159,7 @@ def draw_attention_graph(
 
     place = _check_layout(layout)
     if isinstance(min_weight, bool) or not isinstance(min_weight, (int, float)) or min_weight < 0:
-        raise ValueError(f"min_weight: expected a number >= 0, got {min_weight!r}")
+        raise bad_value("min_weight", f"expected a number >= 0, got {min_weight!r}")
     one = single_graph(graph, index)
     n = one.num_nodes
     labels = token_labels(tokens, n)
@@ -177,8 +178,8 @@ def draw_attention_graph(
             dtype=float,
         ).reshape(-1)
         if values.shape[0] != n:
-            raise ValueError(
-                f"node_values: expected {n} values (one per node), got {values.shape[0]}"
+            raise bad_value(
+                "node_values", f"expected {n} values (one per node), got {values.shape[0]}"
             )
 
     pos = place(g)
@@ -353,7 +354,7 @@ def find_collection(fig_or_ax: Figure | Axes, gid: str) -> Collection:
         for coll in ax.collections:
             if coll.get_gid() == gid:
                 return coll
-    raise ValueError(f"gid: no collection {gid!r} in this figure")
+    raise bad_value("gid", f"no collection {gid!r} in this figure")
 
 
 def plot_attention_matrix(
@@ -433,7 +434,7 @@ def plot_topk_pruning(
     """
     _check_layout(layout)
     if len(ks) == 0:
-        raise ValueError("ks: expected at least one value of k (None = the full graph)")
+        raise bad_value("ks", "expected at least one value of k (None = the full graph)")
     one = single_graph(graph, index)
     kept = [(_topk_title(k), one if k is None else single_graph(one.topk(k), None)) for k in ks]
     return _draw_topk_pruning(kept, tokens=tokens, layout=layout, save=save)

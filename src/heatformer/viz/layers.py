@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from heatformer.checks import bad_value
 from heatformer.viz._common import PathLike, axes_or_new, save_figure
 
 if TYPE_CHECKING:
@@ -58,9 +59,9 @@ def plot_per_layer(
         ['attention:4', 'laplacian:4']
     """
     if not isinstance(values, Mapping) or len(values) == 0:
-        raise ValueError(
-            "values: expected a non-empty mapping {config_name: [value per layer]}, "
-            f"got {values!r}"
+        raise bad_value(
+            "values",
+            f"expected a non-empty mapping {{config_name: [value per layer]}}, got {values!r}",
         )
     series: dict[str, list[float]] = {}
     for name, seq in values.items():
@@ -69,11 +70,11 @@ def plot_per_layer(
             for v in (seq.detach().reshape(-1).tolist() if isinstance(seq, Tensor) else seq)
         ]
         if not ys:
-            raise ValueError(f"values[{name!r}]: expected at least one value, got none")
+            raise bad_value("values", f"expected at least one value for {name!r}, got none")
         if not all(math.isfinite(y) for y in ys):
-            raise ValueError(f"values[{name!r}]: expected finite values, got {ys}")
+            raise bad_value("values", f"expected finite values for {name!r}, got {ys}")
         if logy and min(ys) <= 0:
-            raise ValueError(f"values[{name!r}]: logy needs positive values, got {ys}")
+            raise bad_value("values", f"for {name!r}: logy needs positive values, got {ys}")
         series[str(name)] = ys
     fig, ax = axes_or_new(ax, (6.0, 4.0))
     depth = 0
