@@ -1,0 +1,237 @@
+"""Long sequences: window graphs at 16k to 1M tokens, against dense attention, side by side.
+
+Sections (all measured in one run; ratios are the point, absolute times are noisy):
+
+1. ``scaling`` -- a ``window[w=128]`` causal layer, H=4, Dh=64 (D=256), B=1, forward +
+   backward, of Laplacian heads and of heat heads (t=1, tol 1e-6), for N = 16k ... 1M: time,
+   and peak memory (RSS growth of a fresh child process). Linear growth means the ratio
+   N=1M / N=64k is 16.
+2. ``dense`` -- at N=16k: the window Laplacian layer against dense SDPA with an explicit
+   ``N x N`` band mask (the same outputs), and against ``torch.nn.attention.flex_attention``
+   with a sliding-window block mask where it runs on this machine (reported either way).
+3. ``rate`` -- the window ``propagate`` against this machine's float32 matmul rate, measured
+   in the same run: the flop count of the issue's target is ``2 N w Dh`` per head (one product
+   with ``w`` non-zeros per row), the full count ``4 N w Dh`` (scores and values).
+4. ``heat`` -- the dense heat path at N=1024, H=4, Dh=64, t=1, tol 1e-6: the matrix-free
+   series (one SDPA per term) and ``"series-dense"`` (``P`` formed once), each as a fraction
+   of the SDPA route's flop ceiling (9 terms of ``4 N^2 Dh`` flops per head at the matmul rate).
+
+    python benchmarks/bench_long.py                 # everything (~20 minutes on 2 cores)
+    python benchmarks/bench_long.py --quick         # small sizes (about a minute)
+    python benchmarks/bench_long.py --sections rate,heat
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (
+    PeakRSS,
+    compare,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_time,
+    matmul_rate,
+    print_machine,
+    print_table,
+    run_child,
+    target,
+)
+
+from heatformer.graph_ops import SoftmaxGraph, WindowGraph, heat_kernel
+from heatformer.models import DiffusionAttention
+
+W, H, DH = 128, 4, 64
+D = H * DH
+LAYERS = {"laplacian": "laplacian:4", "heat": "heat[t=1.0;tol=1e-6]:4"}
+
+
+def window_layer(heads: str) -> DiffusionAttention:
+    torch.manual_seed(0)
+    return DiffusionAttention(D, H, heads, graph=f"window[w={W}]", causal=True)
+
+
+def fwd_bwd(layer: torch.nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    def run() -> None:
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        layer(x).sum().backward()
+
+    return run
+
+
+def child(kind: str, n: int) -> dict[str, object]:
+    """One timed forward + backward and its peak memory, in this (fresh) process."""
+    layer = window_layer(LAYERS[kind])
+    fwd_bwd(layer, torch.randn(1, 256, D, requires_grad=True))()  # warm-up, tiny
+    x = torch.randn(1, n, D, requires_grad=True)
+    with PeakRSS() as peak:
+        start = time.perf_counter()
+        fwd_bwd(layer, x)()
+        seconds = time.perf_counter() - start
+    return {"time": seconds, "peak": peak.extra, "method": peak.method}
+
+
+def scaling(ns: list[int]) -> None:
+    rows, by = [], {}
+    for kind in LAYERS:
+        for n in ns:
+            res = run_child(__file__, ["--child", kind, "--n", str(n)], timeout=3600)
+            by[kind, n] = res
+            rows.append([kind, n, fmt_time(res.get("time")), fmt_bytes(res.get("peak")),
+                         res.get("error", "")])  # fmt: skip
+    print_table(
+        ["heads", "N", "fwd+bwd", "peak extra", "error"],
+        rows,
+        title=f"## window[w={W}] layer, H={H}, Dh={DH}, causal, B=1 (child processes)",
+    )
+    lo, hi = 64 * 1024 if 64 * 1024 in ns else ns[0], ns[-1]
+    for kind in LAYERS:
+        a, b = by[kind, lo], by[kind, hi]
+        if "time" in a and "time" in b:
+            expect = hi / lo
+            print(f"{kind}: time N={hi}/N={lo} = {b['time'] / a['time']:.2f} (linear: {expect:g}),"
+                  f" memory = {(b['peak'] or 0) / max(a['peak'] or 1, 1):.2f}")  # fmt: skip
+            target(f"{kind}: time ratio within 1.3x of linear", b["time"] / a["time"] / expect,
+                   1.3, higher_is_better=False)  # fmt: skip
+            if b.get("peak"):
+                target(f"{kind}: peak memory at N={hi} (GB)", b["peak"] / 1e9, 16.0,
+                       higher_is_better=False)  # fmt: skip
+
+
+class BandMaskedLaplacian(torch.nn.Module):
+    """The same layer by dense SDPA with an explicit ``N x N`` band mask."""
+
+    def __init__(self, layer: DiffusionAttention, n: int) -> None:
+        super().__init__()
+        self.layer = layer
+        i = torch.arange(n)
+        gap = i[:, None] - i[None]
+        self.register_buffer("band", (gap >= 0) & (gap < W))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.layer.project_qkv(x)
+        pv = F.scaled_dot_product_attention(q, k, v, attn_mask=self.band)
+        return self.layer.merge_heads(v - pv)
+
+
+def flex_layer(layer: DiffusionAttention, n: int) -> tuple[torch.nn.Module | None, str]:
+    """The same layer by flex_attention with a sliding-window block mask, if it runs here."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        def window(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (q_idx - kv_idx < W)
+
+        mask = create_block_mask(window, None, None, n, n, device="cpu")
+        attend = torch.compile(flex_attention)
+
+        class Flex(torch.nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                q, k, v = layer.project_qkv(x)
+                return layer.merge_heads(v - attend(q, k, v, block_mask=mask))
+
+        model = Flex()
+        probe = torch.randn(1, n, D)
+        model(probe)  # compile (and fail here if flex_attention cannot run on this CPU)
+        return model, "ran"
+    except Exception as err:  # reported, not hidden: flex_attention support varies by build
+        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+
+
+def dense(n: int, repeats: int) -> None:
+    layer = window_layer(LAYERS["laplacian"])
+    x = torch.randn(1, n, D, requires_grad=True)
+    band = BandMaskedLaplacian(layer, n)
+    torch.testing.assert_close(band(x), layer(x), atol=1e-4, rtol=1e-4)  # the same layer
+    fns = {"window graph": fwd_bwd(layer, x), "dense SDPA + band mask": fwd_bwd(band, x)}
+    flex, status = flex_layer(layer, n)
+    if flex is not None:
+        fns["flex_attention sliding window"] = fwd_bwd(flex, x)
+    t = compare(fns, repeats=repeats, warmup=1, budget_s=120.0)
+    base = t["window graph"].median
+    print_table(
+        ["layer (Laplacian heads)", "fwd+bwd", "runs", "vs window graph"],
+        [[k, fmt_time(v.median), v.n, fmt_ratio(v.median / base)] for k, v in t.items()],
+        title=f"## N={n}: window[w={W}] vs dense attention (H={H}, Dh={DH}, causal)",
+    )
+    print(f"flex_attention: {status}")
+    target("dense SDPA + band mask time / window graph",
+           t["dense SDPA + band mask"].median / base, 10.0)  # fmt: skip
+
+
+def rate(n: int, repeats: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, n, DH, generator=gen) for _ in range(3))
+    graph = WindowGraph(q, k, window=W, causal=True)
+    t = compare({"propagate": lambda: graph.propagate(v)}, repeats=repeats, warmup=1)
+    seconds = t["propagate"].median
+    peak = matmul_rate()
+    issue, full = 2 * H * n * W * DH, 4 * H * n * W * DH
+    print(f"## window[w={W}] propagate, N={n}, H={H}, Dh={DH}: {fmt_time(seconds)}; "
+          f"matmul rate {peak / 1e9:.0f} GFLOP/s (1024^2 product, this run)")  # fmt: skip
+    print(f"rate for 2 N w Dh flops (the target's count): {issue / seconds / 1e9:.1f} GFLOP/s = "
+          f"{issue / seconds / peak:.2f} of the matmul rate; for 4 N w Dh (scores and values): "
+          f"{full / seconds / peak:.2f}")  # fmt: skip
+    target("window propagate: fraction of the matmul rate (2 N w Dh)", issue / seconds / peak, 0.5)
+
+
+def heat(repeats: int) -> None:
+    n, terms = 1024, 9
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, n, DH, generator=gen) for _ in range(3))
+    graph = SoftmaxGraph(q, k)
+    fns = {m: (lambda m=m: heat_kernel(graph, v, 1.0, method=m, tol=1e-6))
+           for m in ("series", "series-dense")}  # fmt: skip
+    t = compare(fns, repeats=repeats, warmup=1)
+    peak = matmul_rate()
+    ceiling = terms * 4 * n * n * DH * H / peak  # seconds, the SDPA route at the matmul rate
+    rows = [[m, fmt_time(x.median), x.n, f"{ceiling / x.median:.2f}"] for m, x in t.items()]
+    print_table(["method", "time", "runs", "fraction of the SDPA-route ceiling"], rows,
+                title=f"## heat kernel on a dense attention graph, N={n}, H={H}, t=1, tol=1e-6 "
+                      f"(ceiling {fmt_time(ceiling)} at {peak / 1e9:.0f} GFLOP/s)")  # fmt: skip
+    target("series-dense: fraction of the SDPA-route ceiling", ceiling / t["series-dense"].median,
+           0.75)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    parser.add_argument("--sections", default="scaling,dense,rate,heat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--json", type=Path, help="also write the machine info here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.child:
+        print(json.dumps(child(args.child, args.n)))
+        return
+    info = print_machine()
+    if args.json:
+        args.json.write_text(json.dumps(info, indent=2))
+    sections = set(args.sections.split(","))
+    ns = [4096, 16384] if args.quick else [16384, 65536, 262144, 1 << 20]
+    if "scaling" in sections:
+        scaling(ns)
+    if "dense" in sections:
+        dense(4096 if args.quick else 16384, args.repeats)
+    if "rate" in sections:
+        rate(16384 if args.quick else 65536, args.repeats)
+    if "heat" in sections:
+        heat(args.repeats)
+
+
+if __name__ == "__main__":
+    main()
