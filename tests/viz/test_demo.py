@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import heatformer.analysis
+import viz_helpers as vh
 from heatformer.cli import main
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph
 from heatformer.viz import build_demo, render_demo
@@ -37,7 +38,7 @@ def test_demo_runs_in_under_a_minute(demo) -> None:
     assert result.seconds <= seconds
 
 
-def test_index_references_existing_pictures(demo, vh) -> None:
+def test_index_references_existing_pictures(demo) -> None:
     result, _ = demo
     page = result.index_html.read_text(encoding="utf-8")
     sources = re.findall(r'<img src="([^"]+)"', page)

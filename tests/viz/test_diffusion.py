@@ -7,6 +7,7 @@ import pytest
 import scipy.linalg
 import torch
 
+import viz_helpers as vh
 from heatformer.graph_ops import laplacian_matrix
 from heatformer.viz import (
     animate_heat_diffusion,
@@ -18,7 +19,7 @@ from heatformer.viz import (
 TIMES = (0.0, 0.3, 1.0, 2.5, 6.0)
 
 
-def test_frames_conserve_heat_on_symmetric_graph_combinatorial(vh) -> None:
+def test_frames_conserve_heat_on_symmetric_graph_combinatorial() -> None:
     graph = vh.random_symmetric(n=7)
     frames = heat_diffusion_frames(graph, 2, TIMES, normalization="combinatorial")
     assert frames.shape == (len(TIMES), 7)
@@ -30,7 +31,7 @@ def test_frames_conserve_heat_on_symmetric_graph_combinatorial(vh) -> None:
 
 
 @pytest.mark.parametrize("normalization", ["rw", "sym", "combinatorial"])
-def test_frames_match_scipy_expm(vh, normalization: str) -> None:
+def test_frames_match_scipy_expm(normalization: str) -> None:
     graph = vh.random_attention(n=6, causal=True)
     x = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     frames = heat_diffusion_frames(graph, x, TIMES, index=1, normalization=normalization)
@@ -41,13 +42,13 @@ def test_frames_match_scipy_expm(vh, normalization: str) -> None:
         )
 
 
-def test_random_walk_keeps_constants(vh) -> None:
+def test_random_walk_keeps_constants() -> None:
     graph = vh.random_attention(n=8)
     frames = heat_diffusion_frames(graph, torch.full((8,), 3.0), TIMES, index=0)
     torch.testing.assert_close(frames, torch.full((len(TIMES), 8), 3.0, dtype=torch.float64))
 
 
-def test_bad_signal_and_times(vh) -> None:
+def test_bad_signal_and_times() -> None:
     graph = vh.random_attention(n=5)
     with pytest.raises(ValueError, match="signal: expected a node index in"):
         heat_diffusion_frames(graph, 5, TIMES, index=0)
@@ -60,7 +61,7 @@ def test_bad_signal_and_times(vh) -> None:
 
 
 @pytest.mark.parametrize("layout", ["arc", "circular"])
-def test_strip_has_one_frame_per_time(vh, layout: str, tmp_path) -> None:
+def test_strip_has_one_frame_per_time(layout: str, tmp_path) -> None:
     graph = vh.random_attention(n=9, causal=True)
     fig = plot_heat_diffusion(graph, 3, TIMES, index=0, layout=layout, save=tmp_path / "h.png")
     assert len(fig.axes) == len(TIMES) + 1  # the frames and the colorbar
@@ -71,7 +72,7 @@ def test_strip_has_one_frame_per_time(vh, layout: str, tmp_path) -> None:
     vh.assert_png(tmp_path / "h.png")
 
 
-def test_gif_has_one_frame_per_time(vh, tmp_path) -> None:
+def test_gif_has_one_frame_per_time(tmp_path) -> None:
     path = animate_heat_diffusion(
         vh.random_attention(n=7), 0, torch.linspace(0, 3, 6), index=1, save=tmp_path / "a.gif"
     )

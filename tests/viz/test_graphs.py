@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import viz_helpers as vh
 from heatformer.graph_ops import DenseGraph
 from heatformer.viz import (
     LAYOUTS,
@@ -17,7 +18,7 @@ from heatformer.viz import (
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_one_path_and_arrowhead_per_edge(vh, layout: str, tmp_path) -> None:
+def test_one_path_and_arrowhead_per_edge(layout: str, tmp_path) -> None:
     graph = vh.random_attention(n=8)
     fig = draw_attention_graph(graph, 1, top_k=3, layout=layout, save=tmp_path / "g.png")
     expected = graph.topk(3).to_networkx(1).number_of_edges()
@@ -42,7 +43,7 @@ def test_edge_widths_follow_weights() -> None:
     assert alphas.max() == pytest.approx(1.0) and alphas.min() < 0.5
 
 
-def test_causal_graph_self_loops_and_min_weight(vh) -> None:
+def test_causal_graph_self_loops_and_min_weight() -> None:
     graph = vh.random_attention(n=6, causal=True)
     full = draw_attention_graph(graph, 0)
     assert len(find_collection(full, "edges").get_paths()) == 6 * 7 // 2  # lower triangle
@@ -53,7 +54,7 @@ def test_causal_graph_self_loops_and_min_weight(vh) -> None:
     assert len(find_collection(heavy, "edges").get_paths()) == int((dense > 0.2).sum())
 
 
-def test_token_labels_and_node_colours(vh) -> None:
+def test_token_labels_and_node_colours() -> None:
     graph = vh.random_attention(n=5)
     fig = draw_attention_graph(graph, 0, tokens="a b\nc")
     assert sorted(t.get_text() for t in fig.axes[0].texts) == sorted(["a", "␣", "b", "↵", "c"])
@@ -61,7 +62,7 @@ def test_token_labels_and_node_colours(vh) -> None:
     np.testing.assert_allclose(colours, graph.in_degree()[0].numpy())  # default: in-degree
 
 
-def test_draws_into_given_axes(vh) -> None:
+def test_draws_into_given_axes() -> None:
     from matplotlib.figure import Figure
 
     fig = Figure()
@@ -80,12 +81,12 @@ def test_draws_into_given_axes(vh) -> None:
         ({"node_values": [1.0, 2.0]}, "node_values: expected 9"),
     ],
 )
-def test_bad_arguments(vh, kwargs: dict, message: str) -> None:
+def test_bad_arguments(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         draw_attention_graph(vh.random_attention(), 0, **kwargs)
 
 
-def test_index_must_select_one_graph(vh) -> None:
+def test_index_must_select_one_graph() -> None:
     with pytest.raises(ValueError, match="index"):
         draw_attention_graph(vh.random_attention(), None)
     with pytest.raises(ValueError, match="index"):
@@ -94,7 +95,7 @@ def test_index_must_select_one_graph(vh) -> None:
         draw_attention_graph([[0.0, 1.0], [1.0, 0.0]])  # type: ignore[arg-type]
 
 
-def test_attention_matrix_shows_the_weights(vh, tmp_path) -> None:
+def test_attention_matrix_shows_the_weights(tmp_path) -> None:
     graph = vh.random_attention(n=7)
     fig = plot_attention_matrix(graph, 1, save=tmp_path / "m.png")
     images = fig.axes[0].get_images()
@@ -107,7 +108,7 @@ def test_attention_matrix_shows_the_weights(vh, tmp_path) -> None:
     vh.assert_png(tmp_path / "m.png")
 
 
-def test_topk_pruning_panels(vh, tmp_path) -> None:
+def test_topk_pruning_panels(tmp_path) -> None:
     graph = vh.random_attention(n=10)
     fig = plot_topk_pruning(graph, 0, ks=(None, 3, 1), save=tmp_path / "t.png")
     assert len(fig.axes) == 6

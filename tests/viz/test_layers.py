@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+import viz_helpers as vh
 from heatformer.viz import plot_per_layer
 
 
-def test_one_line_per_configuration(tmp_path, vh) -> None:
+def test_one_line_per_configuration(tmp_path) -> None:
     values = {"attention:4": [1.0, 0.6, 0.3], "laplacian:4": torch.tensor([1.0, 0.9, 0.85, 0.8])}
     fig = plot_per_layer(values, ylabel="variance", logy=True, save=tmp_path / "l.png")
     ax = fig.axes[0]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import viz_helpers as vh
 from heatformer.graph_ops import (
     Attention,
     DiffusionOperator,
@@ -61,7 +62,7 @@ def test_default_operators_names_and_per_head_times(tmp_path) -> None:
         np.testing.assert_allclose(line.get_ydata(), np.exp(-t * LAM.numpy()), rtol=1e-6)
 
 
-def test_spectrum_ticks(vh) -> None:
+def test_spectrum_ticks() -> None:
     ev = torch.tensor([0.0, 0.3, 1.1])
     fig = plot_frequency_responses([Attention()], eigenvalues=ev)
     ticks = [line for line in fig.axes[0].get_lines() if line.get_label() == "graph spectrum"]
@@ -72,7 +73,7 @@ def _eigenvalues(graph: Graph, index: int, normalization: str) -> np.ndarray:
     return np.linalg.eigvals(laplacian_matrix(graph, normalization)[index].numpy())
 
 
-def test_spectra_of_a_causal_graph_are_real_and_sorted(vh, tmp_path) -> None:
+def test_spectra_of_a_causal_graph_are_real_and_sorted(tmp_path) -> None:
     graph = vh.random_attention(n=8, causal=True)
     fig = plot_spectra(graph, 1, save=tmp_path / "s.png")
     assert len(fig.axes) == 3
@@ -83,7 +84,7 @@ def test_spectra_of_a_causal_graph_are_real_and_sorted(vh, tmp_path) -> None:
     vh.assert_png(tmp_path / "s.png")
 
 
-def test_complex_spectrum_in_the_disk(vh) -> None:
+def test_complex_spectrum_in_the_disk() -> None:
     graph = vh.random_attention(n=10, causal=False)
     fig = plot_spectra(graph, 0, normalizations=("rw",))
     ax = fig.axes[0]
@@ -97,12 +98,12 @@ def test_complex_spectrum_in_the_disk(vh) -> None:
     assert [line.get_label() for line in _labelled_lines(ax)] == ["|λ − 1| = 1"]
 
 
-def test_spectra_rejects_unknown_normalization(vh) -> None:
+def test_spectra_rejects_unknown_normalization() -> None:
     with pytest.raises(ValueError, match="normalization"):
         plot_spectra(vh.random_attention(), 0, normalizations=("lap",))
 
 
-def test_operator_outputs_split_the_signal(vh) -> None:
+def test_operator_outputs_split_the_signal() -> None:
     graph = vh.random_attention(n=8, causal=True)
     x = torch.randn(8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     fig = plot_operator_outputs(graph, x, {"P": Attention(), "I - P": Laplacian()}, index=0)
