@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 import torch
 
+from heatformer import checks
 from heatformer.cli import _build_parsers, _experiments, _name_the_option, build_parser, main
+from heatformer.experiments._checks import ArgumentFileNotFoundError
 from heatformer.experiments.spec import PRESETS
 
 
@@ -144,19 +146,43 @@ def test_python_m_heatformer_runs_the_command() -> None:
         (["compare", "--seeds", "0"], "--seeds: expected a count >= 1, got 0"),
         (["compare", "--layers", "0"], "--layers: expected a positive int, got 0"),
         (["compare", "--heads", "attention:2", "--n-head", "4"], "--heads: expected head counts"),
-        # used to be clamped to N silently (topk_graph refuses the same input)
+        # used to be clamped to N silently (topk_graph refuses the same input); the graph
+        # kind's own check, naming the option the user gave
         (
             ["train", "--topk", "1000", "--seq-len", "32"],
-            "--topk: expected at most seq_len (32) edges per query, got 1000",
+            "--topk: topk[k=1000]: expected k at most the 32 tokens a sequence can hold, got 1000",
         ),
         (
             ["compare", "--task", "recall", "--topk", "129"],
-            "--topk: expected at most seq_len (128) edges per query, got 129",
+            "--topk: topk[k=129]: expected k at most the 128 tokens a sequence can hold, got 129",
+        ),
+        (  # the ViT's tokens: 16 patches + cls, known once the images are loaded
+            ["train", "--task", "digits", "--topk", "18"],
+            "--topk: expected at most the 17 tokens a sequence can hold (the longest sequence "
+            "of this config), got 18",
         ),
         (
-            ["train", "--task", "digits", "--topk", "18"],
-            "--topk: expected at most 17 edges per query (the ViT's tokens: 16 patches + cls), "
-            "got 18",
+            ["train", "--graph", "topk[k=40]", "--seq-len", "32"],
+            "--graph: topk[k=40]: expected k at most the 32 tokens a sequence can hold, got 40",
+        ),
+        (
+            ["train", "--task", "digits", "--graph", "topk[k=18]"],
+            "--graph: topk[k=18]: expected k at most the 17 tokens a sequence can hold, got 18",
+        ),
+        (["train", "--graph", "dilated[d=2]"], "got 'dilated' in 'dilated[d=2]'"),
+        (["train", "--graph", "topk[k=0]"], "--graph: in 'topk[k=0]': k: expected a positive"),
+        (
+            ["train", "--layers", "2", "--graph", "topk[k=8];topk[k=8];softmax"],
+            "--graph: expected one spec per layer (2 layers)",
+        ),
+        (
+            ["train", "--topk", "8", "--graph", "topk[k=8]"],
+            "--topk: is shorthand for graph='topk[k=8]'; expected topk or graph, got both",
+        ),
+        (["train", "--task", "digits", "--analysis-size", "0"], "--analysis-size: expected a "),
+        (
+            ["train", "--task", "recall", "--text", "x.txt"],
+            "--text: only the 'chars' task uses it, got task 'recall'",
         ),
     ],
 )
@@ -200,23 +226,50 @@ def test_unknown_option_is_reported_by_its_subcommand_with_a_hint(
 
 
 @pytest.mark.parametrize(
-    ("message", "command", "expected"),
+    ("error", "command", "expected"),
     [
-        ("n_embd: expected 8, got 6", "train", "--embd: expected 8, got 6"),
-        ("text_path: no such file: x", "train", "--text: no such file: x"),
-        ("out_dir: expected a folder", "demo", "--out: expected a folder"),
-        ("seeds: bad", "train", "--seed: bad"),
-        ("seeds: bad", "compare", "--seeds: bad"),
-        ("layer: expected an index", "demo", "--layer: expected an index"),
-        ("layer: expected an index", "train", "layer: expected an index"),  # no such option
-        ("corpus at /x: expected text", "train", "corpus at /x: expected text"),
-        ("run_dir: nothing", "analyze", "run_dir: nothing"),  # a positional keeps its name
-        ("no colon at all", "train", "no colon at all"),
+        (checks.bad_value("n_embd", "expected 8, got 6"), "train", "--embd: expected 8, got 6"),
+        (ArgumentFileNotFoundError("text_path", "no file x"), "train", "--text: no file x"),
+        (checks.bad_value("out_dir", "expected a folder"), "demo", "--out: expected a folder"),
+        (checks.bad_value("seeds", "bad"), "train", "--seed: bad"),
+        (checks.bad_value("seeds", "bad"), "compare", "--seeds: bad"),
+        (checks.bad_value("seq_len", "bad"), "compare", "--seq-len: bad"),  # a task option
+        (checks.bad_type("graph", "expected a str"), "train", "--graph: expected a str"),
+        (checks.bad_value("operators", "refused"), "train", "--heads: refused"),
+        (checks.bad_value("layer", "expected an index"), "train", "layer: expected an index"),
+        (checks.bad_value("run_dir", "nothing"), "analyze", "run_dir: nothing"),  # a positional
+        # the attribute decides, not the text
+        (checks.bad_value("n_embd", "steps: nested"), "train", "--embd: steps: nested"),
+        (checks.bad_value("nowhere", "steps: x"), "train", "nowhere: steps: x"),
+        # errors from code that does not carry .argument yet are read as "name: detail"
+        (ValueError("layer: expected an index"), "demo", "--layer: expected an index"),
+        (ValueError("corpus at /x: expected text"), "train", "corpus at /x: expected text"),
+        (ValueError("no colon at all"), "train", "no colon at all"),
     ],
-)
-def test_errors_name_the_option_the_user_typed(message: str, command: str, expected: str) -> None:
+)  # fmt: skip
+def test_errors_name_the_option_the_user_typed(
+    error: Exception, command: str, expected: str
+) -> None:
     _, subparsers = _build_parsers()
-    assert _name_the_option(message, subparsers[command]) == expected
+    assert _name_the_option(error, subparsers[command].option_of) == expected
+
+
+@pytest.mark.parametrize("command", ["train", "compare", "analyze", "demo", "demo-ops"])
+def test_option_table_is_kept_while_the_parser_is_built(command: str) -> None:
+    _, subparsers = _build_parsers()
+    parser = subparsers[command]
+    # argparse's own view (private; read by this test only, as the reference)
+    longs = [a for a in parser._actions if any(o.startswith("--") for o in a.option_strings)]
+    assert set(parser.option_of) == {a.dest for a in longs}
+    assert sorted(parser.long_options) == sorted(
+        o for a in longs for o in a.option_strings if o.startswith("--")
+    )
+    if command in ("train", "compare"):
+        assert parser.option_of["n_embd"] == "--embd"
+        assert parser.option_of["n_head"] == "--n-head"  # the first of its two spellings
+        assert {"--heads-per-layer", "--graph", "--seq-len", "--patch-size"} <= set(
+            parser.long_options
+        )
 
 
 def test_unwritable_output_folder_is_refused_before_training(
@@ -477,3 +530,22 @@ def test_train_digits_from_a_user_npz(tmp_path: Path, capsys: pytest.CaptureFixt
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert run["model_config"]["image_size"] == 4 and run["model_config"]["num_classes"] == 3
     assert run["final"]["test_acc"] > 0.9
+
+
+def test_graph_kinds_per_layer_from_the_command_line(
+    text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["train", *tiny(text, out), "--graph", "window[w=4];softmax", "--no-analysis"]
+    assert main(argv) == 0
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert run["model_config"]["graph"] == "window[w=4];softmax"
+    assert run["model_config"]["topk"] is None
+    assert all(np.isfinite(run["train_loss"])) and np.isfinite(run["final"]["val_loss"])
+    spec = json.loads((out / "spec.json").read_text())["spec"]
+    assert spec["graph"] == "window[w=4];softmax" and spec["options"]["seq_len"] == 16
+    capsys.readouterr()
+    shorthand = tmp_path / "topk"  # --topk stays the shorthand the model config records
+    assert main(["train", *tiny(text, shorthand), "--topk", "4", "--no-analysis"]) == 0
+    (run,) = json.loads((shorthand / "results.json").read_text())["runs"]
+    assert (run["model_config"]["topk"], run["model_config"]["graph"]) == (4, "softmax")

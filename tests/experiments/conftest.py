@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from heatformer.experiments.spec import CompareSpec
+from heatformer.experiments.tasks import resolve_task
 
 WORDS = (
     "the graph heat kernel spreads values along attention edges while a laplacian head "
@@ -37,6 +39,15 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def spec_of(**values: Any) -> CompareSpec:
+    """A spec from spec fields and task options side by side (as the command line gives
+    them): the names the chosen task declares go into ``options``."""
+    task = resolve_task(values.get("task", "chars"))
+    names = {f.name for f in dataclasses.fields(task.Options)}
+    options = {name: values.pop(name) for name in list(values) if name in names}
+    return CompareSpec(**values, options=options)
+
+
 def _tiny_spec(**overrides: Any) -> CompareSpec:
     values: dict[str, Any] = {
         "task": "chars",
@@ -55,7 +66,10 @@ def _tiny_spec(**overrides: Any) -> CompareSpec:
         "device": "cpu",
     }
     values.update(overrides)
-    return CompareSpec(**values)
+    if values["task"] == "digits":  # the image task has no sequences
+        for name in ("seq_len", "eval_size"):
+            values.pop(name)
+    return spec_of(**values)
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""Tests for the built-in experiment data (heatformer.experiments.data)."""
+"""Tests for the data of the built-in tasks (heatformer.experiments.tasks)."""
 
 from __future__ import annotations
 

@@ -29,9 +29,11 @@ def test_two_process_ddp_matches_one_process(
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         "-m", "heatformer", "train", "--task", "chars", "--text", str(corpus),
         "--heads", spec.heads[0], "--steps", "4", "--batch-size", str(spec.batch_size),
-        "--seq-len", str(spec.seq_len), "--layers", str(spec.n_layer), "--embd", str(spec.n_embd),
+        "--seq-len", str(spec.options.seq_len), "--layers", str(spec.n_layer),
+        "--embd", str(spec.n_embd),
         "--lr", str(spec.lr), "--eval-every", "4", "--ckpt-every", str(spec.ckpt_every),
-        "--eval-size", str(spec.eval_size), "--no-analysis", "--no-progress", "--device", "cpu",
+        "--eval-size", str(spec.options.eval_size), "--no-analysis", "--no-progress",
+        "--device", "cpu",
         "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -63,9 +65,11 @@ def test_planned_stop_under_torchrun_is_a_clean_exit_and_one_process_resumes_it(
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         "-m", "heatformer", "train", "--task", "chars", "--text", str(corpus),
         "--heads", spec.heads[0], "--steps", "4", "--batch-size", str(spec.batch_size),
-        "--seq-len", str(spec.seq_len), "--layers", str(spec.n_layer), "--embd", str(spec.n_embd),
+        "--seq-len", str(spec.options.seq_len), "--layers", str(spec.n_layer),
+        "--embd", str(spec.n_embd),
         "--lr", str(spec.lr), "--eval-every", "2", "--ckpt-every", "2",
-        "--eval-size", str(spec.eval_size), "--no-analysis", "--no-progress", "--device", "cpu",
+        "--eval-size", str(spec.options.eval_size), "--no-analysis", "--no-progress",
+        "--device", "cpu",
         "--out", str(out), "--stop-at-step", "2",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -16,10 +16,9 @@ import pytest
 import torch
 from torch import nn
 
+from heatformer.experiments import RecallTask, Task, resolve_task
 from heatformer.experiments.checkpoint import load_checkpoint, save_checkpoint
 from heatformer.experiments.compare import analyze, run_compare
-from heatformer.experiments.data import RecallTask
-from heatformer.experiments.harness import TaskHarness, make_harness
 from heatformer.experiments.spec import CompareSpec
 from heatformer.experiments.trainer import (
     CHECKPOINT_NAME,
@@ -82,11 +81,11 @@ def test_recall_run_reports_accuracy_and_pooled_nc1(tiny_spec: SpecFactory, tmp_
     # the reported metrics are those of the final weights on the fixed validation set,
     # recomputed here with a plain forward pass and F.cross_entropy
     resolved = spec.resolved()
-    harness = make_harness(resolved)
-    model = harness.build_model("attention:2")
+    task = resolve_task(resolved.task)(resolved)
+    model = task.build_model("attention:2")
     model.load_state_dict(load_checkpoint(out / "runs" / record["run"] / CHECKPOINT_NAME)["model"])
     model.eval()
-    val = RecallTask(seq_len=resolved.seq_len, val_size=resolved.eval_size)
+    val = RecallTask(seq_len=resolved.options.seq_len, val_size=resolved.options.eval_size)
     inputs = torch.cat([x for x, _ in val.eval_batches(1000)])  # (32, 40)
     targets = torch.cat([t for _, t in val.eval_batches(1000)])  # (32,)
     assert inputs.shape == (32, 40)
@@ -138,9 +137,9 @@ def test_resume_skips_finished_runs(tiny_spec: SpecFactory, tmp_path: Path) -> N
     assert len(finished) == 2
     built = []
 
-    def factory(harness: TaskHarness, heads: str) -> nn.Module:
+    def factory(task: Task, heads: str) -> nn.Module:
         built.append(heads)
-        return harness.build_model(heads)
+        return task.build_model(heads)
 
     run_compare(spec, out, resume=True, model_factory=factory)
     assert built == []  # nothing retrained
@@ -154,8 +153,8 @@ def test_sigint_saves_a_checkpoint_and_resume_matches(
     reference = run_compare(spec, tmp_path / "ref").results["runs"][0]
     calls = {"n": 0}
 
-    def factory(harness: TaskHarness, heads: str) -> nn.Module:
-        model = harness.build_model(heads)
+    def factory(task: Task, heads: str) -> nn.Module:
+        model = task.build_model(heads)
 
         def ctrl_c(module: nn.Module, args: object) -> None:
             calls["n"] += 1
@@ -207,8 +206,8 @@ def test_non_finite_loss_stops_the_run_and_keeps_finished_runs(
     spec = tiny_spec(analysis=False)  # ckpt_every=5; the second configuration breaks
     forwards = {"n": 0}
 
-    def factory(harness: TaskHarness, heads: str) -> nn.Module:
-        model = harness.build_model(heads)
+    def factory(task: Task, heads: str) -> nn.Module:
+        model = task.build_model(heads)
         if heads == spec.heads[1]:
 
             def poison(module: nn.Module, args: object, output: torch.Tensor) -> torch.Tensor:
@@ -244,9 +243,9 @@ def test_unwritable_output_folder_is_a_value_error_before_training(
     blocker.write_text("x")
     built: list[str] = []
 
-    def factory(harness: TaskHarness, heads: str) -> nn.Module:
+    def factory(task: Task, heads: str) -> nn.Module:
         built.append(heads)
-        return harness.build_model(heads)
+        return task.build_model(heads)
 
     with pytest.raises(ValueError, match=r"out_dir: expected a folder that can be created"):
         run_compare(tiny_spec(), blocker / "out", model_factory=factory)
@@ -353,8 +352,8 @@ def test_same_seed_gives_every_configuration_the_same_batches(
 ) -> None:
     seen: dict[str, list[torch.Tensor]] = {}
 
-    def factory(harness: TaskHarness, heads: str) -> nn.Module:
-        model = harness.build_model(heads)
+    def factory(task: Task, heads: str) -> nn.Module:
+        model = task.build_model(heads)
         batches = seen.setdefault(heads, [])
         model.register_forward_pre_hook(
             lambda m, args: batches.append(args[0].clone()) if m.training else None
@@ -394,8 +393,8 @@ def test_wall_time_adds_up_every_invocation_stopped_and_interrupted_ones_too(
     out = tmp_path / "out"
 
     def slow(seconds: float, interrupt_at: int | None = None) -> Callable[..., nn.Module]:
-        def factory(harness: TaskHarness, heads: str) -> nn.Module:
-            model = harness.build_model(heads)
+        def factory(task: Task, heads: str) -> nn.Module:
+            model = task.build_model(heads)
             calls = {"n": 0}
 
             def hook(module: nn.Module, args: object) -> None:
@@ -449,3 +448,87 @@ def test_analyze_keeps_the_training_environment_and_wall_time(
     assert results["analysis_time_s"] > 0
     saved = json.loads((out / "results.json").read_text())
     assert saved["analysis_environment"] == results["analysis_environment"]
+
+
+# ----------------------------------------------------------------------------- old folders
+
+#: ``spec.json`` of a ``heatformer train --stop-at-step`` folder written by heatformer 0.1.0
+#: (task options at the top level, for every task alike; no graph field), as it was on disk.
+LEGACY_SPECS = {
+    "chars": {
+        "task": "chars", "heads": ["attention:2"], "seeds": [0], "steps": 4, "batch_size": 4,
+        "lr": 0.001, "weight_decay": 0.01, "warmup_steps": 0, "min_lr_ratio": 0.1,
+        "grad_clip": 1.0, "eval_every": 2, "ckpt_every": 2, "seq_len": 16, "n_layer": 2,
+        "n_head": None, "n_embd": 16, "topk": None, "dropout": 0.0, "patch_size": 2,
+        "text": "CORPUS", "npz": None, "max_bytes": 2000000, "eval_size": 4, "analysis": True,
+        "analysis_size": 4, "device": "cpu", "bf16": False, "compile": False, "name": "",
+    },
+    "digits": {
+        "task": "digits", "heads": ["attention:2"], "seeds": [0], "steps": 2, "batch_size": 4,
+        "lr": 0.001, "weight_decay": 0.01, "warmup_steps": 0, "min_lr_ratio": 0.1,
+        "grad_clip": 1.0, "eval_every": 1, "ckpt_every": 1, "seq_len": None, "n_layer": 1,
+        "n_head": None, "n_embd": 16, "topk": 5, "dropout": 0.0, "patch_size": 4, "text": None,
+        "npz": None, "max_bytes": 2000000, "eval_size": 128, "analysis": True,
+        "analysis_size": 512, "device": "cpu", "bf16": False, "compile": False, "name": "",
+    },
+}  # fmt: skip
+
+
+def _legacy_key(spec: dict, heads: str, seed: int) -> dict:
+    """The run key heatformer 0.1.0 wrote into a checkpoint (its spec fingerprint)."""
+    dropped = ("name", "heads", "seeds", "device", "compile", "analysis", "analysis_size")
+    return {"spec": {k: v for k, v in spec.items() if k not in dropped}, "heads": heads,
+            "seed": seed}  # fmt: skip
+
+
+@pytest.mark.parametrize("task", ["chars", "digits"])
+def test_a_folder_written_by_0_1_0_resumes_to_the_same_numbers(
+    task: str, corpus: Path, tmp_path: Path
+) -> None:
+    legacy = {**LEGACY_SPECS[task]}
+    if legacy["text"] == "CORPUS":
+        legacy["text"] = str(corpus)
+    spec = CompareSpec.from_dict(legacy)  # task options moved into options, others dropped
+    assert spec.task == task and spec.graph == "softmax"
+    if task == "chars":
+        assert spec.options.seq_len == 16 and spec.options.text == str(corpus)
+        assert (spec.options.eval_size, spec.options.analysis_size) == (4, 4)
+    else:
+        assert (spec.options.patch_size, spec.options.analysis_size, spec.topk) == (4, 512, 5)
+    reference = run_compare(spec, tmp_path / "ref").results["runs"]
+
+    out = tmp_path / "old"
+    with pytest.raises(TrainingInterrupted) as info:
+        run_compare(spec, out, stop_at_step=1)
+    (out / "spec.json").write_text(json.dumps({"spec": legacy, "created": "2026-11-30"}))
+    path = info.value.run_dir / CHECKPOINT_NAME
+    state = load_checkpoint(path)
+    state["key"] = _legacy_key(legacy, "attention:2", 0)  # as 0.1.0 wrote it
+    save_checkpoint(path, {k: v for k, v in state.items() if k != "format"})
+
+    resumed = run_compare(CompareSpec.from_dict(legacy), out, resume=True).results
+    assert [r["train_loss"] for r in resumed["runs"]] == [r["train_loss"] for r in reference]
+    assert [r["final"] for r in resumed["runs"]] == [r["final"] for r in reference]
+    assert resumed["spec"]["options"] == spec.options.__dict__  # the report: today's layout
+    # a checkpoint key of 0.1.0 is still told apart from another configuration's
+    state["key"]["spec"]["lr"] = 0.5
+    run_dir = info.value.run_dir
+    (run_dir / RESULT_NAME).unlink()
+    save_checkpoint(path, {k: v for k, v in state.items() if k != "format"})
+    with pytest.raises(ValueError, match=r"lr: saved 0\.5, now 0\.001"):
+        run_compare(CompareSpec.from_dict(legacy), out, resume=True)
+
+
+def test_default_eval_every_is_the_specs(tiny_spec: SpecFactory, tmp_path: Path) -> None:
+    spec = tiny_spec(heads=("attention:2",), steps=20, eval_every=None, ckpt_every=None,
+                     analysis=False)  # fmt: skip
+    assert spec.resolved().eval_every == 2  # max(1, steps // 10)
+    (record,) = run_compare(spec, tmp_path / "out").results["runs"]
+    assert [e["step"] for e in record["evals"]] == list(range(2, 21, 2))
+    task = resolve_task("chars")(spec)
+    task.spec = spec  # an unresolved spec given to the trainer directly: the same defaults
+    from heatformer.experiments.trainer import train_run
+
+    again = train_run(task, "attention:2", 0, tmp_path / "direct")
+    assert [e["step"] for e in again["evals"]] == list(range(2, 21, 2))
+    assert again["train_loss"] == record["train_loss"]

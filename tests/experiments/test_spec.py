@@ -20,6 +20,7 @@ from heatformer.experiments.spec import (
     run_name,
     split_layers,
 )
+from heatformer.experiments.tasks import resolve_task
 
 # ----------------------------------------------------------------------------- schedules
 
@@ -100,16 +101,16 @@ def test_spec_validation_and_round_trip() -> None:
     assert CompareSpec.from_dict(spec.to_dict()) == spec
     resolved = spec.resolved()
     assert (resolved.eval_every, resolved.ckpt_every, resolved.warmup_steps) == (50, 50, 50)
-    assert resolved.seq_len == 128
-    assert CompareSpec(task="digits").resolved().seq_len is None
+    assert resolved.options.seq_len == 128
+    assert not hasattr(CompareSpec(task="digits").options, "seq_len")  # no sequences
     with pytest.raises(ValueError, match="unknown fields"):
         CompareSpec.from_dict({"task": "chars", "stepz": 3})
     with pytest.raises(ValueError, match="distinct non-negative"):
         CompareSpec(seeds=(1, 1))
     with pytest.raises(ValueError, match="lr: expected a positive float"):
         CompareSpec(lr=math.nan)
-    with pytest.raises(ValueError, match="npz: only the 'digits' task"):
-        CompareSpec(task="chars", npz="x.npz")
+    with pytest.raises(ValueError, match="npz: only the 'digits' task uses it, got task 'chars'"):
+        CompareSpec(task="chars", options={"npz": "x.npz"})
 
 
 @pytest.mark.parametrize(
@@ -124,31 +125,43 @@ def test_spec_validation_and_round_trip() -> None:
     ],
 )
 def test_spec_refuses_nan_and_non_positive_values(field: str, value: float, message: str) -> None:
+    def spec(value: float) -> CompareSpec:
+        if field == "patch_size":  # a task option
+            return CompareSpec(task="digits", options={field: value})
+        return CompareSpec(**{field: value})
+
     with pytest.raises(ValueError, match=re.escape(message)):
-        CompareSpec(**{field: value})
+        spec(value)
     edge = 1 if field == "patch_size" else 0.0  # the smallest valid value is accepted
-    assert getattr(CompareSpec(**{field: edge}), field) == edge
+    made = spec(edge)
+    assert getattr(made.options if field == "patch_size" else made, field) == edge
 
 
 @pytest.mark.parametrize(
     ("task", "seq_len", "limit"), [("chars", 32, 32), ("chars", None, 128), ("recall", 16, 16)]
 )
 def test_topk_is_at_most_the_sequence_length(task: str, seq_len: int | None, limit: int) -> None:
-    assert CompareSpec(task=task, seq_len=seq_len, topk=limit).topk == limit  # k = N: dense
-    message = f"topk: expected at most seq_len ({limit}) edges per query, got {limit + 1}"
-    with pytest.raises(ValueError, match=re.escape(message)):
-        CompareSpec(task=task, seq_len=seq_len, topk=limit + 1)
+    options = {} if seq_len is None else {"seq_len": seq_len}
+    assert CompareSpec(task=task, options=options, topk=limit).topk == limit  # k = N: dense
+    message = (
+        f"topk: topk[k={limit + 1}]: expected k at most the {limit} tokens a sequence can "
+        f"hold, got {limit + 1}"
+    )  # the graph kind's own check, naming the option the user gave
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        CompareSpec(task=task, options=options, topk=limit + 1)
+    assert info.value.argument == "topk"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=re.escape(f"graph: topk[k={limit + 1}]: expected k")):
+        CompareSpec(task=task, options=options, graph=f"topk[k={limit + 1}]")
 
 
 def test_topk_of_a_vit_is_at_most_its_tokens() -> None:
-    from heatformer.experiments.harness import make_harness
-
-    harness = make_harness(CompareSpec(task="digits", patch_size=4, topk=5))  # 4 patches + cls
-    model = harness.build_model("attention")
+    task = resolve_task("digits")(CompareSpec(task="digits", options={"patch_size": 4}, topk=5))
+    model = task.build_model("attention")  # 4 patches + cls
     assert model.blocks[0].attn.topk == 5
-    assert model(harness.data.test_images[:3]).shape == (3, 10)  # k = N tokens runs
-    with pytest.raises(ValueError, match=re.escape("at most 5 edges per query (the ViT's tokens")):
-        make_harness(CompareSpec(task="digits", patch_size=4, topk=6))
+    assert model(task.data.test_images[:3]).shape == (3, 10)  # k = N tokens runs
+    message = "topk: expected at most the 5 tokens a sequence can hold"  # the ViT config's
+    with pytest.raises(ValueError, match=re.escape(message)):  # refused when the task loads
+        resolve_task("digits")(CompareSpec(task="digits", options={"patch_size": 4}, topk=6))
 
 
 def test_fingerprint_ignores_runtime_fields_only() -> None:

@@ -5,6 +5,11 @@ Subcommands are registered in :data:`COMMANDS` (name -> (help, add_arguments, ru
 ``FileNotFoundError``) print one clear line to stderr, naming the option, and exit with
 status 2; other file-system errors print one line and exit with status 1.
 
+The library names the argument that was wrong on the exception (``err.argument``, see
+:mod:`heatformer.checks`); the command line turns it into the option the user typed through
+the table its parser kept while the options were added
+(:class:`~heatformer.cli._options.OptionParser`): ``n_embd`` -> ``--embd``.
+
 The command line is parsed before torch is imported: this package and the modules that
 define the options (:mod:`heatformer.cli._experiments`, :mod:`heatformer.cli._demo`,
 :mod:`heatformer.cli._ops`) import torch, the models and the data only inside the ``run``
@@ -16,14 +21,15 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import heatformer
 from heatformer.cli import _demo, _experiments, _ops
+from heatformer.cli._options import OptionParser
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-AddArgs = Callable[[argparse.ArgumentParser], None]
+AddArgs = Callable[[OptionParser], None]
 Run = Callable[[argparse.Namespace], int]
 
 
@@ -48,16 +54,16 @@ COMMANDS: dict[str, tuple[str, AddArgs, Run]] = {
 }
 
 
-def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
+def _build_parsers() -> tuple[OptionParser, dict[str, OptionParser]]:
+    parser = OptionParser(
         prog="heatformer",
         description="Attention matrices as graphs: diffusion heads for transformers.",
     )
     parser.add_argument(
         "--version", action="version", version=f"heatformer {heatformer.__version__}"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers = {}
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OptionParser)
+    subparsers: dict[str, OptionParser] = {}
     for name, (help_text, add_args, _) in COMMANDS.items():
         subparsers[name] = sub.add_parser(name, help=help_text, description=help_text)
         add_args(subparsers[name])
@@ -79,32 +85,35 @@ _ALIASES = {
 }
 
 
-def _name_the_option(message: str, parser: argparse.ArgumentParser) -> str:
-    """``"n_embd: expected ..."`` -> ``"--embd: expected ..."`` for the subcommand's options.
+def _name_the_option(err: BaseException, options: Mapping[str, str]) -> str:
+    """The error's message naming the option the user typed: ``n_embd`` -> ``--embd: ...``.
 
-    Library errors name the argument (``steps``, ``n_embd``, ``text_path``); on the command
-    line the user typed an option, so the message should name that. Messages that do not
-    start with the name of one of the subcommand's options are returned unchanged.
+    Library errors carry the argument's name (``err.argument``: ``steps``, ``n_embd``,
+    ``text_path``) and the rest of the message (``err.detail``); on the command line the user
+    typed an option, so the message names that. ``options`` is the subcommand's ``dest ->
+    option`` table (:attr:`OptionParser.option_of`). An error that names no option of the
+    subcommand keeps its message.
+
+    An error without ``.argument`` (raised by code that does not use :mod:`heatformer.checks`
+    yet, such as the demo's own checks) is read as ``"name: detail"``, as before.
     """
-    name, sep, rest = message.partition(": ")
-    if not sep or not name.isidentifier():
-        return message
-    flags = {
-        action.dest: next(o for o in action.option_strings if o.startswith("--"))
-        for action in parser._actions
-        if any(o.startswith("--") for o in action.option_strings)
-    }
-    dest = name if name in flags else _ALIASES.get(name, "")
-    return f"{flags[dest]}: {rest}" if dest in flags else message
+    message = str(err)
+    argument, detail = getattr(err, "argument", None), getattr(err, "detail", None)
+    if not (isinstance(argument, str) and isinstance(detail, str)):
+        argument, sep, detail = message.partition(": ")
+        if not sep or not argument.isidentifier():
+            return message
+    dest = argument if argument in options else _ALIASES.get(argument, "")
+    return f"{options[dest]}: {detail}" if dest in options else message
 
 
-def _unrecognized(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
+def _unrecognized(extras: Sequence[str], parser: OptionParser) -> str:
     """``"unrecognized arguments: --seeds 3 (did you mean --seed?)"`` for ``parser``'s options.
 
     Each unknown option (``--name`` or ``--name=value``) gets the closest of the
     subcommand's own options, if one is close (:func:`difflib.get_close_matches`).
     """
-    known = [o[2:] for action in parser._actions for o in action.option_strings if o[:2] == "--"]
+    known = [option[2:] for option in parser.long_options]
     hints = []
     for extra in extras:  # compared without the "--" that every option shares
         if extra.startswith("--"):
@@ -129,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command][2](args)
     except (ValueError, TypeError, FileNotFoundError) as err:
-        message = _name_the_option(str(err), subparsers[args.command])
+        message = _name_the_option(err, subparsers[args.command].option_of)
         print(f"heatformer {args.command}: error: {message}", file=sys.stderr)
         return 2
     except OSError as err:  # the file system refused (disk full, permissions): no traceback

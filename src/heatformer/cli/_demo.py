@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from heatformer.cli._options import OptionParser
+
 DEMO_HELP = "teaching demo: attention graphs of a small trained GPT, as pictures and a web page"
 
 #: The default ``--text``; the same as :data:`heatformer.viz.demo.DEFAULT_TEXT` (a test checks
@@ -16,7 +18,7 @@ DEMO_HELP = "teaching demo: attention graphs of a small trained GPT, as pictures
 DEFAULT_TEXT = "def add(a, b): return a + b"
 
 
-def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+def add_demo_arguments(parser: OptionParser) -> None:
     """Options of ``heatformer demo``."""
     parser.add_argument(
         "--out", default="heatformer-demo", help="output folder (default heatformer-demo)"

@@ -9,8 +9,11 @@ exit with status 130, a planned stop (``--stop-at-step``) with status 0 (so ``to
 does not report it as a failure). A run resumed with another number of processes gets a
 note on stderr (:class:`~heatformer.experiments.trainer.WorldSizeChanged`).
 
-Defining the options needs only :mod:`heatformer.experiments.spec`, which imports no torch;
-the runner, the data and the models are imported inside the ``run`` functions.
+Defining the options needs only :mod:`heatformer.experiments.spec` and
+:mod:`heatformer.experiments.tasks`, which import no torch; the runner, the data and the
+models are imported inside the ``run`` functions. The flags of the task options (``--seq-len``,
+``--text``, ...) are made from the registered tasks' options; one the chosen task does not take
+is refused by the spec, naming the tasks that take it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from heatformer.cli._options import OptionGroup, OptionParser
+from heatformer.experiments._checks import bad_value, check_positive_int
 from heatformer.experiments.spec import PRESETS, CompareSpec, parse_seeds
+from heatformer.experiments.tasks import TASKS, options_by_name
 
 __all__ = [
     "add_analyze_args",
@@ -36,7 +42,8 @@ __all__ = [
     "run_train",
 ]
 
-#: argparse dest -> CompareSpec field, for the flags that define the numbers.
+#: argparse dest -> CompareSpec field, for the flags that define the numbers (the task
+#: options' flags come from the tasks, see :func:`_add_task_options`).
 _SPEC_FLAGS = {
     "task": "task",
     "steps": "steps",
@@ -47,57 +54,50 @@ _SPEC_FLAGS = {
     "grad_clip": "grad_clip",
     "eval_every": "eval_every",
     "ckpt_every": "ckpt_every",
-    "seq_len": "seq_len",
     "n_layer": "n_layer",
     "n_head": "n_head",
     "n_embd": "n_embd",
+    "graph": "graph",
     "topk": "topk",
     "dropout": "dropout",
-    "patch_size": "patch_size",
-    "text": "text",
-    "npz": "npz",
-    "max_bytes": "max_bytes",
-    "eval_size": "eval_size",
-    "analysis_size": "analysis_size",
     "bf16": "bf16",
     "compile": "compile",
     "name": "name",
 }
 
 
-#: argparse dest -> the tasks that read the flag; any other task refuses it.
-_TASK_FLAGS = {
-    "seq_len": ("chars", "recall"),
-    "max_bytes": ("chars",),
-    "eval_size": ("chars", "recall"),
-    "patch_size": ("digits",),
-}
+def _add_task_options(group: OptionGroup) -> None:
+    """One flag per option of the registered tasks (``seq_len`` -> ``--seq-len``).
+
+    A flag several tasks take is one flag; its help names each task and its default.
+    """
+    for name, by_task in options_by_name().items():
+        fields = list(by_task.values())
+
+        def default(f: dataclasses.Field[Any]) -> str:
+            return "" if f.default is None else f" (default {f.default})"
+
+        if len({(f.metadata["help"], f.default) for f in fields}) == 1:  # one text for all
+            text = f"{', '.join(by_task)}: {fields[0].metadata['help']}{default(fields[0])}"
+        else:
+            text = "; ".join(f"{t}: {f.metadata['help']}{default(f)}" for t, f in by_task.items())
+        first = fields[0].metadata
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=first["parse"],
+            metavar=first["metavar"],
+            help=text.replace("%", "%%"),
+        )
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: OptionParser) -> None:
     d = {f.name: f.default for f in dataclasses.fields(CompareSpec)}
-    g = parser.add_argument_group("task and data")
-    g.add_argument("--task", help=f"chars | digits | recall (default {d['task']})")
-    g.add_argument(
-        "--text",
-        metavar="PATH",
-        help="chars: a UTF-8 text file or folder (default: the Python standard library's source)",
-    )
-    g.add_argument(
-        "--npz",
-        metavar="PATH",
-        help="digits: an .npz with 'images' (num, [C,] H, W) "
-        "and 'labels' (num,) (default: scikit-learn's 8x8 digits)",
-    )
-    g.add_argument("--seq-len", type=int, help="sequence length (default 128; chars, recall)")
-    g.add_argument("--max-bytes", type=int, help=f"chars: corpus cap (default {d['max_bytes']})")
-    g.add_argument(
-        "--eval-size",
-        type=int,
-        help=f"chars: validation windows; recall: validation examples (default {d['eval_size']})",
-    )
+    g = parser.group("task and data")
+    g.add_argument("--task", help=f"{' | '.join(TASKS)} (default {d['task']})")
+    _add_task_options(g)
 
-    g = parser.add_argument_group("model")
+    g = parser.group("model")
     g.add_argument("--layers", dest="n_layer", type=int, help=f"blocks (default {d['n_layer']})")
     g.add_argument(
         "--n-head",
@@ -108,15 +108,21 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--embd", dest="n_embd", type=int, help=f"width (default {d['n_embd']})")
     g.add_argument(
+        "--graph",
+        metavar="SPEC",
+        help="graph kind of the attention layers: softmax, topk[k=32], or one per layer "
+        "separated by ';' as for --heads (default softmax; kinds: heatformer.graph_ops.GRAPHS)",
+    )
+    g.add_argument(
         "--topk",
         type=int,
         metavar="K",
-        help="keep the K strongest edges per query in every attention graph",
+        help="keep the K strongest edges per query in every attention graph "
+        "(shorthand for --graph topk[k=K])",
     )
     g.add_argument("--dropout", type=float, help="dropout (default 0)")
-    g.add_argument("--patch-size", type=int, help="digits: ViT patch size (default 2)")
 
-    g = parser.add_argument_group("budget (the same for every configuration)")
+    g = parser.group("budget (the same for every configuration)")
     g.add_argument("--steps", type=int, help=f"optimizer steps per run (default {d['steps']})")
     g.add_argument(
         "--batch-size",
@@ -134,16 +140,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (default steps/10)")
     g.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default: eval-every)")
     g.add_argument(
-        "--analysis-size",
-        type=int,
-        help="sequences/images in the analysis batch (default: chars 32, digits 512 "
-        "(capped by the test split), recall 256)",
-    )
-    g.add_argument(
         "--no-analysis", action="store_true", help="skip the per-layer token-geometry analysis"
     )
 
-    g = parser.add_argument_group("running")
+    g = parser.group("running")
     g.add_argument("--out", metavar="DIR", help="output folder (default runs/<name>-<time>)")
     g.add_argument("--name", help="a label for the report and the default --out")
     g.add_argument(
@@ -173,7 +173,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def add_train_args(parser: argparse.ArgumentParser) -> None:
+def add_train_args(parser: OptionParser) -> None:
     """Flags of ``heatformer train``."""
     parser.add_argument(
         "--heads",
@@ -190,7 +190,7 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
-def add_compare_args(parser: argparse.ArgumentParser) -> None:
+def add_compare_args(parser: OptionParser) -> None:
     """Flags of ``heatformer compare``."""
     parser.add_argument(
         "--heads",
@@ -215,7 +215,7 @@ def add_compare_args(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
-def add_analyze_args(parser: argparse.ArgumentParser) -> None:
+def add_analyze_args(parser: OptionParser) -> None:
     """Flags of ``heatformer analyze``."""
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a folder made by compare or train")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda[:N] (default cpu)")
@@ -226,7 +226,7 @@ def add_analyze_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
-    """The spec fields set explicitly on the command line."""
+    """The spec fields and task options set explicitly on the command line, by name."""
     values = {
         field: getattr(args, dest)
         for dest, field in _SPEC_FLAGS.items()
@@ -236,9 +236,12 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
         values["analysis"] = False
     if args.device is not None:
         values["device"] = args.device
-    for key in ("text", "npz"):
-        if key in values:
-            values[key] = str(Path(values[key]).expanduser().resolve())
+    for name, by_task in options_by_name().items():
+        value = getattr(args, name, None)
+        if value is not None:
+            if any(f.metadata["path"] for f in by_task.values()):
+                value = str(Path(value).expanduser().resolve())
+            values[name] = value
     return values
 
 
@@ -246,7 +249,16 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
     values: dict[str, Any] = {}
     if compare and args.preset:
         values.update(PRESETS[args.preset])
-    values.update(_given(args))
+    given = _given(args)
+    options = dict(values.pop("options", {}))
+    if "task" in given and given["task"] != values.get("task") and given["task"] in TASKS:
+        taken = options_by_name()  # a preset's options for another task: those this one takes
+        options = {k: v for k, v in options.items() if given["task"] in taken.get(k, {})}
+    for name in options_by_name():  # a flag the task does not take is refused by the spec
+        if name in given:
+            options[name] = given.pop(name)
+    values.update(given)
+    values["options"] = options
     if compare:
         if args.heads:
             values["heads"] = tuple(args.heads)
@@ -257,13 +269,7 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
             values["heads"] = (args.heads,)
         if args.seed is not None:
             values["seeds"] = (args.seed,)
-    spec = CompareSpec(**values)
-    for dest, tasks in _TASK_FLAGS.items():  # a flag the task ignores is a user mistake
-        if getattr(args, dest, None) is not None and spec.task not in tasks:
-            used_by = " and ".join(repr(task) for task in tasks)
-            verb = "task uses" if len(tasks) == 1 else "tasks use"
-            raise ValueError(f"{dest}: only the {used_by} {verb} it, got task {spec.task!r}")
-    return spec
+    return CompareSpec(**values)
 
 
 def _resume_dir(args: argparse.Namespace) -> Path | None:
@@ -271,10 +277,12 @@ def _resume_dir(args: argparse.Namespace) -> Path | None:
         return None
     if args.resume is True:
         if args.out is None:
-            raise ValueError("--resume: expected a folder (--resume DIR or --out DIR --resume)")
+            raise bad_value("resume", "expected a folder (--resume DIR or --out DIR --resume)")
         return Path(args.out)
     if args.out is not None and Path(args.out) != Path(args.resume):
-        raise ValueError(f"--resume {args.resume} and --out {args.out}: expected one folder")
+        raise bad_value(
+            "resume", f"expected one folder, got --resume {args.resume} and --out {args.out}"
+        )
     return Path(args.resume)
 
 
@@ -302,9 +310,8 @@ def _execute(args: argparse.Namespace, command: str) -> int:
     )
 
     for dest in ("threads", "stop_at_step"):
-        value = getattr(args, dest)
-        if value is not None and value < 1:
-            raise ValueError(f"{dest}: expected a positive int, got {value}")
+        if getattr(args, dest) is not None:
+            check_positive_int(dest, getattr(args, dest))
     resume_dir = _resume_dir(args)
     if resume_dir is not None:
         extra = sorted(set(_given(args)) - {"device"})
@@ -313,8 +320,8 @@ def _execute(args: argparse.Namespace, command: str) -> int:
         if command == "train" and (args.heads is not None or args.seed is not None):
             extra += ["heads/seed"]
         if extra:
-            raise ValueError(
-                f"--resume: continues the spec saved in {resume_dir}; drop the flags {extra}"
+            raise bad_value(
+                "resume", f"continues the spec saved in {resume_dir}; drop the flags {extra}"
             )
         spec = load_spec(resume_dir)
         if args.device is not None:
@@ -330,7 +337,7 @@ def _execute(args: argparse.Namespace, command: str) -> int:
     ctx = setup_distributed(spec.device)
     try:
         out = resume_dir or (Path(args.out) if args.out else _default_out(spec, ctx))
-        harness = validate_spec(spec)
+        task = validate_spec(spec)
         say = print if ctx.is_main else (lambda *a, **k: None)
         runs = len(spec.heads) * len(spec.seeds)
         say(
@@ -352,7 +359,7 @@ def _execute(args: argparse.Namespace, command: str) -> int:
                     stop=stop,
                     stop_at_step=args.stop_at_step,
                     progress=not args.no_progress,
-                    harness=harness,
+                    task=task,
                 )
         except TrainingInterrupted as err:
             if stop.reason.startswith("--stop-at-step"):  # planned: a clean exit (torchrun too)

@@ -6,11 +6,12 @@ import argparse
 from typing import Any
 
 import heatformer
+from heatformer.cli._options import OptionParser
 
 OPS_HELP = "operators on a random attention graph (a quick look)"
 
 
-def add_ops_arguments(parser: argparse.ArgumentParser) -> None:
+def add_ops_arguments(parser: OptionParser) -> None:
     """Options of ``heatformer demo-ops``."""
     parser.add_argument("--nodes", type=int, default=64, help="tokens N (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -20,10 +21,11 @@ def run_ops(args: argparse.Namespace) -> int:
     """Apply every operator to a signal on a random causal attention graph; print a table."""
     import torch
 
+    from heatformer import checks
     from heatformer.graph_ops import SoftmaxGraph, laplacian, resolve_operator
 
     if args.nodes < 2:
-        raise ValueError(f"--nodes: expected at least 2, got {args.nodes}")
+        raise checks.bad_value("nodes", f"expected at least 2, got {args.nodes}")
     gen = torch.Generator().manual_seed(args.seed)
     n, d = args.nodes, 16
     q = torch.randn(1, n, d, generator=gen, dtype=torch.float64)

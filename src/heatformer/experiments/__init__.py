@@ -1,9 +1,13 @@
-"""Experiments: built-in tasks with embedded data, the trainer and the compare runner.
+"""Experiments: the tasks, the trainer and the compare runner.
 
-Public names from :mod:`heatformer.experiments.data`:
+Tasks (:mod:`heatformer.experiments.tasks`, one module per task):
 
-- :func:`load_task` -- a task from its name, one of :data:`TASK_NAMES`
-  (``"chars"``, ``"digits"``, ``"recall"``).
+- :data:`TASKS` -- name -> :class:`Task`; :func:`register_task` adds one (checked at once),
+  :func:`resolve_task` turns a ``--task`` name into it. :data:`TASK_NAMES` are the built-in
+  ones (``"chars"``, ``"digits"``, ``"recall"``).
+- :class:`Task` -- the protocol: options with defaults (a :class:`TaskOptions` dataclass of
+  :func:`option` fields), data, model, one batch interface, metrics, analysis batch.
+- :func:`load_task` -- a built-in task's data from its name and the data factory's arguments.
 - :class:`CharsTask` / :func:`load_chars` -- byte-level language modelling, split by file.
 - :class:`DigitsTask` / :func:`load_digits_task` -- 8×8 digit images, stratified split.
 - :class:`RecallTask` -- synthetic associative recall over long sequences.
@@ -11,8 +15,9 @@ Public names from :mod:`heatformer.experiments.data`:
 
 The runner (``heatformer train`` / ``compare`` / ``analyze`` on the command line):
 
-- :class:`CompareSpec` -- everything that determines a comparison's numbers;
-  :data:`PRESETS` holds named specs (``"demo"``).
+- :class:`CompareSpec` -- everything that determines a comparison's numbers (the shared
+  fields, the graph kinds, the task's options); :data:`PRESETS` holds named specs
+  (``"demo"``).
 - :func:`run_compare` -- train every (head schedule, seed) pair, resumably, and write
   ``results.json``, ``results.csv`` and plots; returns a :class:`CompareReport`.
 - :func:`analyze` -- recompute the per-layer token-geometry analysis from checkpoints.
@@ -30,19 +35,24 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from heatformer.experiments.compare import CompareReport, analyze, run_compare
-    from heatformer.experiments.data import (
+    from heatformer.experiments.spec import PRESETS, CompareSpec
+    from heatformer.experiments.tasks import (
         TASK_NAMES,
+        TASKS,
         CharsTask,
         DigitsTask,
         RecallTask,
         Task,
+        TaskOptions,
         bits_per_char,
         load_chars,
         load_digits_task,
         load_task,
+        option,
+        register_task,
+        resolve_task,
         stdlib_source_root,
     )
-    from heatformer.experiments.spec import PRESETS, CompareSpec
     from heatformer.experiments.trainer import (
         StopSignal,
         TrainingDiverged,
@@ -55,16 +65,21 @@ _SOURCES = {
     "CompareReport": "compare",
     "analyze": "compare",
     "run_compare": "compare",
-    "TASK_NAMES": "data",
-    "CharsTask": "data",
-    "DigitsTask": "data",
-    "RecallTask": "data",
-    "Task": "data",
-    "bits_per_char": "data",
-    "load_chars": "data",
-    "load_digits_task": "data",
-    "load_task": "data",
-    "stdlib_source_root": "data",
+    "TASKS": "tasks",
+    "TASK_NAMES": "tasks",
+    "CharsTask": "tasks",
+    "DigitsTask": "tasks",
+    "RecallTask": "tasks",
+    "Task": "tasks",
+    "TaskOptions": "tasks",
+    "bits_per_char": "tasks",
+    "load_chars": "tasks",
+    "load_digits_task": "tasks",
+    "load_task": "tasks",
+    "option": "tasks",
+    "register_task": "tasks",
+    "resolve_task": "tasks",
+    "stdlib_source_root": "tasks",
     "PRESETS": "spec",
     "CompareSpec": "spec",
     "StopSignal": "trainer",
@@ -75,6 +90,7 @@ _SOURCES = {
 
 __all__ = [
     "PRESETS",
+    "TASKS",
     "TASK_NAMES",
     "CharsTask",
     "CompareReport",
@@ -83,6 +99,7 @@ __all__ = [
     "RecallTask",
     "StopSignal",
     "Task",
+    "TaskOptions",
     "TrainingDiverged",
     "TrainingInterrupted",
     "analyze",
@@ -90,6 +107,9 @@ __all__ = [
     "load_chars",
     "load_digits_task",
     "load_task",
+    "option",
+    "register_task",
+    "resolve_task",
     "run_compare",
     "stdlib_source_root",
     "train_run",

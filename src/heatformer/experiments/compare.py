@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from heatformer._progress import Progress
+from heatformer.experiments._checks import bad_value
 from heatformer.experiments.checkpoint import atomic_write_json, load_checkpoint, read_json
 from heatformer.experiments.distributed import DistContext, resolve_device
-from heatformer.experiments.harness import TaskHarness, make_harness
 from heatformer.experiments.report import aggregate, environment, plot_report, write_csv
 from heatformer.experiments.spec import CompareSpec, run_name
+from heatformer.experiments.tasks import Task, resolve_task
 from heatformer.experiments.trainer import (
     CHECKPOINT_NAME,
     RESULT_NAME,
@@ -112,27 +113,42 @@ def _runs(spec: CompareSpec) -> Iterator[tuple[str, int, str]]:
             yield heads, seed, run_name(index, heads, seed)
 
 
-def validate_spec(spec: CompareSpec, task: Any = None) -> TaskHarness:
-    """Load the data and check every head schedule against the model, writing nothing.
+def validate_spec(spec: CompareSpec, data: Any = None) -> Task:
+    """Load the task's data and build every configuration's model (on the meta device).
+
+    Writes nothing; a spec, data or model that is refused is refused here, before training.
 
     Args:
         spec: the comparison spec.
-        task: optional prebuilt task object (tests).
+        data: the task's data, prebuilt (tests); ``None``: loaded as the options say.
 
     Returns:
-        The task harness, ready to train.
+        The task, ready to train.
 
     Raises:
-        ValueError: a schedule or size the model refuses, or data that does not fit.
+        ValueError: a schedule, graph kind or size the model refuses, or data that do not fit.
         FileNotFoundError: a missing ``--text`` / ``--npz`` path.
     """
     import torch
 
-    harness = make_harness(spec, task)
+    task = resolve_task(spec.task)(spec, data)
     for heads in spec.heads:
         with torch.device("meta"):  # builds the modules without allocating weights
-            harness.build_model(heads)
-    return harness
+            task.build_model(heads)
+    return task
+
+
+def _task_or_data(task: Any, data: Any) -> tuple[Task | None, Any]:
+    """``(task, data)``; data given as ``task=`` (0.1.0 called them a task) warns and passes."""
+    if task is None or isinstance(task, Task):
+        return task, data
+    if data is not None:
+        raise bad_value("task", f"expected a Task, got {type(task).__name__} (and data=)")
+    import warnings
+
+    message = "task= takes a heatformer.experiments.Task now; pass the task's data as data="
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    return None, task
 
 
 def load_spec(out_dir: str | Path) -> CompareSpec:
@@ -180,13 +196,13 @@ def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistC
         ):
             raise ValueError(
                 f"{out_dir}: expected the spec saved in {SPEC_NAME} when resuming, got a "
-                "different one; resume with `--resume DIR` alone"
+                "different one; resume with `--resume DIR` alone",
             )
         return
     if spec_path.exists():
         raise ValueError(
             f"{out_dir}: already holds a comparison; continue it with --resume {out_dir} "
-            "or choose another --out"
+            "or choose another --out",
         )
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ValueError(
@@ -203,9 +219,10 @@ def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistC
         except OSError as err:  # before any training, so nothing is lost
             reason = err.strerror or str(err)
     if _agree(bool(reason), ctx):  # every rank raises, none waits for the others
-        raise ValueError(
-            f"out_dir: expected a folder that can be created and written, got {out_dir}"
-            + (f" ({reason})" if reason else "")
+        raise bad_value(
+            "out_dir",
+            f"expected a folder that can be created and written, got {out_dir}"
+            + (f" ({reason})" if reason else ""),
         )
 
 
@@ -255,7 +272,7 @@ def _total_time(invocations: list[dict[str, Any]]) -> float:
 
 def _finish(
     spec: CompareSpec,
-    harness: TaskHarness,
+    task: Task,
     out_dir: Path,
     records: list[dict[str, Any]],
     ctx: DistContext,
@@ -268,12 +285,12 @@ def _finish(
 
     ``wall_time_s()`` is asked right before ``results.json`` is written (last).
     """
-    summary = aggregate(records, spec.heads, harness.metric_names, harness.analysis_names)
+    summary = aggregate(records, spec.heads, task.metric_names, task.analysis_names)
     results = {
         "spec": spec.to_dict(),
         "task": spec.task,
-        "metrics": list(harness.metric_names),
-        "analysis_metrics": list(harness.analysis_names),
+        "metrics": list(task.metric_names),
+        "analysis_metrics": list(task.analysis_names),
         "std": "sample standard deviation over seeds (ddof=1); 0 for one seed",
         "environment": environment,
         **(extra or {}),
@@ -285,15 +302,15 @@ def _finish(
     }
     plots: list[Path] = []
     if ctx.is_main:
-        write_csv(out_dir / "results.csv", records, harness.metric_names, harness.analysis_names)
+        write_csv(out_dir / "results.csv", records, task.metric_names, task.analysis_names)
         try:
             plots = plot_report(
                 out_dir,
                 records,
                 summary,
-                harness.metric_names,
-                harness.eval_loss_name,
-                harness.analysis_names,
+                task.metric_names,
+                task.eval_loss_name,
+                task.analysis_names,
             )
         except ImportError:  # matplotlib is an optional extra
             plots = []
@@ -303,7 +320,7 @@ def _finish(
     if ctx.is_main:
         atomic_write_json(out_dir / RESULTS_NAME, results)
     ctx.barrier()
-    return CompareReport(out_dir, results, harness.metric_names, harness.analysis_names, plots)
+    return CompareReport(out_dir, results, task.metric_names, task.analysis_names, plots)
 
 
 def run_compare(
@@ -316,8 +333,8 @@ def run_compare(
     stop_at_step: int | None = None,
     progress: bool = False,
     model_factory: ModelFactory | None = None,
-    task: Any = None,
-    harness: TaskHarness | None = None,
+    task: Task | None = None,
+    data: Any = None,
 ) -> CompareReport:
     """Train every (head schedule, seed) pair of ``spec`` and write the report.
 
@@ -330,10 +347,10 @@ def run_compare(
         stop_at_step: stop every run at this step, as if interrupted (tests).
         progress: report progress on stderr, overall and per run (rank 0 only; see
             :mod:`heatformer._progress`: bars on a terminal, plain lines otherwise).
-        model_factory: builds a model from ``(harness, heads)``; default the reference
+        model_factory: builds a model from ``(task, heads)``; default the reference
             model of the task.
-        task: a prebuilt task object (tests use tiny ones).
-        harness: a prebuilt harness (skips data loading and validation).
+        task: the task, already made by :func:`validate_spec` (skips loading and checking).
+        data: the task's data, prebuilt (tests use tiny ones).
 
     Returns:
         The :class:`CompareReport`.
@@ -348,14 +365,15 @@ def run_compare(
     spec = spec.resolved()
     out = Path(out_dir)
     ctx = ctx or DistContext(device=resolve_device(spec.device))
-    harness = harness or validate_spec(spec, task)
+    task, data = _task_or_data(task, data)
+    task = task or validate_spec(spec, data)
     prepare_output(spec, out, resume=resume, ctx=ctx)
     stop = stop or StopSignal()
     plan = list(_runs(spec))
     if resume:  # a bad checkpoint is refused before any training, not after the runs before it
         for heads, seed, name in plan:
             if not is_finished(out / "runs" / name):
-                load_run_checkpoint(harness, heads, seed, out / "runs" / name)
+                load_run_checkpoint(task, heads, seed, out / "runs" / name)
 
     invocation = _Invocation(out, ctx, started)
     invocation.save()
@@ -372,7 +390,7 @@ def run_compare(
                 if not finished and _agree(stop.requested, ctx):  # e.g. Ctrl-C during analysis
                     raise TrainingInterrupted(run_dir, 0, spec.steps)
                 record = train_run(
-                    harness,
+                    task,
                     heads,
                     seed,
                     run_dir,
@@ -393,7 +411,7 @@ def run_compare(
             return invocation.save(outcome)
 
         return _finish(
-            spec, harness, out, records, ctx, wall_time_s=report_time,
+            spec, task, out, records, ctx, wall_time_s=report_time,
             environment=invocation.entry["environment"],
         )  # fmt: skip
     except TrainingInterrupted:
@@ -411,9 +429,10 @@ def analyze(
     out_dir: str | Path,
     *,
     model_factory: ModelFactory | None = None,
-    task: Any = None,
+    data: Any = None,
     device: str = "cpu",
     progress: bool = False,
+    task: Any = None,
 ) -> CompareReport:
     """Recompute the per-layer analysis of every finished run from its final checkpoint.
 
@@ -425,11 +444,12 @@ def analyze(
 
     Args:
         out_dir: a comparison folder.
-        model_factory: builds a model from ``(harness, heads)``; default the task's
+        model_factory: builds a model from ``(task, heads)``; default the task's
             reference model.
-        task: a prebuilt task object (tests).
+        data: the task's data, prebuilt (tests).
         device: where to run the models.
         progress: report progress on stderr (see :mod:`heatformer._progress`).
+        task: the task, already made for this folder's spec (skips loading its data).
 
     Returns:
         The rebuilt :class:`CompareReport`.
@@ -441,9 +461,10 @@ def analyze(
     started = time.perf_counter()
     out = Path(out_dir)
     spec = load_spec(out).resolved()
-    harness = make_harness(spec, task)
+    given, data = _task_or_data(task, data)
+    task = given or resolve_task(spec.task)(spec, data)
     ctx = DistContext(device=resolve_device(device))
-    factory = model_factory or (lambda h, heads: h.build_model(heads))
+    factory = model_factory or (lambda t, heads: t.build_model(heads))
     records = []
     plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[2])]
     if not plan:
@@ -457,10 +478,10 @@ def analyze(
                 raise ValueError(
                     f"{run_dir}: expected the final checkpoint of a finished run, found none"
                 )
-            model = factory(harness, heads)
+            model = factory(task, heads)
             model.load_state_dict(saved["model"])
             model.to(ctx.device)
-            record["analysis"] = harness.layer_metrics(model, ctx.device)
+            record["analysis"] = task.layer_metrics(model, ctx.device)
             atomic_write_json(run_dir / RESULT_NAME, record)
             records.append(record)
             bar.update(1)
@@ -475,6 +496,6 @@ def analyze(
         "analysis_time_s": time.perf_counter() - started,
     }
     return _finish(
-        spec, harness, out, records, ctx, wall_time_s=lambda: wall, environment=trained,
+        spec, task, out, records, ctx, wall_time_s=lambda: wall, environment=trained,
         extra=extra,
     )  # fmt: skip

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from heatformer.checks import bad_value
+
 __all__ = ["DistContext", "resolve_device", "setup_distributed"]
 
 
@@ -80,11 +82,12 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(
-                f"device: {name!r} requested but CUDA is not available; use --device cpu"
+            raise bad_value(
+                "device",
+                f"{name!r} requested but CUDA is not available; use --device cpu",
             )
         return torch.device(name if ":" in name else f"cuda:{local_rank}")
-    raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', got {name!r}")
+    raise bad_value("device", f"expected 'auto', 'cpu' or 'cuda[:N]', got {name!r}")
 
 
 def setup_distributed(device: str = "auto") -> DistContext:

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from heatformer.checks import bad_value
+
 __all__ = [
     "aggregate",
     "environment",
@@ -48,7 +50,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """
     clean = [math.nan if v is None else float(v) for v in values]
     if not clean:
-        raise ValueError("values: expected at least one number, got none")
+        raise bad_value("values", "expected at least one number, got none")
     n = len(clean)
     mean = math.fsum(clean) / n
     if n == 1:

@@ -17,6 +17,12 @@ boundary):
   (here 2 layers: plain attention below, two Laplacian heads above); ``|`` works too.
   The number of layer specs must equal ``n_layer``.
 
+Graph kinds (``graph``) use the same syntax: ``"topk[k=32]"`` in every layer, or
+``"topk[k=8];softmax"`` one per layer (see :data:`heatformer.graph_ops.GRAPHS`); ``topk=K``
+is shorthand for ``graph="topk[k=K]"``. The options of the chosen task (``seq_len``,
+``text``, ...) live in ``options``; each task declares them, with their defaults, in its
+module (:mod:`heatformer.experiments.tasks`).
+
 This module imports no torch at import time (the models and the data are imported inside
 the functions that need them): the command line reads the defaults of :class:`CompareSpec`
 and the :data:`PRESETS` for its help pages before torch is loaded.
@@ -35,13 +41,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from heatformer.experiments._checks import bad_type, bad_value, check_int, check_positive_int
+
+if TYPE_CHECKING:
+    from heatformer.experiments.tasks.base import TaskOptions
 
 __all__ = [
     "PRESETS",
-    "TASK_DEFAULT_ANALYSIS_SIZE",
-    "TASK_DEFAULT_SEQ_LEN",
     "CompareSpec",
     "check_heads",
     "infer_num_heads",
@@ -50,28 +60,37 @@ __all__ = [
     "split_layers",
 ]
 
-#: Sequence length used when a spec leaves ``seq_len`` unset (digits has no sequence).
-TASK_DEFAULT_SEQ_LEN: dict[str, int] = {"chars": 128, "recall": 128}
-
-#: Sequences (images) in the fixed analysis batch when a spec leaves ``analysis_size``
-#: unset: next-token groups need many tokens but few sequences; Neural Collapse needs
-#: several examples per class (digits: the whole test split, 360 images).
-TASK_DEFAULT_ANALYSIS_SIZE: dict[str, int] = {"chars": 32, "digits": 512, "recall": 256}
-
 #: Heads per layer when the schedule gives no counts (a bare ``"attention"``).
 _DEFAULT_NUM_HEADS = 4
+
+#: Task options that ``spec.json`` files (and checkpoint keys) of heatformer 0.1.0 kept at the
+#: top level, for every task alike; :meth:`CompareSpec.from_dict` moves the chosen task's into
+#: ``options`` and drops the others (they never changed a number of that task).
+_LEGACY_TASK_FIELDS = frozenset(
+    {"seq_len", "patch_size", "text", "npz", "max_bytes", "eval_size", "analysis_size"}
+)
 
 
 @dataclass(frozen=True)
 class CompareSpec:
     """Everything that determines the numbers of a comparison.
 
-    Attributes mirror the command-line flags of ``heatformer compare``. ``None`` in
-    ``seq_len``, ``n_head``, ``eval_every``, ``ckpt_every`` and ``warmup_steps`` means
-    "derive it" (see :meth:`resolved`).
+    The fields are what every task shares (the budget, the model's sizes, head schedules and
+    graph kinds); ``options`` holds the chosen task's own options (``seq_len``, ``text``, ...;
+    see :data:`heatformer.experiments.TASKS`): give a mapping with the ones to change, and the
+    spec keeps an instance of the task's ``Options`` dataclass with every other at its
+    default. ``None`` in ``n_head``, ``eval_every``, ``ckpt_every`` and ``warmup_steps``
+    means "derive it" (see :meth:`resolved`).
+
+    Examples:
+        >>> spec = CompareSpec(task="recall", options={"seq_len": 256})
+        >>> spec.options.seq_len, spec.options.eval_size
+        (256, 128)
+        >>> spec.resolved().eval_every
+        50
     """
 
-    task: str = "chars"  # "chars", "digits" or "recall"
+    task: str = "chars"  # a name of heatformer.experiments.TASKS
     heads: tuple[str, ...] = ("attention",)  # one head schedule per configuration
     seeds: tuple[int, ...] = (0,)  # every configuration runs with every seed
     steps: int = 500  # optimizer steps per run
@@ -83,19 +102,17 @@ class CompareSpec:
     grad_clip: float = 1.0  # max global gradient norm, 0 to disable
     eval_every: int | None = None  # None: max(1, steps // 10)
     ckpt_every: int | None = None  # None: same as eval_every
-    seq_len: int | None = None  # None: TASK_DEFAULT_SEQ_LEN[task]
     n_layer: int = 4  # transformer blocks
     n_head: int | None = None  # heads per layer; None: the sum of the schedule's counts
     n_embd: int = 128  # model width D
-    topk: int | None = None  # sparsify every attention graph to k <= N edges per query
+    # graph kind(s) of the attention layers: "softmax", "topk[k=32]", or one per layer
+    # separated by ';' ("topk[k=8];softmax"); see heatformer.graph_ops.GRAPHS
+    graph: str = "softmax"
+    topk: int | None = None  # shorthand for graph="topk[k=...]" in every layer
     dropout: float = 0.0
-    patch_size: int = 2  # digits (ViT) only
-    text: str | None = None  # chars: a text file or folder (None: Python's stdlib)
-    npz: str | None = None  # digits: an .npz with images/labels (None: sklearn digits)
-    max_bytes: int = 2_000_000  # chars: corpus cap
-    eval_size: int = 128  # chars: validation windows; recall: validation examples
+    # the task's options: a mapping of the ones to change, kept as the task's Options
+    options: Any = field(default_factory=dict)
     analysis: bool = True  # per-layer token-geometry metrics after training
-    analysis_size: int | None = None  # analysis batch; None: TASK_DEFAULT_ANALYSIS_SIZE
     device: str = "auto"  # "auto", "cpu" or "cuda" (or "cuda:1")
     bf16: bool = False  # bfloat16 autocast
     compile: bool = False  # torch.compile the model
@@ -104,76 +121,96 @@ class CompareSpec:
     # ------------------------------------------------------------------ validation
 
     def __post_init__(self) -> None:
-        from heatformer.experiments.data import TASK_NAMES
+        from heatformer.experiments.tasks import resolve_task
 
-        if self.task not in TASK_NAMES:
-            raise ValueError(f"task: expected one of {list(TASK_NAMES)}, got {self.task!r}")
+        task = resolve_task(self.task)
+        object.__setattr__(self, "options", _task_options(task, self.task, self.options))
         if not self.heads:
-            raise ValueError("heads: expected at least one head schedule, got none")
+            raise bad_value("heads", "expected at least one head schedule, got none")
         if len(set(self.heads)) != len(self.heads):
-            raise ValueError(f"heads: expected distinct schedules, got {list(self.heads)}")
+            raise bad_value("heads", f"expected distinct schedules, got {list(self.heads)}")
+        for name in ("steps", "batch_size", "n_layer", "n_embd"):
+            check_positive_int(name, getattr(self, name))
+        for name in ("eval_every", "ckpt_every", "n_head", "topk"):
+            check_positive_int(name, getattr(self, name), optional=True)
         for heads in self.heads:
             check_heads(heads, n_layer=self.n_layer, n_head=self.n_head)
             num_heads = self.heads_per_layer(heads)
-            if isinstance(self.n_embd, int) and self.n_embd % num_heads:
-                raise ValueError(
-                    f"n_embd: expected a multiple of the {num_heads} heads per layer of "
-                    f"{heads!r}, got {self.n_embd}"
+            if self.n_embd % num_heads:
+                raise bad_value(
+                    "n_embd",
+                    f"expected a multiple of the {num_heads} heads per layer of {heads!r}, "
+                    f"got {self.n_embd}",
                 )
         if not self.seeds:
-            raise ValueError("seeds: expected at least one seed, got none")
-        if len(set(self.seeds)) != len(self.seeds) or any(s < 0 for s in self.seeds):
-            raise ValueError(f"seeds: expected distinct non-negative ints, got {list(self.seeds)}")
-        for name in ("steps", "batch_size", "n_layer", "n_embd", "eval_size", "patch_size"):
-            _positive_int(name, getattr(self, name))
-        for name in ("eval_every", "ckpt_every", "seq_len", "n_head", "topk", "analysis_size"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
-        if self.topk is not None and self.task in TASK_DEFAULT_SEQ_LEN:  # digits: the harness
-            seq_len = self.seq_len if self.seq_len is not None else TASK_DEFAULT_SEQ_LEN[self.task]
-            if self.topk > seq_len:  # the model would quietly keep every edge
-                raise ValueError(
-                    f"topk: expected at most seq_len ({seq_len}) edges per query, got {self.topk}"
-                )
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps: expected an int >= 0, got {self.warmup_steps}")
+            raise bad_value("seeds", "expected at least one seed, got none")
+        if len(set(self.seeds)) != len(self.seeds) or any(
+            isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds
+        ):
+            raise bad_value("seeds", f"expected distinct non-negative ints, got {list(self.seeds)}")
+        self._check_graphs()
+        if self.warmup_steps is not None:
+            check_int("warmup_steps", self.warmup_steps, minimum=0)
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr: expected a positive float, got {self.lr}")
+            raise bad_value("lr", f"expected a positive float, got {self.lr}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio: expected a float in [0, 1], got {self.min_lr_ratio}")
+            raise bad_value("min_lr_ratio", f"expected a float in [0, 1], got {self.min_lr_ratio}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout: expected a float in [0, 1), got {self.dropout}")
+            raise bad_value("dropout", f"expected a float in [0, 1), got {self.dropout}")
         for name in ("weight_decay", "grad_clip"):  # NaN fails both comparisons
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name}: expected a finite float >= 0, got {value}")
-        if self.text is not None and self.task != "chars":
-            raise ValueError(
-                f"text: only the 'chars' task reads a text corpus, got task {self.task!r}"
+                raise bad_value(name, f"expected a finite float >= 0, got {value}")
+        if not isinstance(self.device, str) or not re.fullmatch(
+            r"auto|cpu|cuda(:\d+)?", self.device
+        ):
+            raise bad_value("device", f"expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+    def _check_graphs(self) -> None:
+        """Graph kinds: known, one per layer, ``topk`` alone, within the task's longest sequence.
+
+        The limits are the graph kinds' own
+        (:meth:`~heatformer.graph_ops.GraphBuilder.check_nodes`); a task whose longest sequence
+        only its data tell (digits: the patches of an image) is checked by its model config
+        when the task is loaded, still before any training.
+        """
+        from heatformer.graph_ops import resolve_graph
+        from heatformer.models.heads import parse_layer_graphs
+
+        if not isinstance(self.graph, str) or not self.graph.strip():
+            raise bad_type("graph", f"expected a graph spec string, got {self.graph!r}")
+        if self.topk is not None and self.graph.strip() != "softmax":
+            raise bad_value(
+                "topk",
+                f"is shorthand for graph='topk[k={self.topk}]'; expected topk or graph, got "
+                f"both (topk={self.topk}, graph={self.graph!r})",
             )
-        if self.npz is not None and self.task != "digits":
-            raise ValueError(f"npz: only the 'digits' task reads an .npz, got task {self.task!r}")
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        builders = [resolve_graph(g) for g in parse_layer_graphs(self.graph, self.n_layer)]
+        tokens = self.options.max_tokens()
+        if tokens is None:
+            return
+        for builder in builders:
+            builder.check_nodes(tokens)
+        if self.topk is not None:
+            try:
+                resolve_graph(f"topk[k={self.topk}]").check_nodes(tokens)
+            except ValueError as err:  # the user wrote topk, so the error names it
+                raise bad_value("topk", getattr(err, "detail", str(err))) from None
 
     # ------------------------------------------------------------------ derived
 
     def resolved(self) -> CompareSpec:
         """A copy with every derived field (``None`` above) filled in."""
         eval_every = self.eval_every or max(1, self.steps // 10)
-        seq_len = self.seq_len
-        if seq_len is None and self.task in TASK_DEFAULT_SEQ_LEN:
-            seq_len = TASK_DEFAULT_SEQ_LEN[self.task]
         return dataclasses.replace(
             self,
             eval_every=eval_every,
             ckpt_every=self.ckpt_every or eval_every,
-            warmup_steps=(
-                self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
-            ),
-            seq_len=seq_len,
-            analysis_size=self.analysis_size or TASK_DEFAULT_ANALYSIS_SIZE[self.task],
+            warmup_steps=self._warmup_steps(),
         )
+
+    def _warmup_steps(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
 
     def heads_per_layer(self, heads: str) -> int:
         """Heads per layer for the schedule ``heads``: ``n_head`` or the inferred count."""
@@ -189,7 +226,7 @@ class CompareSpec:
             ``lr * (step + 1) / warmup`` during warm-up, then a cosine from ``lr`` down to
             ``lr * min_lr_ratio`` at the last step.
         """
-        warmup = self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
+        warmup = self._warmup_steps()
         if step < warmup:
             return self.lr * (step + 1) / warmup
         span = max(1, self.steps - warmup - 1)
@@ -200,29 +237,40 @@ class CompareSpec:
     # ------------------------------------------------------------------ (de)serialization
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples become lists)."""
+        """A JSON-ready dict (tuples become lists, ``options`` a dict)."""
         out = dataclasses.asdict(self)
         out["heads"] = list(self.heads)
         out["seeds"] = list(self.seeds)
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CompareSpec:
-        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``.
+    def from_dict(cls, data: Mapping[str, Any]) -> CompareSpec:
+        """Inverse of :meth:`to_dict`; also reads the ``spec.json`` of heatformer 0.1.0.
+
+        Those kept the task options at the top level for every task (``seq_len``, ``npz``,
+        ...); the chosen task's go into ``options`` (``None``, "derive it", becomes the
+        task's default, the value it stood for), the other tasks' are dropped.
 
         Args:
             data: a dict as written by :meth:`to_dict`.
 
         Returns:
             The spec.
+
+        Raises:
+            ValueError: unknown keys (the known ones are listed).
         """
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(
-                f"spec: unknown fields {unknown}; expected a subset of {sorted(known)}"
-            )
         values = dict(data)
+        legacy = {key: values.pop(key) for key in list(values) if key in _LEGACY_TASK_FIELDS}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise bad_value(
+                "spec", f"unknown fields {unknown}; expected a subset of {sorted(known)}"
+            )
+        if legacy:
+            values["options"] = {**_legacy_options(values.get("task", "chars"), legacy),
+                                 **dict(values.get("options") or {})}  # fmt: skip
         for key in ("heads", "seeds"):
             if key in values:
                 values[key] = tuple(values[key])
@@ -231,14 +279,73 @@ class CompareSpec:
     def fingerprint(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with to be resumed (numbers-determining)."""
         out = self.resolved().to_dict()
-        for key in ("name", "heads", "seeds", "device", "compile", "analysis", "analysis_size"):
+        for key in ("name", "heads", "seeds", "device", "compile", "analysis"):
             out.pop(key)
+        out["options"] = self.options.fingerprint()
+        return out
+
+    @staticmethod
+    def upgrade_fingerprint(saved: Mapping[str, Any]) -> dict[str, Any]:
+        """A fingerprint as :meth:`fingerprint` writes it, from one a checkpoint holds.
+
+        Checkpoints of heatformer 0.1.0 hold the task options at the top level (see
+        :meth:`from_dict`) and no ``graph``; newer ones are returned as they are.
+        """
+        out = dict(saved)
+        if "options" in out or "task" not in out:
+            return out
+        legacy = {key: out.pop(key) for key in list(out) if key in _LEGACY_TASK_FIELDS}
+        try:
+            from heatformer.experiments.tasks import resolve_task
+
+            options = resolve_task(out["task"]).Options(**_legacy_options(out["task"], legacy))
+        except (TypeError, ValueError):  # not a task of this installation: no match
+            return dict(saved)
+        out.setdefault("graph", "softmax")
+        out["options"] = options.fingerprint()
         return out
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+def _task_options(task: Any, name: str, options: object) -> TaskOptions:
+    """``options`` as an instance of the task's ``Options``, refusing options it does not take."""
+    from heatformer.experiments.tasks import options_by_name
+
+    if isinstance(options, task.Options):
+        return options
+    if not isinstance(options, Mapping):
+        raise bad_type(
+            "options",
+            f"expected a mapping of option names or a {task.Options.__name__}, "
+            f"got {type(options).__name__}",
+        )
+    taken = {f.name for f in dataclasses.fields(task.Options)}
+    everyone = options_by_name()
+    for key in options:
+        if key in taken:
+            continue
+        users = sorted(everyone.get(key, {}))
+        if not users:
+            raise bad_value(
+                "options", f"expected options of task {name!r} {sorted(taken)}, got {key!r}"
+            )
+        used_by = _join([repr(user) for user in users])
+        verb = "task uses" if len(users) == 1 else "tasks use"
+        raise bad_value(key, f"only the {used_by} {verb} it, got task {name!r}")
+    result: TaskOptions = task.Options(**options)
+    return result
+
+
+def _legacy_options(task: str, legacy: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of ``task`` among the top-level fields of a heatformer 0.1.0 spec."""
+    from heatformer.experiments.tasks import resolve_task
+
+    taken = {f.name for f in dataclasses.fields(resolve_task(task).Options)}
+    return {key: value for key, value in legacy.items() if key in taken and value is not None}
+
+
+def _join(items: list[str]) -> str:
+    """``['a', 'b', 'c']`` -> ``"a, b and c"``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def split_layers(heads: str) -> str | tuple[str, ...]:
@@ -261,7 +368,7 @@ def split_layers(heads: str) -> str | tuple[str, ...]:
     if len(layers) == 1:
         return layers[0]
     if any(not part for part in layers):
-        raise ValueError(f"heads: expected a non-empty spec between every ';', got {heads!r}")
+        raise bad_value("heads", f"expected a non-empty spec between every ';', got {heads!r}")
     return layers
 
 
@@ -285,13 +392,14 @@ def check_heads(heads: str, *, n_layer: int, n_head: int | None = None) -> None:
     from heatformer.models.heads import count_heads
 
     if not isinstance(heads, str) or not heads.strip():
-        raise ValueError(f"heads: expected a non-empty schedule string, got {heads!r}")
+        raise bad_value("heads", f"expected a non-empty schedule string, got {heads!r}")
     layers = split_layers(heads)
     specs = (layers,) if isinstance(layers, str) else layers
     if not isinstance(layers, str) and len(specs) != n_layer:
-        raise ValueError(
-            f"heads: expected {n_layer} layer specs separated by ';' (n_layer={n_layer}), "
-            f"got {len(specs)} in {heads!r}"
+        raise bad_value(
+            "heads",
+            f"expected {n_layer} layer specs separated by ';' (n_layer={n_layer}), "
+            f"got {len(specs)} in {heads!r}",
         )
     totals = set()
     for spec in specs:
@@ -299,14 +407,14 @@ def check_heads(heads: str, *, n_layer: int, n_head: int | None = None) -> None:
         if total is not None:
             totals.add(total)
     if len(totals) > 1:
-        raise ValueError(
-            f"heads: expected the same number of heads in every layer, got {sorted(totals)} "
-            f"in {heads!r}"
+        raise bad_value(
+            "heads",
+            f"expected the same number of heads in every layer, got {sorted(totals)} in {heads!r}",
         )
     if n_head is not None and totals and totals != {n_head}:
-        raise ValueError(
-            f"heads: expected head counts summing to n_head={n_head}, got {totals.pop()} "
-            f"in {heads!r}"
+        raise bad_value(
+            "heads",
+            f"expected head counts summing to n_head={n_head}, got {totals.pop()} in {heads!r}",
         )
     num_heads = n_head if n_head is not None else infer_num_heads(heads)
     for spec in specs:
@@ -353,11 +461,12 @@ def parse_seeds(text: str) -> tuple[int, ...]:
             return seeds
         count = int(text)
     except ValueError:
-        raise ValueError(
-            f"seeds: expected a count (e.g. 3) or a comma list (e.g. 0,5,7), got {text!r}"
+        raise bad_value(
+            "seeds",
+            f"expected a count (e.g. 3) or a comma list (e.g. 0,5,7), got {text!r}",
         ) from None
     if count < 1:
-        raise ValueError(f"seeds: expected a count >= 1, got {count}")
+        raise bad_value("seeds", f"expected a count >= 1, got {count}")
     return tuple(range(count))
 
 
@@ -388,11 +497,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "steps": 300,
         "batch_size": 16,
         "lr": 2e-3,
-        "seq_len": 64,
         "n_layer": 2,
         "n_embd": 64,
         "eval_every": 50,
-        "eval_size": 64,
+        "options": {"seq_len": 64, "eval_size": 64},
         "name": "demo",
     },
 }

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from heatformer._progress import Progress
+from heatformer.experiments._checks import bad_value
 from heatformer.experiments.checkpoint import (
     atomic_write_json,
     load_checkpoint,
@@ -48,7 +49,8 @@ from heatformer.experiments.checkpoint import (
     save_checkpoint,
 )
 from heatformer.experiments.distributed import DistContext
-from heatformer.experiments.harness import TaskHarness, autocast
+from heatformer.experiments.spec import CompareSpec
+from heatformer.experiments.tasks.base import Task, autocast
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -68,8 +70,8 @@ __all__ = [
 CHECKPOINT_NAME = "checkpoint.pt"
 RESULT_NAME = "result.json"
 
-#: ``factory(harness, heads) -> model``; the default is ``harness.build_model(heads)``.
-ModelFactory = Callable[[TaskHarness, str], nn.Module]
+#: ``factory(task, heads) -> model``; the default is ``task.build_model(heads)``.
+ModelFactory = Callable[[Task, str], nn.Module]
 
 
 class TrainingInterrupted(Exception):
@@ -207,8 +209,15 @@ def _model_config_dict(model: nn.Module) -> dict[str, Any] | None:
     return None
 
 
-def _run_key(harness: TaskHarness, heads: str, seed: int) -> dict[str, Any]:
-    return {"spec": harness.spec.fingerprint(), "heads": heads, "seed": seed}
+def _run_key(task: Task, heads: str, seed: int) -> dict[str, Any]:
+    return {"spec": task.spec.fingerprint(), "heads": heads, "seed": seed}
+
+
+def _upgraded_key(saved: Any) -> Any:
+    """A saved run key with its spec fingerprint in today's form (older checkpoints)."""
+    if isinstance(saved, dict) and isinstance(saved.get("spec"), dict):
+        return {**saved, "spec": CompareSpec.upgrade_fingerprint(saved["spec"])}
+    return saved
 
 
 def _describe_mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str:
@@ -223,13 +232,14 @@ def _describe_mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str:
     return "; ".join(diffs)
 
 
-def load_run_checkpoint(
-    harness: TaskHarness, heads: str, seed: int, run_dir: Path
-) -> dict[str, Any] | None:
+def load_run_checkpoint(task: Task, heads: str, seed: int, run_dir: Path) -> dict[str, Any] | None:
     """The checkpoint of an unfinished run, checked against the run it should continue.
 
+    Checkpoints written by heatformer 0.1.0 (task options at the top level of the key) are
+    compared in today's form (:meth:`CompareSpec.upgrade_fingerprint`).
+
     Args:
-        harness: the task harness (holds the resolved spec).
+        task: the task (holds the resolved spec).
         heads: the run's head schedule.
         seed: the run's seed.
         run_dir: the run folder.
@@ -243,9 +253,10 @@ def load_run_checkpoint(
     """
     path = Path(run_dir) / CHECKPOINT_NAME
     saved = load_checkpoint(path)
-    key = _run_key(harness, heads, seed)
-    if saved is not None and saved.get("key") != key:
-        mismatch = _describe_mismatch(saved.get("key", {}), key)
+    key = _run_key(task, heads, seed)
+    saved_key = _upgraded_key(saved.get("key")) if saved is not None else None
+    if saved is not None and saved_key != key:
+        mismatch = _describe_mismatch(saved_key if isinstance(saved_key, dict) else {}, key)
         raise ValueError(
             f"{path}: expected a checkpoint of this run, got one written for another "
             f"configuration ({mismatch})"
@@ -254,7 +265,7 @@ def load_run_checkpoint(
 
 
 def train_run(
-    harness: TaskHarness,
+    task: Task,
     heads: str,
     seed: int,
     run_dir: Path,
@@ -272,10 +283,11 @@ def train_run(
     (made by the same spec, head schedule and seed -- else ``ValueError``), or from
     scratch, trains to ``spec.steps``, evaluates every ``eval_every`` steps and at the
     end, computes the per-layer analysis (if ``spec.analysis``), and writes
-    ``result.json`` last.
+    ``result.json`` last. ``eval_every``, ``ckpt_every`` and the warm-up are those of
+    :meth:`CompareSpec.resolved` (the one place for their defaults).
 
     Args:
-        harness: the task harness (holds the resolved spec and the data).
+        task: the task (holds the spec and the data).
         heads: the head schedule of this run.
         seed: the seed of this run (initial weights and batch order).
         run_dir: the run folder (created if missing).
@@ -285,7 +297,7 @@ def train_run(
             and time-sliced jobs); ignored if ``>= spec.steps``.
         progress: report progress on stderr (rank 0 only; see :mod:`heatformer._progress`:
             a bar on a terminal, one line per 10 % of the steps otherwise).
-        model_factory: builds the model; default ``harness.build_model``.
+        model_factory: builds the model; default ``task.build_model``.
 
     Returns:
         The run record: ``heads``, ``seed``, ``steps``, ``num_params``, ``train_loss``
@@ -306,7 +318,7 @@ def train_run(
     """
     from heatformer.experiments.distributed import resolve_device
 
-    spec = harness.spec
+    spec = task.spec.resolved()
     ctx = ctx or DistContext(device=resolve_device(spec.device))
     stop = stop or StopSignal()
     run_dir = Path(run_dir)
@@ -318,17 +330,17 @@ def train_run(
         remove_stale_temporaries(run_dir)
     ctx.barrier()
 
-    key = _run_key(harness, heads, seed)
+    key = _run_key(task, heads, seed)
     device = ctx.device
     torch.manual_seed(seed)  # initial weights
-    factory = model_factory or (lambda h, spec_heads: h.build_model(spec_heads))
-    model = factory(harness, heads).to(device)
+    factory = model_factory or (lambda t, spec_heads: t.build_model(spec_heads))
+    model = factory(task, heads).to(device)
     optimizer = build_optimizer(model, spec.lr, spec.weight_decay)
     generator = torch.Generator().manual_seed(seed)  # batch order
     step, train_loss, evals, train_time = 0, [], [], 0.0
     world_sizes = [{"world_size": ctx.world_size, "from_step": 0}]
 
-    saved = load_run_checkpoint(harness, heads, seed, run_dir)
+    saved = load_run_checkpoint(task, heads, seed, run_dir)
     if saved is not None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -385,14 +397,13 @@ def train_run(
         train_model = torch.compile(train_model)  # type: ignore[assignment]
 
     if spec.batch_size % ctx.world_size:
-        raise ValueError(
-            f"batch_size: expected a multiple of the world size {ctx.world_size}, "
-            f"got {spec.batch_size}"
+        raise bad_value(
+            "batch_size",
+            f"expected a multiple of the world size {ctx.world_size}, got {spec.batch_size}",
         )
     local = spec.batch_size // ctx.world_size
     shard = slice(ctx.rank * local, (ctx.rank + 1) * local)
-    eval_every = spec.eval_every or spec.steps
-    ckpt_every = spec.ckpt_every or eval_every
+    eval_every, ckpt_every = int(spec.eval_every or 0), int(spec.ckpt_every or 0)  # resolved
 
     bar = Progress(
         spec.steps,
@@ -409,11 +420,11 @@ def train_run(
             started = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = spec.lr_at(step)
-            inputs, targets = harness.train_batch(spec.batch_size, generator)  # global batch
+            inputs, targets = task.train_batch(spec.batch_size, generator)  # global batch
             inputs, targets = inputs[shard].to(device), targets[shard].to(device)
             with autocast(device, spec.bf16):
                 logits = train_model(inputs)
-            loss = harness.loss(logits, targets)
+            loss = task.loss(logits, targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if spec.grad_clip > 0:
@@ -437,7 +448,7 @@ def train_run(
             smoothed = value if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * value
             bar.update(1, loss=smoothed)
             if step % eval_every == 0 or step == spec.steps:
-                evals.append({"step": step, **harness.evaluate(model, device, bf16=spec.bf16)})
+                evals.append({"step": step, **task.evaluate(model, device, bf16=spec.bf16)})
             if stop_requested and step < spec.steps:
                 checkpoint()
                 ctx.barrier()
@@ -457,7 +468,7 @@ def train_run(
         "train_loss": train_loss,
         "evals": evals,
         "final": {k: v for k, v in evals[-1].items() if k != "step"},
-        "analysis": harness.layer_metrics(model, device) if spec.analysis and ctx.is_main else {},
+        "analysis": task.layer_metrics(model, device) if spec.analysis and ctx.is_main else {},
         "train_time_s": train_time,
         "model_config": _model_config_dict(model),
         "world_size": ctx.world_size,

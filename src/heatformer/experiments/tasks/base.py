@@ -1,0 +1,309 @@
+"""What a task of ``heatformer compare`` is: :class:`Task`, :class:`TaskOptions`, :func:`option`.
+
+A task is one subclass of :class:`Task` plus one entry of :data:`heatformer.experiments.TASKS`
+(:func:`~heatformer.experiments.tasks.register_task`). The subclass declares, in one place:
+
+- ``name`` -- what ``--task`` says;
+- ``Options`` -- a frozen dataclass of its options with their defaults, each field made with
+  :func:`option` (its help line; the command line turns every field into a flag);
+- :meth:`Task.load_data` -- its data, from the options;
+- :meth:`Task.model_config` / :meth:`Task.build_model` -- the reference model for a head
+  schedule;
+- one batch interface, the same for every task: :meth:`Task.train_batch` (drawn from a
+  caller's generator), :meth:`Task.eval_batches` (a fixed set) and :meth:`Task.analysis_batch`
+  (the fixed batch of the per-layer analysis, with the labels that group its token states);
+- ``metric_names`` / ``higher_is_better`` / ``eval_loss_name`` and :meth:`Task.metrics`
+  (the evaluation metrics of the final table, from the mean loss and accuracy).
+
+Everything else -- the loss, evaluation, the per-layer token-geometry analysis -- is shared
+here. Per layer the analysis reports ``within_seq_var`` (mean squared distance of a sequence's
+tokens to their mean), ``within_seq_frac`` (the same divided by the total token variance of the
+batch, so it is scale free), ``effective_rank`` (mean over sequences of the effective rank of
+the centred token matrix) and ``nc1`` (:func:`~heatformer.analysis.neural_collapse` of the
+pooled states, :meth:`Task.pooled`, against the labels; a task may replace it, as ``chars``
+does with :func:`~heatformer.analysis.next_token_separability`).
+
+This module imports no torch at import time (the command line reads the options of every task
+for its help pages before torch is loaded); the methods import it when they run.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from heatformer.experiments._checks import bad_value
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from heatformer.experiments.spec import CompareSpec
+
+__all__ = [
+    "Task",
+    "TaskOptions",
+    "autocast",
+    "option",
+]
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    parse: Callable[[str], Any] | None = None,
+    metavar: str | None = None,
+    path: bool = False,
+    numbers: bool = True,
+) -> Any:
+    """A field of a task's :class:`TaskOptions` dataclass: its default and its flag.
+
+    Args:
+        default: the default value (declared here only).
+        help: one line for ``--help`` (the default is appended).
+        parse: turns the flag's text into the value (default: the type of ``default``, or
+            ``str`` when ``default`` is ``None``).
+        metavar: the placeholder in ``--help`` (default ``N`` for ints, ``X`` for floats,
+            ``PATH`` for paths).
+        path: the value is a file or folder (the command line makes it absolute).
+        numbers: whether the value changes the numbers of a run (``False`` for the size of
+            the analysis batch: a checkpoint can be resumed and re-analyzed with another).
+
+    Returns:
+        A :func:`dataclasses.field`.
+    """
+    if parse is None:
+        parse = str if default is None or path else type(default)
+    if metavar is None:
+        metavar = "PATH" if path else "N" if parse is int else "X" if parse is float else "VALUE"
+    metadata = {"help": help, "parse": parse, "metavar": metavar, "path": path, "numbers": numbers}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """Base of every task's options: a frozen dataclass, one :func:`option` field per option.
+
+    Subclasses check their values in ``__post_init__`` (raising errors that name the field).
+    """
+
+    def max_tokens(self) -> int | None:
+        """The longest sequence a model of this task reads, when the options alone say it.
+
+        ``None`` (the default): only the data tell (e.g. the number of patches of an image).
+        A comparison checks its graph kinds against this number before loading any data.
+        """
+        return None
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The options that change the numbers of a run (see :func:`option`'s ``numbers``)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.metadata.get("numbers", True)
+        }
+
+
+def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    """bfloat16 autocast on ``device`` when ``enabled``, else a no-op context."""
+    if not enabled:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+class Task(abc.ABC):
+    """One task of a comparison, bound to a spec, with its data loaded.
+
+    Args:
+        spec: the comparison spec (resolved here); ``spec.task`` names this task and
+            ``spec.options`` holds its :attr:`Options`.
+        data: the task's data, already built (tests use tiny ones); ``None``: :meth:`load_data`.
+
+    Attributes:
+        spec: the resolved spec.
+        options: ``spec.options``, an instance of :attr:`Options`.
+        data: what :meth:`load_data` returned.
+
+    Raises:
+        ValueError: data that do not fit the options, or a head schedule, graph kind or size
+            that the task's model config refuses (checked for every schedule of the spec).
+    """
+
+    #: the name ``--task`` takes and :data:`~heatformer.experiments.TASKS` files it under
+    name: ClassVar[str] = ""
+    #: the frozen dataclass of this task's options (fields made with :func:`option`)
+    Options: ClassVar[type[TaskOptions]] = TaskOptions
+    #: evaluation metrics; the first is the headline metric of plots
+    metric_names: ClassVar[tuple[str, ...]] = ()
+    #: whether larger is better, for each metric (same order)
+    higher_is_better: ClassVar[tuple[bool, ...]] = ()
+    #: the metric whose evaluation curve is drawn next to the training loss
+    eval_loss_name: ClassVar[str] = ""
+    #: per-layer analysis metrics (see the module docstring)
+    analysis_names: ClassVar[tuple[str, ...]] = (
+        "within_seq_var",
+        "within_seq_frac",
+        "effective_rank",
+        "nc1",
+    )
+    #: builds the data from keyword arguments, for :func:`~heatformer.experiments.load_task`
+    #: (``None``: the data come from the options only)
+    data_factory: ClassVar[Callable[..., Any] | None] = None
+
+    def __init__(self, spec: CompareSpec, data: Any = None) -> None:
+        if spec.task != self.name:
+            raise bad_value(
+                "task", f"expected {self.name!r} for {type(self).__name__}, got {spec.task!r}"
+            )
+        self.spec = spec.resolved()
+        self.options: Any = self.spec.options
+        self.data: Any = self.load_data() if data is None else data
+        self.check_data()
+        for heads in self.spec.heads:  # a config is cheap: every refusal before any training
+            self.model_config(heads)
+
+    # ------------------------------------------------------------------ what a task defines
+
+    @abc.abstractmethod
+    def load_data(self) -> Any:
+        """The task's data, built from :attr:`options`."""
+
+    def check_data(self) -> None:  # noqa: B027 - optional hook
+        """Refuse data that do not fit the options (called once, after loading)."""
+
+    @abc.abstractmethod
+    def model_config(self, heads: str) -> Any:
+        """The model's config dataclass for the head schedule ``heads``.
+
+        :meth:`model_kwargs` gives the fields every config shares (sizes, heads, graph kinds).
+        """
+
+    @abc.abstractmethod
+    def build_model(self, heads: str) -> nn.Module:
+        """A freshly initialized model (its weights come from the global torch RNG)."""
+
+    @abc.abstractmethod
+    def train_batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """A training batch ``(inputs, targets)`` on the CPU, drawn from ``generator`` only."""
+
+    @abc.abstractmethod
+    def eval_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """The fixed evaluation set, in batches ``(inputs, targets)`` (never random)."""
+
+    @abc.abstractmethod
+    def analysis_batch(self) -> tuple[Tensor, Tensor]:
+        """The fixed analysis batch ``(inputs, labels)``; ``labels`` group the token states."""
+
+    @abc.abstractmethod
+    def metrics(self, loss: float, accuracy: float) -> dict[str, float]:
+        """The metrics named in :attr:`metric_names`, from the mean evaluation loss and accuracy."""
+
+    # ------------------------------------------------------------------ shared logic
+
+    def model_kwargs(self, heads: str) -> dict[str, Any]:
+        """Config fields every reference model shares, from the spec and a head schedule."""
+        from heatformer.experiments.spec import split_layers
+
+        spec = self.spec
+        return {
+            "n_layer": spec.n_layer,
+            "n_head": spec.heads_per_layer(heads),
+            "n_embd": spec.n_embd,
+            "heads": split_layers(heads),
+            "graph": spec.graph,
+            "topk": spec.topk,
+            "dropout": spec.dropout,
+        }
+
+    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Mean cross-entropy (float32) of ``logits`` ``(..., K)`` against ``targets``."""
+        import torch.nn.functional as F
+
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def evaluate(
+        self, model: nn.Module, device: torch.device, *, bf16: bool = False
+    ) -> dict[str, float]:
+        """Loss and accuracy on the fixed evaluation set (eval mode, no gradients).
+
+        Args:
+            model: the (unwrapped) model.
+            device: where the model lives.
+            bf16: run the forward passes under bfloat16 autocast.
+
+        Returns:
+            :meth:`metrics` of the mean loss and accuracy over every scored position.
+        """
+        import torch
+        import torch.nn.functional as F
+
+        was_training = model.training
+        model.eval()
+        total_loss, total_correct, total_count = 0.0, 0, 0
+        try:
+            with torch.no_grad():
+                for inputs, targets in self.eval_batches():
+                    inputs, targets = inputs.to(device), targets.to(device)
+                    with autocast(device, bf16):
+                        logits = model(inputs)
+                    flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
+                    flat_targets = targets.reshape(-1)  # (M,)
+                    total_loss += float(F.cross_entropy(flat, flat_targets, reduction="sum"))
+                    total_correct += int((flat.argmax(-1) == flat_targets).sum())
+                    total_count += flat_targets.numel()
+        finally:
+            model.train(was_training)
+        return self.metrics(total_loss / total_count, total_correct / total_count)
+
+    def layer_metrics(self, model: nn.Module, device: torch.device) -> dict[str, list[float]]:
+        """Per-layer token-geometry metrics on the fixed analysis batch.
+
+        Args:
+            model: the (unwrapped) model; its ``blocks`` are the layers.
+            device: where the model lives.
+
+        Returns:
+            ``{metric: [value of layer 0, layer 1, ...]}`` for :attr:`analysis_names`; a value
+            that is not finite (e.g. ``nc1`` with coinciding class means) is NaN.
+        """
+        from heatformer.analysis import collect_token_states
+
+        inputs, labels = self.analysis_batch()
+        states = collect_token_states(model, inputs.to(device), to_cpu=True)
+        out: dict[str, list[float]] = {name: [] for name in self.analysis_names}
+        for x in states.values():
+            for name, value in self.layer_values(x.float(), labels).items():
+                out[name].append(value if math.isfinite(value) else math.nan)
+        return out
+
+    def layer_values(self, x: Tensor, labels: Tensor) -> dict[str, float]:
+        """The analysis metrics of one layer's token states ``x`` ``(B, N, D)``."""
+        from heatformer.analysis import spectral_decay, within_sequence_variance
+
+        within = float(within_sequence_variance(x))
+        flat = x.reshape(-1, x.shape[-1]).double()  # (B * N, D)
+        total = float(((flat - flat.mean(0)) ** 2).sum(-1).mean())
+        return {
+            "within_seq_var": within,
+            "within_seq_frac": within / total if total > 0 else math.nan,
+            "effective_rank": float(spectral_decay(x).effective_rank.mean()),
+            **self.grouping_values(x, labels),
+        }
+
+    def grouping_values(self, x: Tensor, labels: Tensor) -> dict[str, float]:
+        """``nc1``: Neural Collapse of the :meth:`pooled` states grouped by ``labels``."""
+        from heatformer.analysis import neural_collapse
+
+        return {"nc1": float(neural_collapse(self.pooled(x), labels).nc1)}
+
+    def pooled(self, x: Tensor) -> Tensor:
+        """One feature per sequence from ``x`` ``(B, N, D)``: the mean over its tokens."""
+        return x.mean(1)  # (B, D)

@@ -1,0 +1,281 @@
+"""The task registry: one module and one entry per task, checked when registered."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from heatformer.experiments import (
+    TASK_NAMES,
+    TASKS,
+    CharsTask,
+    CompareSpec,
+    RecallTask,
+    Task,
+    TaskOptions,
+    option,
+    register_task,
+    resolve_task,
+)
+from heatformer.experiments.tasks import Chars, Digits, Recall, check_task, options_by_name
+
+
+@pytest.fixture()
+def registry() -> Iterator[dict[str, type[Task]]]:
+    """TASKS, restored after the test."""
+    before = dict(TASKS)
+    try:
+        yield TASKS
+    finally:
+        TASKS.clear()
+        TASKS.update(before)
+
+
+def _chars_data() -> CharsTask:
+    text = (b"the heat kernel spreads values along attention edges. " * 40)[:2000]
+    data = torch.tensor(list(text), dtype=torch.uint8)
+    return CharsTask(train=data[:1500], val=data[1500:], train_files=("a",), val_files=("b",),
+                     source="<bytes>")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- built-ins
+
+
+def test_builtin_tasks_are_the_registry_entries() -> None:
+    assert TASK_NAMES == ("chars", "digits", "recall")
+    assert [TASKS[name] for name in TASK_NAMES] == [Chars, Digits, Recall]
+    for name in TASK_NAMES:
+        assert check_task(TASKS[name]) is TASKS[name]
+        assert resolve_task(name).name == name
+    with pytest.raises(
+        ValueError, match=re.escape("expected one of ['chars', 'digits', 'recall']")
+    ):
+        resolve_task("char")
+
+
+def test_defaults_are_declared_once_in_the_task() -> None:
+    for name in TASK_NAMES:
+        assert CompareSpec(task=name).options == TASKS[name].Options()
+    assert CompareSpec(task="chars").options.seq_len == Chars.Options().seq_len == 128
+    assert CompareSpec(task="digits").options.analysis_size == 512
+    # the command line's help shows the same defaults
+    from heatformer.cli import _build_parsers
+
+    help_text = " ".join(_build_parsers()[1]["compare"].format_help().split())
+    assert "chars: corpus cap in bytes (default 2000000)" in help_text
+    assert "digits: images in the analysis batch (capped by the test split) (default 512)" in (
+        help_text
+    )
+    assert "chars, recall: sequence length (default 128)" in help_text
+
+
+def test_options_by_name_says_which_tasks_take_an_option() -> None:
+    table = options_by_name()
+    assert sorted(table["seq_len"]) == ["chars", "recall"]
+    assert sorted(table["analysis_size"]) == ["chars", "digits", "recall"]
+    assert list(table["npz"]) == ["digits"]
+    assert table["text"]["chars"].metadata["path"] is True
+    assert table["analysis_size"]["chars"].metadata["numbers"] is False
+
+
+@pytest.mark.parametrize(
+    ("task", "data"),
+    [
+        ("chars", _chars_data()),
+        ("recall", RecallTask(num_keys=8, num_values=8, num_pairs=2, seq_len=12, val_size=40)),
+        ("digits", None),
+    ],
+)
+def test_one_batch_interface_for_every_task(task: str, data: Any) -> None:
+    options = {"seq_len": 12} if task != "digits" else {"patch_size": 4}
+    options["analysis_size"] = 8
+    spec = CompareSpec(task=task, heads=("attention:2",), n_layer=1, n_embd=16, options=options)
+    bound = resolve_task(task)(spec, data)
+    x, y = bound.train_batch(6, torch.Generator().manual_seed(1))
+    assert len(x) == len(y) == 6
+    x2, y2 = bound.train_batch(6, torch.Generator().manual_seed(1))
+    assert torch.equal(x, x2) and torch.equal(y, y2)  # only the caller's generator draws
+    first = [torch.cat(parts) for parts in zip(*bound.eval_batches(), strict=True)]
+    second = [torch.cat(parts) for parts in zip(*bound.eval_batches(), strict=True)]
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))  # a fixed set
+    inputs, labels = bound.analysis_batch()
+    assert len(inputs) == len(labels) == 8
+    model = bound.build_model("attention:2")
+    with torch.no_grad():
+        logits = model(x)
+    assert math_isfinite(bound.loss(logits, y))
+    metrics = bound.evaluate(model, torch.device("cpu"))
+    assert list(metrics) == list(bound.metric_names)
+
+
+def math_isfinite(value: torch.Tensor) -> bool:
+    return bool(torch.isfinite(value).all())
+
+
+def test_graph_schedule_reaches_every_layer() -> None:
+    spec = CompareSpec(task="chars", heads=("attention:2",), n_layer=2, n_embd=16,
+                       graph="topk[k=4];softmax", options={"seq_len": 12})  # fmt: skip
+    task = resolve_task("chars")(spec, _chars_data())
+    assert task.model_config("attention:2").layer_graphs() == ["topk[k=4]", "softmax"]
+    model = task.build_model("attention:2")
+    assert [block.attn.graph_kind.spec for block in model.blocks] == ["topk[k=4]", "softmax"]
+    shorthand = dataclasses.replace(spec, graph="softmax", topk=4)
+    model = resolve_task("chars")(shorthand, _chars_data()).build_model("attention:2")
+    assert [block.attn.graph_kind.spec for block in model.blocks] == ["topk[k=4]"] * 2
+    assert shorthand.fingerprint() != spec.fingerprint()
+    assert spec.fingerprint()["graph"] == "topk[k=4];softmax"
+
+
+# ----------------------------------------------------------------------------- new tasks
+
+
+@dataclass(frozen=True)
+class _Opts(TaskOptions):
+    size: int = option(4, "items per sequence")
+
+
+class _Complete(Task):
+    name = "tiny"
+    Options = _Opts
+    metric_names = ("acc",)
+    higher_is_better = (True,)
+    eval_loss_name = "acc"
+
+    def load_data(self) -> Any:
+        return None
+
+    def model_config(self, heads: str) -> Any:
+        return None
+
+    def build_model(self, heads: str) -> Any:
+        return None
+
+    def train_batch(self, batch_size: int, generator: torch.Generator) -> Any:
+        return None
+
+    def eval_batches(self) -> Any:
+        return iter(())
+
+    def analysis_batch(self) -> Any:
+        return None
+
+    def metrics(self, loss: float, accuracy: float) -> dict[str, float]:
+        return {"acc": accuracy}
+
+
+def _variant(**attrs: Any) -> type[Task]:
+    return type("Variant", (_Complete,), attrs)
+
+
+@dataclass(frozen=True)
+class _NoDefault(TaskOptions):
+    size: int = dataclasses.field(metadata={"help": "x"})
+
+
+@dataclass(frozen=True)
+class _NoHelp(TaskOptions):
+    size: int = 4
+
+
+@dataclass(frozen=True)
+class _Clash(TaskOptions):
+    steps: int = option(4, "clashes with CompareSpec.steps")
+
+
+@dataclass(frozen=True)
+class _OtherParse(TaskOptions):
+    seq_len: float = option(4.0, "chars and recall parse seq_len as an int")
+
+
+class _Abstract(Task):
+    name = "abstract"
+    Options = _Opts
+    metric_names = ("acc",)
+    higher_is_better = (True,)
+    eval_loss_name = "acc"
+
+    def load_data(self) -> Any:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("entry", "error", "message"),
+    [
+        (object, TypeError, "expected a subclass of heatformer.experiments.Task"),
+        (_variant(name=""), ValueError, "expected a name such as 'parity', got ''"),
+        (_variant(name="two words"), ValueError, "expected a name such as 'parity'"),
+        (_Abstract, ValueError, "expected the methods ['analysis_batch', 'build_model', "
+                                "'eval_batches', 'metrics', 'model_config', 'train_batch']"),
+        (_variant(Options=TaskOptions), TypeError, "expected Options, a frozen TaskOptions"),
+        (_variant(Options=dict), TypeError, "expected Options, a frozen TaskOptions"),
+        (_variant(Options=_NoDefault), ValueError, "expected a default for option 'size'"),
+        (_variant(Options=_NoHelp), ValueError, "option 'size' made with option(default, help)"),
+        (_variant(Options=_Clash), ValueError, "option 'steps' clashes with the spec field"),
+        (_variant(Options=_OtherParse), ValueError, "one flag serves both"),
+        (_variant(metric_names=()), ValueError, "expected metric_names, a tuple of names"),
+        (_variant(higher_is_better=()), ValueError, "one higher_is_better flag per metric"),
+        (_variant(eval_loss_name="loss"), ValueError, "expected eval_loss_name to be one of"),
+        (_variant(name="chars"), ValueError, "'chars' is already registered (Chars)"),
+    ],
+)  # fmt: skip
+def test_registering_an_incomplete_task_fails_at_once(
+    entry: Any, error: type[Exception], message: str, registry: dict[str, type[Task]]
+) -> None:
+    with pytest.raises(error, match=re.escape(message)) as info:
+        register_task(entry)
+    assert info.value.argument == "task"  # type: ignore[attr-defined]
+    assert set(registry) == set(TASK_NAMES)  # nothing half-registered
+
+
+def test_a_complete_task_registers_and_a_spec_takes_it(registry: dict[str, type[Task]]) -> None:
+    assert register_task(_Complete) is _Complete
+    assert register_task(_Complete) is _Complete  # the same class again: nothing changes
+    spec = CompareSpec(task="tiny", options={"size": 7})
+    assert spec.options == _Opts(size=7) and spec.fingerprint()["options"] == {"size": 7}
+    with pytest.raises(ValueError, match="size: only the 'tiny' task uses it, got task 'chars'"):
+        CompareSpec(task="chars", options={"size": 7})
+    with pytest.raises(ValueError, match=r"options: expected options of task 'tiny' \['size'\]"):
+        CompareSpec(task="tiny", options={"sise": 7})
+    register_task(_variant(metric_names=("acc", "loss"), higher_is_better=(True, False)),
+                  replace=True)  # fmt: skip
+    assert TASKS["tiny"].metric_names == ("acc", "loss")
+
+
+def test_an_entry_put_into_tasks_by_hand_is_checked_when_used(
+    registry: dict[str, type[Task]],
+) -> None:
+    registry["broken"] = _variant(name="broken", eval_loss_name="nope")  # no register_task
+    with pytest.raises(ValueError, match="eval_loss_name"):
+        CompareSpec(task="broken")
+
+
+# ----------------------------------------------------------------------------- old names
+
+
+def test_old_module_names_still_work_and_warn() -> None:
+    import heatformer.experiments.data as data
+    import heatformer.experiments.harness as harness
+
+    for module, name, new in [
+        (data, "RecallTask", RecallTask),
+        (data, "load_task", resolve_task.__globals__["load_task"]),
+        (harness, "TaskHarness", Task),
+        (harness, "CharsHarness", Chars),
+    ]:
+        module.__dict__.pop(name, None)  # as if never looked up
+        with pytest.warns(DeprecationWarning, match=f"{name}"):
+            assert getattr(module, name) is new
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: the second look-up is silent
+            assert getattr(module, name) is new
+    harness.__dict__.pop("make_harness", None)
+    with pytest.warns(DeprecationWarning, match="resolve_task"):
+        made = harness.make_harness(CompareSpec(task="recall"), RecallTask(seq_len=40))
+    assert isinstance(made, Recall) and made.data.seq_len == 40
