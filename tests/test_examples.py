@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import math
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -38,6 +43,7 @@ def test_every_example_is_tested() -> None:
         "operators_on_a_toy_graph.py",
         "custom_operator.py",
         "custom_graph.py",
+        "custom_task.py",
         "train_tiny_gpt.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
@@ -90,3 +96,89 @@ def test_train_tiny_gpt(heads: str) -> None:
     final = number(r"final val ([\d.]+) bits/char", out)
     assert 7.0 < start < 9.0  # about log2(256) = 8 before training
     assert 0.0 < final < start - 1.5
+
+
+def test_custom_task_compares_on_a_task_the_library_does_not_have(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    printed = run_example("custom_task.py", "--steps", "30", "--seeds", "2", "--out", str(out))
+    header = next(line for line in printed.splitlines() if line.startswith("heads"))
+    assert header.split()[:4] == ["heads", "seeds", "val_acc", "val_loss"]
+    assert "2 configuration(s) x 2 seed(s) = 4 run(s) of 30 steps on 'majority'" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert results["task"] == "majority" and results["metrics"] == ["val_acc", "val_loss"]
+    assert results["spec"]["options"] == {
+        "seq_len": 15, "p_one": 0.5, "eval_size": 256, "analysis_size": 64,
+    }  # fmt: skip
+    assert [row["heads"] for row in results["summary"]] == [
+        "attention:2",
+        "attention:1,laplacian:1",
+    ]
+    for run in results["runs"]:
+        assert len(run["train_loss"]) == 30
+        assert all(math.isfinite(v) for v in run["train_loss"])
+        assert all(math.isfinite(v) for v in run["final"].values())
+        assert run["model_config"]["block_size"] == 15 and run["model_config"]["pool"] == "mean"
+        assert all(math.isfinite(v) for values in run["analysis"].values() for v in values)
+    for row in results["summary"]:  # a majority vote is easy for a mean-pooled classifier
+        assert row["final"]["val_acc"]["mean"] > 0.75, row
+        assert f"{row['heads']}: val_acc" in printed
+
+
+@pytest.fixture()
+def custom_task_module() -> Iterator[ModuleType]:
+    """examples/custom_task.py imported here (it registers its task; removed afterwards)."""
+    from heatformer.experiments import TASKS
+
+    before = dict(TASKS)
+    spec = importlib.util.spec_from_file_location("custom_task", EXAMPLES / "custom_task.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it runs
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+        TASKS.clear()
+        TASKS.update(before)
+
+
+def test_custom_task_data_are_what_the_example_defines(custom_task_module: ModuleType) -> None:
+    import torch
+
+    from heatformer.experiments import CompareSpec, resolve_task
+
+    assert resolve_task("majority") is custom_task_module.Majority
+    spec = CompareSpec(task="majority", heads=("attention:2",), n_layer=1, n_embd=16,
+                       options={"seq_len": 9, "p_one": 0.7})  # fmt: skip
+    task = resolve_task("majority")(spec)
+    bits, labels = task.train_batch(4096, torch.Generator().manual_seed(0))
+    assert bits.shape == (4096, 9) and set(bits.unique().tolist()) == {0, 1}
+    assert torch.equal(labels, (bits.sum(1) >= 5).long())  # more ones than zeros
+    assert abs(bits.float().mean().item() - 0.7) < 0.02  # p_one
+    again, _ = task.train_batch(4096, torch.Generator().manual_seed(0))
+    assert torch.equal(bits, again)  # the caller's generator decides
+    first = torch.cat([x for x, _ in task.eval_batches()])
+    assert first.shape == (256, 9)  # eval_size, fixed
+    assert torch.equal(first, torch.cat([x for x, _ in task.eval_batches()]))
+    x, y = task.analysis_batch()
+    assert torch.equal(x, first[:64]) and y.shape == (64,)
+    with pytest.raises(ValueError, match="seq_len: expected an odd number of bits, got 8"):
+        CompareSpec(task="majority", options={"seq_len": 8})
+
+
+def test_a_registered_task_gets_its_flags_and_refuses_the_others(
+    custom_task_module: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from heatformer.cli import build_parser, main
+
+    assert build_parser().parse_args(["compare", "--p-one", "0.25"]).p_one == 0.25
+    out = tmp_path / "out"
+    assert main(["train", "--task", "majority", "--text", "x.txt", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "heatformer train: error: --text: only the 'chars' task uses it, got task 'majority'\n"
+    )
+    assert main(["train", "--task", "chars", "--p-one", "0.3", "--out", str(out)]) == 2
+    assert "--p-one: only the 'majority' task uses it, got task 'chars'" in capsys.readouterr().err
+    assert not out.exists()
