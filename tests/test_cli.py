@@ -241,8 +241,9 @@ def test_unknown_option_is_reported_by_its_subcommand_with_a_hint(
         # the attribute decides, not the text
         (checks.bad_value("n_embd", "steps: nested"), "train", "--embd: steps: nested"),
         (checks.bad_value("nowhere", "steps: x"), "train", "nowhere: steps: x"),
-        # errors from code that does not carry .argument yet are read as "name: detail"
-        (ValueError("layer: expected an index"), "demo", "--layer: expected an index"),
+        # without .argument the text is never parsed: it keeps its wording
+        (ValueError("layer: expected an index"), "demo", "layer: expected an index"),
+        (checks.bad_value("layer", "expected an index"), "demo", "--layer: expected an index"),
         (ValueError("corpus at /x: expected text"), "train", "corpus at /x: expected text"),
         (ValueError("no colon at all"), "train", "no colon at all"),
     ],

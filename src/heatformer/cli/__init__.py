@@ -92,17 +92,13 @@ def _name_the_option(err: BaseException, options: Mapping[str, str]) -> str:
     ``text_path``) and the rest of the message (``err.detail``); on the command line the user
     typed an option, so the message names that. ``options`` is the subcommand's ``dest ->
     option`` table (:attr:`OptionParser.option_of`). An error that names no option of the
-    subcommand keeps its message.
-
-    An error without ``.argument`` (raised by code that does not use :mod:`heatformer.checks`
-    yet, such as the demo's own checks) is read as ``"name: detail"``, as before.
+    subcommand, or carries no ``.argument`` (a file that cannot be read, a path that holds
+    something else), keeps its message: the text is never parsed.
     """
     message = str(err)
     argument, detail = getattr(err, "argument", None), getattr(err, "detail", None)
     if not (isinstance(argument, str) and isinstance(detail, str)):
-        argument, sep, detail = message.partition(": ")
-        if not sep or not argument.isidentifier():
-            return message
+        return message
     dest = argument if argument in options else _ALIASES.get(argument, "")
     return f"{options[dest]}: {detail}" if dest in options else message
 
