@@ -4,7 +4,7 @@ Everything the demo page shows is computed here into one :class:`DemoData` of te
 strings and numbers, which :mod:`heatformer.viz.demo.page` draws without a model (and which
 :meth:`DemoData.to_dict` turns into plain lists for JSON). :func:`compute_demo` trains the
 demo's two tiny byte-level GPTs on a built-in corpus (the source of a few standard-library
-modules, so no download) with a plain AdamW loop (:func:`train_tiny_gpt`), reads the attention
+modules, so no download) with the experiment trainer (:func:`train_tiny_gpt`), reads the attention
 of the one with Laplacian heads with :func:`heatformer.analysis.snapshot_attention` and the
 token geometry of both with :func:`heatformer.analysis.collect_token_states`;
 :func:`demo_from_snapshots` computes the rest from any attention snapshots. Nothing here
@@ -16,14 +16,15 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-import time
+import os
+import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from heatformer._progress import Progress
 from heatformer.analysis import (
     LayerSnapshot,
     collect_token_states,
@@ -118,8 +119,14 @@ def train_tiny_gpt(
     lr: float = 3e-3,
     max_seconds: float | None = None,
     progress: bool = False,
+    run_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[nn.Module, list[float]]:
-    """Train a tiny byte-level :class:`~heatformer.models.GPT` with AdamW (a plain loop).
+    """Train a tiny byte-level :class:`~heatformer.models.GPT` with the experiment trainer.
+
+    The corpus becomes a ``chars`` task (its last tenth is the validation bytes) and the run is
+    :func:`heatformer.experiments.train_run` -- warm-up and cosine schedule, gradient clipping,
+    atomic checkpoints -- so a demo run stopped by its time budget keeps what it trained, and a
+    ``run_dir`` that already holds the finished run is read back instead of trained again.
 
     Args:
         corpus: training text (bytes or str, read as UTF-8 bytes; vocabulary 256).
@@ -127,48 +134,61 @@ def train_tiny_gpt(
         steps: optimizer steps.
         seed: seeds the initialization and the batches.
         block_size, batch_size, n_layer, n_head, n_embd: model and batch sizes.
-        lr: learning rate.
-        max_seconds: stop early after this much wall time (``None``: no limit).
-        progress: report the steps on stderr (:mod:`heatformer._progress`: a bar on a
-            terminal, one line per 10 % otherwise), as ``demo <heads>``.
+        lr: peak learning rate.
+        max_seconds: stop early after this much wall time (``None``: no limit); the model of
+            the last completed step is returned.
+        progress: report the steps on stderr (:mod:`heatformer._progress`).
+        run_dir: the run folder (checkpoint and result); default a temporary one.
 
     Returns:
-        ``(model in eval mode, training loss of every step)``.
+        ``(model in eval mode, training loss of every completed step)``.
     """
-    from heatformer.models import GPT, GPTConfig
+    from heatformer.experiments import CompareSpec, StopSignal, TrainingInterrupted, train_run
+    from heatformer.experiments.checkpoint import load_checkpoint
+    from heatformer.experiments.tasks.chars import Chars, CharsTask
+    from heatformer.experiments.trainer import CHECKPOINT_NAME
 
     _check_steps(steps)
-    data = _byte_ids(corpus)
-    if data.numel() <= block_size + 1:
-        raise bad_value("corpus", f"expected more than {block_size + 1} bytes, got {data.numel()}")
-    torch.manual_seed(seed)
-    model = GPT(
-        GPTConfig(
-            vocab_size=256, block_size=block_size, n_layer=n_layer, n_head=n_head,
-            n_embd=n_embd, heads=heads,
+    data = _byte_ids(corpus).to(torch.uint8)
+    cut = data.numel() - max(block_size + 2, data.numel() // 10)
+    if cut <= block_size + 1:
+        raise bad_value(
+            "corpus", f"expected more than {2 * block_size + 4} bytes, got {data.numel()}"
         )
+    chars = CharsTask(
+        train=data[:cut], val=data[cut:], train_files=("<demo corpus>",),
+        val_files=("<demo corpus>",), source="<demo corpus>",
     )  # fmt: skip
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    gen = torch.Generator().manual_seed(seed)
-    offsets = torch.arange(block_size + 1)  # (N+1,)
-    losses: list[float] = []
-    start = time.perf_counter()
-    bar = Progress(steps, f"demo {heads}", enabled=progress, leave=False)
-    model.train()
-    for _ in range(steps):
-        starts = torch.randint(0, data.numel() - block_size - 1, (batch_size, 1), generator=gen)
-        window = data[starts + offsets]  # (B, N+1)
-        x, y = window[:, :-1], window[:, 1:]  # (B, N) each
-        logits = model(x)  # (B, N, 256)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-        bar.update(1, loss=losses[-1])
-        if max_seconds is not None and time.perf_counter() - start > max_seconds:
-            break
-    bar.close()
+    spec = CompareSpec(
+        task="chars", heads=(heads,), seeds=(seed,), steps=steps, batch_size=batch_size, lr=lr,
+        n_layer=n_layer, n_head=n_head, n_embd=n_embd, eval_every=steps, analysis=False,
+        device="cpu", options={"seq_len": block_size, "eval_size": 8},
+    )  # fmt: skip
+    task = Chars(spec, data=chars)
+    with contextlib.ExitStack() as stack:
+        if run_dir is not None:
+            folder = Path(run_dir)
+        else:  # the run's folder name is what its progress lines say
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="heatformer-"))
+            folder = Path(scratch) / f"demo {heads}"
+        stop = StopSignal()
+        timer = None
+        if max_seconds is not None:
+            timer = threading.Timer(max_seconds, stop.request, args=("time budget",))
+            timer.daemon = True
+            timer.start()
+        try:
+            train_run(task, heads, seed, folder, stop=stop, progress=progress)
+        except TrainingInterrupted:
+            pass  # the time budget: the checkpoint holds the last completed step
+        finally:
+            if timer is not None:
+                timer.cancel()
+        saved = load_checkpoint(folder / CHECKPOINT_NAME)
+        model = task.build_model(heads)
+        if saved is not None:
+            model.load_state_dict(saved["model"])
+        losses = [float(v) for v in saved["train_loss"]] if saved is not None else []
     model.eval()
     return model, losses
 
