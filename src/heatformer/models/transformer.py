@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer._atomic import atomic_write
-from heatformer.graph_ops import GraphBuilder
+from heatformer.graph_ops import Graph, GraphBuilder
 from heatformer.models.attention import DiffusionAttention, KVCache
 from heatformer.models.configs import (
     GPTConfig,
@@ -155,6 +155,19 @@ def _check_token_ids(idx: Tensor, vocab_size: int) -> None:
         )
 
 
+def _run_blocks(
+    blocks: nn.ModuleList, x: Tensor, key_mask: Tensor | None, graphs: list[Graph] | None
+) -> Tensor:
+    """``x`` through every block; with ``graphs``, each layer's attention graph (batch
+    ``(B, H)``, as its graph kind builds it: implicit, never ``N x N``) is appended first."""
+    for block in blocks:
+        block = cast(TransformerBlock, block)
+        if graphs is not None:  # the graph of the block's own attention input
+            graphs.append(block.attn.graphs(block.ln1(x), key_mask))
+        x = block(x, key_mask)
+    return x
+
+
 # ---- models ----------------------------------------------------------------------------------
 
 
@@ -216,17 +229,34 @@ class GPT(_ConfigModel):
             )
         _check_token_ids(idx, self.config.vocab_size)
 
-    def forward(self, idx: Tensor, caches: list[KVCache] | None = None) -> Tensor:
+    def forward(
+        self, idx: Tensor, caches: list[KVCache] | None = None, *, return_graphs: bool = False
+    ) -> Tensor | tuple[Tensor, list[Graph]]:
         """Logits ``(B, N, vocab_size)``; with ``caches`` (one per layer) ``idx`` holds only
-        the new tokens."""
+        the new tokens.
+
+        With ``return_graphs``, also the attention graph of every layer, batched over
+        ``(B, H)`` (``graphs[i].propagate(v)`` is ``P v`` of layer ``i``; implicit graphs,
+        never ``N x N``): ``(logits, graphs)``. Not with ``caches``.
+        """
         offset = caches[0].position if caches else 0
         self._check_idx(idx, offset)
+        checks.check_bool("return_graphs", return_graphs)
+        if return_graphs and caches:
+            raise checks.bad_value(
+                "return_graphs", "expected False together with caches (a cached step's graph "
+                "is a slice of the full one; run the whole sequence instead)",
+            )  # fmt: skip
         pos = torch.arange(offset, offset + idx.shape[1], device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, N, D)
-        for i, block in enumerate(self.blocks):
-            x = block(x, cache=caches[i] if caches else None)
+        graphs: list[Graph] | None = [] if return_graphs else None
+        if caches:
+            for i, block in enumerate(self.blocks):
+                x = block(x, cache=caches[i])
+        else:
+            x = _run_blocks(self.blocks, x, None, graphs)
         logits: Tensor = self.head(self.ln_f(x))
-        return logits
+        return (logits, graphs) if graphs is not None else logits
 
     @property
     def supports_cache(self) -> bool:
@@ -326,7 +356,12 @@ class ViT(_ConfigModel):
         _init_weights(self, config.n_layer)
         nn.init.normal_(self.pos, std=0.02)
 
-    def forward(self, images: Tensor) -> Tensor:
+    def forward(
+        self, images: Tensor, *, return_graphs: bool = False
+    ) -> Tensor | tuple[Tensor, list[Graph]]:
+        """Logits ``(B, num_classes)``; with ``return_graphs`` also every layer's attention
+        graph (batch ``(B, H)``, over the cls token and the patches): ``(logits, graphs)``."""
+        checks.check_bool("return_graphs", return_graphs)
         c, s = self.config.in_channels, self.config.image_size
         if not isinstance(images, Tensor) or tuple(images.shape[1:]) != (c, s, s):
             got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
@@ -335,12 +370,12 @@ class ViT(_ConfigModel):
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + P, D)
         x = self.drop(x + self.pos)
-        for block in self.blocks:
-            x = block(x)
+        graphs: list[Graph] | None = [] if return_graphs else None
+        x = _run_blocks(self.blocks, x, None, graphs)
         x = self.ln_f(x)
         pooled = x[:, 0] if self.cls is not None else x.mean(1)  # (B, D)
         logits: Tensor = self.head(pooled)
-        return logits
+        return (logits, graphs) if graphs is not None else logits
 
 
 class SequenceClassifier(_ConfigModel):
@@ -370,7 +405,13 @@ class SequenceClassifier(_ConfigModel):
         self.head = nn.Linear(config.n_embd, config.num_classes)
         _init_weights(self, config.n_layer)
 
-    def forward(self, idx: Tensor, key_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, idx: Tensor, key_mask: Tensor | None = None, *, return_graphs: bool = False
+    ) -> Tensor | tuple[Tensor, list[Graph]]:
+        """Logits ``(B, num_classes)``; with ``return_graphs`` also every layer's attention
+        graph (batch ``(B, H)``, the cls token included, padded keys masked):
+        ``(logits, graphs)``."""
+        checks.check_bool("return_graphs", return_graphs)
         if not isinstance(idx, Tensor) or idx.dtype != torch.long or idx.dim() != 2:
             raise checks.bad_type("idx", "expected a (B, N) LongTensor of token ids")
         if idx.shape[1] > self.config.block_size:
@@ -388,8 +429,8 @@ class SequenceClassifier(_ConfigModel):
             if key_mask is not None:
                 key_mask = F.pad(key_mask, (0, 1) if cls_last else (1, 0), value=True)
         x = self.drop(x + self.pos_emb(torch.arange(x.shape[1], device=idx.device)))
-        for block in self.blocks:
-            x = block(x, key_mask)
+        graphs: list[Graph] | None = [] if return_graphs else None
+        x = _run_blocks(self.blocks, x, key_mask, graphs)
         x = self.ln_f(x)
         if self.config.pool == "cls":
             pooled = x[:, -1] if cls_last else x[:, 0]
@@ -406,7 +447,7 @@ class SequenceClassifier(_ConfigModel):
                 last = (key_mask.long() * torch.arange(x.shape[1], device=x.device)).argmax(1)
                 pooled = x[torch.arange(x.shape[0], device=x.device), last]
         logits: Tensor = self.head(pooled)
-        return logits
+        return (logits, graphs) if graphs is not None else logits
 
 
 # ---- save / load -----------------------------------------------------------------------------
