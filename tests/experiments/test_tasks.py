@@ -279,3 +279,21 @@ def test_old_module_names_still_work_and_warn() -> None:
     with pytest.warns(DeprecationWarning, match="resolve_task"):
         made = harness.make_harness(CompareSpec(task="recall"), RecallTask(seq_len=40))
     assert isinstance(made, Recall) and made.data.seq_len == 40
+
+
+def test_recall_options_reach_its_data() -> None:
+    """``--num-pairs/--num-keys/--num-values`` size the recall sequences (and the classes)."""
+    from heatformer.experiments import CompareSpec
+    from heatformer.experiments.tasks.recall import Recall
+
+    spec = CompareSpec(
+        task="recall", steps=1, options={"seq_len": 16, "num_pairs": 1, "num_keys": 1,
+                                         "num_values": 5, "eval_size": 4},
+    )  # fmt: skip
+    task = Recall(spec)
+    assert (task.data.num_pairs, task.data.num_keys, task.data.num_values) == (1, 1, 5)
+    assert task.data.vocab_size == 1 + 5 + task.data.num_filler
+    x, y = task.train_batch(64, torch.Generator().manual_seed(0))
+    assert x.shape == (64, 16) and bool((x[:, 0] == 0).all())  # the one key, first
+    assert bool((x[:, 1] == y).all())  # its value (ids 1..5) is the target
+    assert set(y.tolist()) == {1, 2, 3, 4, 5}

@@ -203,9 +203,19 @@ class RecallOptions(TaskOptions):
     seq_len: int = option(128, "sequence length")
     eval_size: int = option(128, "validation examples")
     analysis_size: int = option(256, "sequences in the analysis batch", numbers=False)
+    num_pairs: int = option(16, "key/value pairs at the start of each sequence")
+    num_keys: int = option(64, "key tokens (at least num_pairs)")
+    num_values: int = option(64, "value tokens (the classes)")
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "eval_size", "analysis_size"):
+        for name in (
+            "seq_len",
+            "eval_size",
+            "analysis_size",
+            "num_pairs",
+            "num_keys",
+            "num_values",
+        ):
             check_positive_int(name, getattr(self, name))
 
     def max_tokens(self) -> int:
@@ -226,7 +236,11 @@ class Recall(Task):
     data: RecallTask
 
     def load_data(self) -> RecallTask:
-        return RecallTask(seq_len=self.options.seq_len, val_size=self.options.eval_size)
+        o = self.options
+        return RecallTask(
+            seq_len=o.seq_len, val_size=o.eval_size, num_pairs=o.num_pairs, num_keys=o.num_keys,
+            num_values=o.num_values,
+        )  # fmt: skip
 
     def model_config(self, heads: str) -> Any:
         from heatformer.models import SequenceClassifierConfig
