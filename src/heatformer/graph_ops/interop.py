@@ -80,10 +80,17 @@ def to_scipy(graph: Graph, index: Index = None) -> scipy.sparse.csr_array:
     return scipy.sparse.csr_array(single_graph(graph, index).cpu().numpy())
 
 
-def to_pyg(graph: Graph, index: Index = None) -> Any:
-    """One graph as a :class:`torch_geometric.data.Data` with ``edge_index``/``edge_weight``."""
+def to_pyg(graph: Graph, index: Index = None, *, flow: str = "target_to_source") -> Any:
+    """One graph as a :class:`torch_geometric.data.Data` with ``edge_index``/``edge_weight``.
+
+    The edges are laid out for a PyG message-passing layer of ``flow``, which then computes
+    ``W x`` (:meth:`~heatformer.graph_ops.Graph.propagate`): ``"target_to_source"`` (default,
+    PyG's adjacency convention, ``edge_index = [row; col]``) or ``"source_to_target"`` (PyG
+    layers' default flow, ``[col; row]``). A default PyG layer on the default edges computes
+    ``W^T x``.
+    """
     from torch_geometric.data import Data
 
     sub = DenseGraph(single_graph(graph, index))
-    edge_index, edge_weight = sub.to_edge_index()
+    edge_index, edge_weight = sub.to_edge_index(flow)
     return Data(edge_index=edge_index, edge_weight=edge_weight, num_nodes=graph.num_nodes)

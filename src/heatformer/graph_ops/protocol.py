@@ -297,19 +297,29 @@ class Graph(ABC):
 
         return to_scipy(self, index)
 
-    def to_edge_index(self) -> tuple[Tensor, Tensor]:
+    def to_edge_index(self, flow: str = "target_to_source") -> tuple[Tensor, Tensor]:
         """PyG-style ``(edge_index (2, E), edge_weight (E,))``.
 
         A batched graph is returned as the disjoint union of its graphs (graph ``g`` of the
         flattened batch owns nodes ``g * N ... g * N + N - 1``), as PyG batches graphs.
-        """
-        return self.to_sparse().to_edge_index()
 
-    def to_pyg(self, index: tuple[int, ...] | int | None = None) -> Any:
-        """One graph as a :class:`torch_geometric.data.Data` with ``edge_index``/``edge_weight``."""
+        ``flow`` is the flow of the PyG message-passing layer that will read the edges: that
+        layer then computes :meth:`propagate` (``W x``). ``"target_to_source"`` (default):
+        ``edge_index = [row; col]``, PyG's adjacency convention; ``"source_to_target"`` (PyG
+        layers' default): ``[col; row]``. A default PyG layer on the default edges computes
+        ``W^T x``. See :meth:`SparseGraph.to_edge_index
+        <heatformer.graph_ops.SparseGraph.to_edge_index>`.
+        """
+        return self.to_sparse().to_edge_index(flow)
+
+    def to_pyg(
+        self, index: tuple[int, ...] | int | None = None, *, flow: str = "target_to_source"
+    ) -> Any:
+        """One graph as a :class:`torch_geometric.data.Data` with ``edge_index``/``edge_weight``
+        laid out for a PyG layer of ``flow`` (see :meth:`to_edge_index`)."""
         from heatformer.graph_ops.interop import to_pyg
 
-        return to_pyg(self, index)
+        return to_pyg(self, index, flow=flow)
 
     def __repr__(self) -> str:
         return (

@@ -210,15 +210,24 @@ class SparseGraph(Graph):
 
     @classmethod
     def from_edge_index(
-        cls, edge_index: Tensor, edge_weight: Tensor | None = None, num_nodes: int | None = None
+        cls,
+        edge_index: Tensor,
+        edge_weight: Tensor | None = None,
+        num_nodes: int | None = None,
+        *,
+        flow: str = "target_to_source",
     ) -> SparseGraph:
-        """Build one graph from a PyG ``edge_index`` of shape ``(2, E)`` (row 0 = sources).
+        """Build one graph from a PyG ``edge_index`` of shape ``(2, E)``.
 
         Args:
-            edge_index: ``(2, E)`` integer tensor; edge ``e`` goes ``edge_index[0, e] ->
-                edge_index[1, e]`` and becomes the entry ``W[src, dst]``.
+            edge_index: ``(2, E)`` integer tensor. With ``flow="target_to_source"`` (the
+                default, PyG's adjacency convention of ``to_dense_adj``) edge ``e`` becomes the
+                entry ``W[edge_index[0, e], edge_index[1, e]]``; with ``"source_to_target"``
+                it is a message from ``edge_index[0, e]`` to ``edge_index[1, e]`` and becomes
+                ``W[edge_index[1, e], edge_index[0, e]]`` (see :meth:`to_edge_index`).
             edge_weight: ``(E,)`` finite, non-negative weights (default 1).
             num_nodes: ``N`` (default ``edge_index.max() + 1``).
+            flow: the flow of the PyG message-passing layer the edges were made for.
 
         Raises:
             TypeError: ``edge_index`` not an integer tensor, ``edge_weight`` not a floating
@@ -243,6 +252,8 @@ class SparseGraph(Graph):
             num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 1
         num_nodes = V.check_positive_int("num_nodes", num_nodes)
         row, col = edge_index[0], edge_index[1]
+        if _check_flow(flow) == "source_to_target":
+            row, col = col, row
         _check_edges(
             row, col, edge_weight, num_nodes, torch.Size(),
             index_name="edge_index", weight_name="edge_weight",
@@ -414,9 +425,33 @@ class SparseGraph(Graph):
         graph.weight = graph._tensor = self.weight.to(dtype)
         return graph
 
-    def to_edge_index(self) -> tuple[Tensor, Tensor]:
-        """``(edge_index (2, E), edge_weight (E,))``; batched graphs as a disjoint union."""
-        return torch.stack([self._struct.row, self._struct.col]), self.weight
+    def to_edge_index(self, flow: str = "target_to_source") -> tuple[Tensor, Tensor]:
+        """``(edge_index (2, E), edge_weight (E,))``; batched graphs as a disjoint union.
+
+        ``flow`` names the flow of the PyG message-passing layer that will read the edges, so
+        that the layer computes :meth:`propagate` (``W x``): with ``"target_to_source"`` (the
+        default) ``edge_index = [row; col]`` (``W[i, j]`` is edge ``(i, j)``, PyG's adjacency
+        convention, as ``to_dense_adj`` reads it; a layer with ``flow="target_to_source"``
+        aggregates at ``edge_index[0]``); with ``"source_to_target"`` (PyG layers' default)
+        ``edge_index = [col; row]``: the message from key ``j`` goes to query ``i``.
+
+        A default PyG layer on the default edges computes ``W^T x``
+        (:meth:`propagate_transpose`), not ``W x``.
+        """
+        row, col = self._struct.row, self._struct.col
+        if _check_flow(flow) == "source_to_target":
+            return torch.stack([col, row]), self.weight
+        return torch.stack([row, col]), self.weight
+
+
+FLOWS = ("target_to_source", "source_to_target")
+
+
+def _check_flow(flow: object) -> str:
+    """One of :data:`FLOWS` (the ``flow`` of PyG's ``MessagePassing``)."""
+    if flow not in FLOWS:
+        raise V.bad_value("flow", f"expected one of {list(FLOWS)} (PyG's flows), got {flow!r}")
+    return str(flow)
 
 
 def _inverse(perm: Tensor) -> Tensor:
