@@ -1,6 +1,7 @@
 """Transformer layers with a diffusion operator per head, and reference models."""
 
-from heatformer.models.attention import DiffusionAttention, KVCache
+from heatformer.models.attention import DiffusionAttention
+from heatformer.models.cache import KVCache
 from heatformer.models.configs import GPTConfig, SequenceClassifierConfig, ViTConfig
 from heatformer.models.heads import format_heads, parse_heads, parse_layer_graphs, parse_layer_heads
 from heatformer.models.transformer import (

@@ -1,0 +1,54 @@
+"""The KV cache of incremental decoding: the keys and values a graph kind still needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["KVCache"]
+
+
+@dataclass
+class KVCache:
+    """Keys and values of the tokens seen so far, for incremental decoding.
+
+    A graph kind that needs only some past keys (:meth:`~heatformer.graph_ops.GraphBuilder.
+    cache_keep`: e.g. a window's first ``g`` and last ``w`` tokens) keeps only those;
+    :attr:`positions` records the absolute position of every cached key.
+
+    Attributes:
+        k: ``(B, H, T, Dh)`` keys, or None before the first call.
+        v: ``(B, H, T, Dh)`` values, or None.
+        positions: ``(T,)`` absolute positions of the cached keys, or None.
+        position: tokens processed so far (the absolute position of the next one).
+    """
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+    positions: Tensor | None = None
+    position: int = 0
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions ``T``."""
+        return 0 if self.k is None else int(self.k.shape[-2])
+
+    def append(self, k: Tensor, v: Tensor) -> None:
+        """Add the new tokens' keys and values."""
+        n = int(k.shape[-2])
+        new = torch.arange(self.position, self.position + n, device=k.device)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        self.positions = new if self.positions is None else torch.cat([self.positions, new])
+        self.position += n
+
+    def trim(self, first: int, last: int | None) -> None:
+        """Keep the keys of the first ``first`` tokens and of the last ``last`` (None: all)."""
+        if last is None or self.k is None or self.v is None or self.positions is None:
+            return
+        keep = (self.positions < first) | (self.positions >= self.position - last)
+        if not bool(keep.all()):
+            self.k, self.v = self.k[..., keep, :], self.v[..., keep, :]
+            self.positions = self.positions[keep]
