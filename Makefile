@@ -16,8 +16,13 @@ $(VENV)/.installed-base: setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e ".[viz]"
 	touch $@
 
+# The tests also cover the integrations: transformers (the hf extra) and timm. timm requires
+# torchvision, whose only wheel for the CPU torch pin is a CUDA build that replaces torch, so
+# timm comes without dependencies (its others arrive with transformers); the tests import it
+# with a placeholder for the torchvision names its vision transformers never call.
 $(VENV)/.installed-dev: $(VENV)/.installed-base
-	$(PY) -m pip install -q -e ".[dev,viz]"
+	$(PY) -m pip install -q -e ".[dev,viz,hf]"
+	$(PY) -m pip install -q --no-deps "timm>=1.0"
 	touch $@
 
 # The main job: attention vs 2 Laplacian heads vs 2 heat heads on the `chars` task, 3 seeds

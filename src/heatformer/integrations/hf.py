@@ -1,0 +1,370 @@
+r"""Hugging Face ``transformers`` models with heatformer's diffusion heads.
+
+:func:`convert` switches a loaded model (GPT-2, Llama-family with grouped-query attention,
+BERT, ViT, and any model whose attention layers call transformers' ``AttentionInterface``)
+to heatformer heads, in place: each attention layer keeps its projections, rotary embeddings,
+KV cache and weights, and its heads apply the operators of a head spec to the layer's own
+``q``, ``k``, ``v``. :func:`attention_graphs` returns the attention graph of every layer, for
+analysis and teaching, on a converted or an unconverted model.
+
+How it plugs in: transformers looks up two functions by the model's attention implementation
+name, one that builds the attention mask and one that attends. This module registers both
+under ``"heatformer"``:
+
+- the **mask function** returns an :class:`~heatformer.integrations._heads.AttentionMask`:
+  the padding mask ``(B, T)`` and the causal flag with the positions of queries and keys, so
+  causal, padding and bidirectional masks arrive intact and nothing ``N x N`` is formed;
+  any other pattern (sliding windows, packed sequences) arrives as transformers' own dense
+  boolean mask, which only the dense ``"softmax"`` graph kind takes. Without a registered
+  mask function, transformers passes no mask at all to a custom attention function, and
+  padded batches come out silently wrong;
+- the **attention function** repeats grouped keys and values per query head, then hands
+  ``q``, ``k``, ``v`` and the mask to the layer's heads. With every head ``"attention"`` it
+  makes the very SDPA call of transformers' ``"sdpa"`` implementation.
+
+Decoding with the KV cache (``model.generate()``) is exact for attention and ``"rw"``
+Laplacian heads (affine in ``P v``: ``a P v + b v``, ``v`` the new token's own value); other
+heads refuse a cache and ask for ``generate(..., use_cache=False)``.
+
+Example:
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=64))
+    >>> model = convert(model, "attention:3,laplacian:1")
+    >>> model.config._attn_implementation
+    'heatformer'
+    >>> graphs = attention_graphs(model, input_ids=torch.zeros(1, 5, dtype=torch.long))
+    >>> len(graphs), tuple(graphs[0].batch_shape), graphs[0].num_nodes
+    (2, (1, 4), 5)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from heatformer import checks
+from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
+from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
+from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
+
+try:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import (
+        AttentionMaskInterface,
+        bidirectional_mask_function,
+        causal_mask_function,
+        prepare_padding_mask,
+        sdpa_mask,
+    )
+except ImportError as err:  # pragma: no cover - the message is the point
+    raise ImportError(
+        "heatformer.integrations.hf needs transformers >= 5: pip install 'heatformer[hf]'"
+    ) from err
+
+__all__ = ["IMPLEMENTATION", "attention_graphs", "attention_modules", "convert", "revert"]
+
+#: the attention implementation name heatformer registers with transformers
+IMPLEMENTATION = "heatformer"
+#: the attribute of a converted attention module that holds its heads
+HEADS_ATTRIBUTE = "heatformer"
+
+
+# ---- the two functions transformers calls ----------------------------------------------------
+
+
+def heatformer_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | Tensor = 0,
+    kv_offset: int | Tensor = 0,
+    mask_function: Any = causal_mask_function,
+    attention_mask: Tensor | None = None,
+    **kwargs: Any,
+) -> AttentionMask:
+    """transformers' mask function for ``"heatformer"`` (the ``sdpa_mask`` signature).
+
+    Returns the padding mask ``(B, kv_length)`` and the causal flag when the model asks for a
+    plain causal or bidirectional mask; otherwise transformers' dense boolean mask
+    (``sdpa_mask`` with no shortcut) inside the :class:`AttentionMask`.
+    """
+    q_off, kv_off = int(q_offset), int(kv_offset)
+    if mask_function is causal_mask_function or mask_function is bidirectional_mask_function:
+        padding = prepare_padding_mask(attention_mask, kv_length, kv_off)
+        key_mask = None
+        if padding is not None:
+            key_mask = padding[:, kv_off : kv_off + kv_length].to(torch.bool)  # (B, T)
+            if bool(key_mask.all()):
+                key_mask = None
+        return AttentionMask(
+            key_mask, causal=mask_function is causal_mask_function, q_offset=q_off,
+            kv_offset=kv_off,
+        )  # fmt: skip
+    options = {k: v for k, v in kwargs.items() if k in ("device", "use_vmap")}
+    dense = sdpa_mask(
+        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_off,
+        kv_offset=kv_off, mask_function=mask_function, attention_mask=attention_mask,
+        allow_is_causal_skip=False, allow_is_bidirectional_skip=False, **options,
+    )  # fmt: skip
+    return AttentionMask(dense=dense, q_offset=q_off, kv_offset=kv_off)
+
+
+def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """``(B, Hkv, T, D)`` -> ``(B, Hkv * n_rep, T, D)``: each key/value head serves ``n_rep``
+    consecutive query heads (grouped-query attention)."""
+    if n_rep == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
+
+
+def _as_mask(
+    mask: object, module: nn.Module, is_causal: bool | None, q: Tensor, k: Tensor
+) -> AttentionMask:
+    """What transformers passed as ``attention_mask``, as an :class:`AttentionMask`."""
+    n_q, n_k = int(q.shape[-2]), int(k.shape[-2])
+    if isinstance(mask, AttentionMask):
+        return mask
+    if mask is None:  # as transformers' sdpa: causal only with several queries
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        causal = causal and n_q > 1
+        return AttentionMask(causal=causal, q_offset=0 if causal else n_k - n_q)
+    if isinstance(mask, Tensor) and mask.dim() == 4 and tuple(mask.shape[-2:]) == (n_q, n_k):
+        if mask.dtype == torch.bool:
+            return AttentionMask(dense=mask, q_offset=n_k - n_q)
+        if mask.is_floating_point():
+            allowed = mask == 0
+            blocked = mask <= torch.finfo(mask.dtype).min / 2
+            if not bool((allowed | blocked).all()):
+                raise checks.bad_value(
+                    "attention_mask",
+                    "expected a boolean mask, or an additive one of 0 (attend) and -inf / "
+                    "finfo.min (blocked); got other values (an attention bias), which a "
+                    "diffusion operator cannot apply",
+                )
+            return AttentionMask(dense=allowed, q_offset=n_k - n_q)
+    got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+    raise checks.bad_value(
+        "attention_mask",
+        f"expected None, heatformer's mask or a 4D mask ending in ({n_q}, {n_k}), got {got}",
+    )
+
+
+def heatformer_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: object,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention function for ``"heatformer"`` (the ``sdpa_attention_forward``
+    signature): ``(B, H, Nq, Dh)`` queries, ``(B, Hkv, T, Dh)`` keys and values ->
+    ``(B, Nq, H, Dh)`` and no weights (use :func:`attention_graphs` for those)."""
+    heads = getattr(module, HEADS_ATTRIBUTE, None)
+    if not isinstance(heads, HeadOperators):
+        raise checks.bad_value(
+            "model",
+            f"{type(module).__name__} runs with attn_implementation={IMPLEMENTATION!r} but was "
+            "not converted; call heatformer.integrations.hf.convert(model, heads)",
+        )
+    for name in ("softcap", "position_bias", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise checks.bad_value(
+                "model",
+                f"{type(module).__name__} passes {name!r}, which heatformer heads do not apply",
+            )
+    n_rep = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, T, Dh)
+    mask = _as_mask(attention_mask, module, is_causal, query, key)
+    n_q, n_k = int(query.shape[-2]), int(key.shape[-2])
+    own = None
+    if n_q != n_k or mask.q_offset != mask.kv_offset:
+        start = mask.q_offset - mask.kv_offset
+        if start < 0 or start + n_q > n_k:
+            raise checks.bad_value(
+                "model",
+                f"queries at positions {mask.q_offset}..{mask.q_offset + n_q - 1} are not among "
+                f"the {n_k} cached keys from position {mask.kv_offset}",
+            )
+        own = value[:, :, start : start + n_q]  # (B, H, Nq, Dh): the new tokens' own values
+    capture = heads._capture
+    if capture is not None and own is None:
+        capture.append(heads.graph(query, key, mask, scale=scaling))
+    y = heads(query, key, value, mask, scale=scaling, dropout=dropout, own_values=own)
+    return y.transpose(1, 2).contiguous(), None  # (B, Nq, H, Dh)
+
+
+def _register() -> None:
+    """Register both functions under :data:`IMPLEMENTATION` (idempotent)."""
+    AttentionInterface.register(IMPLEMENTATION, heatformer_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, heatformer_mask)
+
+
+# ---- models ----------------------------------------------------------------------------------
+
+
+def _calls_attention_interface(cls: type[nn.Module]) -> bool:
+    """Whether ``cls.forward`` looks its attention function up in ``ALL_ATTENTION_FUNCTIONS``."""
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every attention module of ``model`` that calls transformers'
+    ``AttentionInterface`` (one per layer in GPT-2, Llama, BERT, ViT), in module order."""
+    if not isinstance(model, nn.Module):
+        raise checks.bad_type("model", f"expected a transformers model, got {type(model).__name__}")
+    known: dict[type[nn.Module], bool] = {}
+    found = []
+    for name, module in model.named_modules():
+        cls = type(module)
+        if cls not in known:
+            known[cls] = _calls_attention_interface(cls)
+        if known[cls]:
+            found.append((name, module))
+    return found
+
+
+def _num_heads(module: nn.Module) -> int:
+    for attr in ("num_heads", "num_attention_heads"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int):
+            return value
+    config: Any = getattr(module, "config", None)
+    return int(config.num_attention_heads)
+
+
+def _is_converted(model: nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == IMPLEMENTATION
+
+
+def convert(
+    model: nn.Module,
+    heads: str | Sequence[str],
+    *,
+    graph: str | GraphBuilder | Sequence[str] = "softmax",
+) -> nn.Module:
+    """Switch a loaded transformers model to heatformer heads, in place; returns ``model``.
+
+    Every attention module keeps its projections and weights; its heads apply the operators
+    of ``heads`` to its own ``q``, ``k``, ``v`` (see :mod:`heatformer.models.heads`). Learnable
+    operator parameters become parameters of the model. Calling it again replaces the heads.
+
+    Args:
+        model: a ``transformers`` ``PreTrainedModel`` (GPT-2, Llama-family, BERT, ViT, ...).
+        heads: one head spec for every attention layer (``"attention:10,laplacian:2"``), or
+            one per layer (``"attention:12;attention:10,laplacian:2;..."`` or a list).
+        graph: the graph kind of every layer (``"softmax"``, ``"topk[k=32]"``), or one per
+            layer with the same syntax.
+
+    Returns:
+        ``model``, with ``config._attn_implementation == "heatformer"``.
+
+    Raises:
+        ValueError: no attention module that calls the ``AttentionInterface``; a head spec
+            that does not fit a layer's head count; a model that cannot switch its attention
+            implementation.
+    """
+    modules = attention_modules(model)
+    if not modules:
+        raise checks.bad_value(
+            "model",
+            f"found no attention module in {type(model).__name__} that calls transformers' "
+            "AttentionInterface (models written for transformers >= 5 do)",
+        )
+    specs = parse_layer_heads(heads, len(modules))
+    kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
+                               len(modules))  # fmt: skip
+    made = []
+    for (name, module), spec, kind in zip(modules, specs, kinds, strict=True):
+        param = next(module.parameters(), None)
+        device = None if param is None else param.device
+        dtype = param.dtype if param is not None and param.is_floating_point() else None
+        try:
+            made.append(
+                HeadOperators(spec, _num_heads(module), graph=kind, device=device, dtype=dtype)
+            )
+        except ValueError as err:
+            raise in_module(name, err) from None
+    for (_, module), layer_heads in zip(modules, made, strict=True):
+        setattr(module, HEADS_ATTRIBUTE, layer_heads)
+    _register()
+    hf_model: Any = model  # a PreTrainedModel: config, set_attn_implementation
+    if not _is_converted(model):
+        hf_model._heatformer_previous = getattr(hf_model.config, "_attn_implementation", "sdpa")
+        hf_model.set_attn_implementation(IMPLEMENTATION)
+    if not _is_converted(model):
+        raise checks.bad_value(
+            "model",
+            f"{type(model).__name__} did not switch to attn_implementation={IMPLEMENTATION!r} "
+            "(transformers refuses models that do not use the AttentionInterface)",
+        )
+    return model
+
+
+def revert(model: nn.Module) -> nn.Module:
+    """Undo :func:`convert`: remove the heads and restore the previous attention
+    implementation (``"sdpa"`` if unknown); returns ``model``."""
+    for _, module in attention_modules(model):
+        if isinstance(getattr(module, HEADS_ATTRIBUTE, None), HeadOperators):
+            delattr(module, HEADS_ATTRIBUTE)
+    if _is_converted(model):
+        hf_model: Any = model
+        previous = getattr(hf_model, "_heatformer_previous", "sdpa")
+        hf_model.set_attn_implementation(previous if previous != IMPLEMENTATION else "sdpa")
+    return model
+
+
+def attention_graphs(model: nn.Module, *, dense: bool = False, **inputs: Any) -> list[Graph]:
+    """The attention graph of every layer for ``inputs``, batched over ``(B, H)``.
+
+    Runs one forward pass (no gradients, eval mode; the training flag is restored) and
+    returns, per attention module in module order, the graph its heads diffuse on: the
+    layer's graph kind built from its own queries and keys (grouped keys repeated per query
+    head), with the model's scaling and mask. On the dense kind that is an implicit
+    :class:`~heatformer.graph_ops.SoftmaxGraph`: it holds ``q``, ``k`` and a ``(B, N)`` padding
+    mask, never ``N x N``, so memory grows as ``B H N Dh``. A model that was not converted is
+    read with all-attention heads (its own attention) and left as it was.
+
+    Args:
+        model: a transformers model, converted or not.
+        dense: return :class:`~heatformer.graph_ops.DenseGraph` s (``N x N`` per head).
+        **inputs: the model's inputs (``input_ids``, ``attention_mask``, ``pixel_values``...).
+
+    Returns:
+        One graph per attention module that ran.
+    """
+    converted = _is_converted(model)
+    if not converted:
+        convert(model, "attention")
+    layers = [getattr(m, HEADS_ATTRIBUTE) for _, m in attention_modules(model)]
+    captured: list[list[Graph]] = [[] for _ in layers]
+    was_training = model.training
+    try:
+        for layer, store in zip(layers, captured, strict=True):
+            layer._capture = store
+        model.eval()
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for layer in layers:
+            layer._capture = None
+        model.train(was_training)
+        if not converted:
+            revert(model)
+    graphs = [g for store in captured for g in store]
+    if dense:
+        return [DenseGraph(g.to_dense()) for g in graphs]
+    return graphs

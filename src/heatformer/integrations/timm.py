@@ -1,0 +1,184 @@
+r"""timm vision transformers with heatformer's diffusion heads.
+
+:func:`convert` replaces every ``timm.layers.Attention`` of a timm model (``vit_*``,
+``deit3_*``, ... created with ``pretrained=False``, or loaded) by a
+:class:`TimmDiffusionAttention` that keeps the original module's own layers -- ``qkv``,
+``q_norm``/``k_norm`` (QK-norm), ``norm``, ``gate``, ``proj`` -- so the weights are the same
+tensors under the same state-dict keys, and applies one diffusion operator per head where timm
+calls :func:`~torch.nn.functional.scaled_dot_product_attention`. Attention and ``"rw"``
+Laplacian heads keep the fused path (one SDPA call, attention dropout inside it). With every
+head ``"attention"`` the model computes what it computed before; ``"attention:3,laplacian:3"``
+on a 6-head model makes the trailing three heads Laplacian heads, as the "kL" models of
+Zhang & Papyan (2026) do.
+
+timm imports torchvision at import time; install a torchvision that matches your torch
+(``docs/integrations/timm.md`` says what the project's CI covers).
+
+References:
+    Zhang, A. & Papyan, V. (2026). Laplacian heads. arXiv:2602.09297.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from heatformer import checks
+from heatformer.graph_ops import DiffusionOperator, GraphBuilder
+from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
+from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
+
+__all__ = ["TimmDiffusionAttention", "convert"]
+
+
+class TimmDiffusionAttention(nn.Module):
+    r"""A timm ``Attention`` module with diffusion heads, with timm's forward signature.
+
+    Args:
+        attn: the ``timm.layers.Attention`` to replace; its ``qkv``, ``q_norm``, ``k_norm``,
+            ``attn_drop``, ``norm``, ``gate``, ``proj`` and ``proj_drop`` are reused as they
+            are.
+        heads: a head spec or one operator per head.
+        graph: the graph kind.
+
+    Shape:
+        ``forward(x, attn_mask=None, is_causal=False)``: ``(B, N, D)`` -> ``(B, N, D)``.
+        ``attn_mask`` as timm passes it to SDPA: boolean (``True`` = may attend) or additive
+        float of 0 and -inf, broadcastable to ``(B, H, N, N)``; a ``(B, 1, 1, N)`` boolean
+        mask is a key mask, which every graph kind takes.
+
+    Equivalent to timm's ``Attention.forward`` with the SDPA call replaced by::
+
+        y[:, h] = op_h(P_h, v[:, h])        # P_h = softmax(q_h k_h^T / sqrt(Dh), masked)
+    """
+
+    def __init__(
+        self,
+        attn: nn.Module,
+        heads: str | Sequence[DiffusionOperator | str] = "attention",
+        *,
+        graph: str | GraphBuilder = "softmax",
+    ) -> None:
+        super().__init__()
+        timm_attn: Any = attn  # timm's Attention: read by attribute
+        qkv = timm_attn.qkv
+        if not isinstance(qkv, nn.Linear):
+            raise checks.bad_type("attn", "expected a timm Attention with an nn.Linear qkv")
+        self.num_heads, self.head_dim = int(timm_attn.num_heads), int(timm_attn.head_dim)
+        self.attn_dim = self.num_heads * self.head_dim
+        self.scale = float(timm_attn.scale)
+        self.qkv: nn.Module = qkv
+        self.q_norm: nn.Module = timm_attn.q_norm
+        self.k_norm: nn.Module = timm_attn.k_norm
+        self.attn_drop: nn.Dropout = timm_attn.attn_drop
+        self.norm: nn.Module = timm_attn.norm
+        self.gate: nn.Module | None = timm_attn.gate
+        self.proj: nn.Module = timm_attn.proj
+        self.proj_drop: nn.Module = timm_attn.proj_drop
+        w = qkv.weight
+        self.heads = HeadOperators(
+            heads, self.num_heads, graph=graph, device=w.device, dtype=w.dtype
+        )
+
+    @property
+    def spec(self) -> str:
+        """The head spec, e.g. ``"attention:3,laplacian:3"``."""
+        return self.heads.spec
+
+    def _mask(self, attn_mask: Tensor | None, is_causal: bool, b: int, n: int) -> AttentionMask:
+        if attn_mask is None:
+            return AttentionMask(causal=bool(is_causal))
+        if not isinstance(attn_mask, Tensor) or attn_mask.dim() > 4:
+            raise checks.bad_type("attn_mask", f"expected a tensor, got {type(attn_mask).__name__}")
+        if attn_mask.dtype == torch.bool:
+            allowed = attn_mask
+        elif attn_mask.is_floating_point():
+            allowed = attn_mask == 0
+            if not bool((allowed | (attn_mask == float("-inf"))).all()):
+                raise checks.bad_value(
+                    "attn_mask",
+                    "expected a boolean mask or an additive one of 0 and -inf; got other "
+                    "values (an attention bias), which a diffusion operator cannot apply",
+                )
+        else:
+            raise checks.bad_type(
+                "attn_mask", f"expected a bool or float mask, got {attn_mask.dtype}"
+            )
+        allowed = allowed.reshape(*([1] * (4 - allowed.dim())), *allowed.shape)  # 4-D
+        if tuple(allowed.shape) == (b, 1, 1, n):
+            return AttentionMask(allowed.reshape(b, n), causal=bool(is_causal))
+        try:
+            dense = allowed.expand(b, self.num_heads, n, n)
+        except RuntimeError:
+            raise checks.bad_value(
+                "attn_mask",
+                f"expected a mask broadcastable to ({b}, {self.num_heads}, {n}, {n}), got "
+                f"{tuple(attn_mask.shape)}",
+            ) from None
+        if is_causal:
+            dense = dense & torch.ones(n, n, dtype=torch.bool, device=dense.device).tril()
+        return AttentionMask(dense=dense)
+
+    def forward(
+        self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False
+    ) -> Tensor:
+        b, n, _ = x.shape
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, Dh)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, Dh) each
+        q, k = self.q_norm(q), self.k_norm(k)
+        mask = self._mask(attn_mask, is_causal, b, n)
+        dropout = self.attn_drop.p if self.training else 0.0
+        y = self.heads(q, k, v, mask, scale=self.scale, dropout=dropout)  # (B, H, N, Dh)
+        y = self.norm(y.transpose(1, 2).reshape(b, n, self.attn_dim))  # (B, N, H Dh)
+        if gate is not None:
+            y = y * gate
+        out: Tensor = self.proj_drop(self.proj(y))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, heads={self.spec!r}"
+
+
+def convert(
+    model: nn.Module,
+    heads: str | Sequence[str],
+    *,
+    graph: str | GraphBuilder | Sequence[str] = "softmax",
+) -> nn.Module:
+    """Replace every ``timm.layers.Attention`` of ``model`` (in place); returns ``model``.
+
+    Args:
+        model: a timm model (``timm.create_model("deit3_small_patch16_224")``, ...).
+        heads: one head spec for every block (``"attention:3,laplacian:3"``), or one per block.
+        graph: the graph kind of every block, or one per block.
+
+    Raises:
+        ValueError: no timm ``Attention`` inside ``model``; a spec that does not fit a block.
+    """
+    from timm.layers import Attention
+
+    if not isinstance(model, nn.Module):
+        raise checks.bad_type("model", f"expected a timm model, got {type(model).__name__}")
+    found = [(n, m) for n, m in model.named_modules() if type(m) is Attention]
+    if not found:
+        raise checks.bad_value(
+            "model", f"found no timm.layers.Attention inside {type(model).__name__}"
+        )
+    specs = parse_layer_heads(heads, len(found))
+    kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
+                               len(found))  # fmt: skip
+    made = []
+    for (name, attn), spec, kind in zip(found, specs, kinds, strict=True):
+        try:
+            made.append(TimmDiffusionAttention(attn, spec, graph=kind))
+        except ValueError as err:
+            raise in_module(name, err) from None
+    for (name, attn), new in zip(found, made, strict=True):
+        new.train(attn.training)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    return model

