@@ -45,6 +45,7 @@ def test_every_example_is_tested() -> None:
         "custom_graph.py",
         "custom_task.py",
         "train_tiny_gpt.py",
+        "hf_head_surgery.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -182,3 +183,24 @@ def test_a_registered_task_gets_its_flags_and_refuses_the_others(
     assert main(["train", "--task", "chars", "--p-one", "0.3", "--out", str(out)]) == 2
     assert "--p-one: only the 'majority' task uses it, got task 'chars'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_hf_head_surgery() -> None:
+    pytest.importorskip("transformers")
+    out = run_example(
+        "hf_head_surgery.py", "--layers", "2", "--width", "32", "--seq-len", "32",
+        "--batch-size", "16", "--pretrain-steps", "400", "--finetune-steps", "80",
+        "--eval-windows", "32",
+    )  # fmt: skip
+    base = number(r"base model [^\n]*: val ([\d.]+) bits/byte", out)
+    converted = number(r"converted \(attention:2,laplacian:2 in every layer\): val ([\d.]+)", out)
+    kl = number(r"in every layer\): [^\n]*KL\(base \|\| converted\) ([\d.]+)", out)
+    tuned = number(r"fine-tuning steps: val ([\d.]+) bits/byte, KL", out)
+    recovered = number(r"recovered ([\d.-]+)% of the loss increase", out)
+    control = number(r"control: base \+ 80 fine-tuning steps: val ([\d.]+)", out)
+    assert 2.0 < base < 5.0  # trained below log2(256) = 8 bits
+    assert converted > base + 0.1 and kl > 0.1  # the surgery changes the function
+    assert tuned < converted - 0.1  # fine-tuning recovers...
+    assert abs(tuned - control) < 0.15  # ...about as far as the original fine-tuned alike
+    assert recovered == pytest.approx(100 * (converted - tuned) / (converted - base), abs=0.5)
+    assert "cached generation equals recomputation: True" in out

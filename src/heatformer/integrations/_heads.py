@@ -209,19 +209,24 @@ class HeadOperators(nn.Module):
     def _coefficients(self, like: Tensor) -> tuple[Tensor, Tensor, bool, bool]:
         """``(a, b)`` of the fused heads, each ``(Hf, 1, 1)``; whether any ``b != 0``; and
         whether every fused head is plain attention (``a = 1``, ``b = 0``, fixed)."""
-        coef: dict[int, tuple[Tensor, Tensor]] = {}
-        for op, heads in self._groups:
+        a_parts, b_parts = [], []
+        uses_v, plain = False, True
+        for op, heads in self._groups:  # in head order within the fused heads
             pair = op.affine_coefficients()
-            if pair is not None:
-                a, b = (c.to(device=like.device, dtype=like.dtype) for c in pair)
-                coef.update({h: (a, b) for h in heads})
-        a = torch.stack([coef[h][0] for h in self._fused])[:, None, None]
-        b = torch.stack([coef[h][1] for h in self._fused])[:, None, None]
-        uses_v = any(bool(pb.detach() != 0) or pb.requires_grad for _, pb in coef.values())
-        plain = not uses_v and all(
-            not pa.requires_grad and bool(pa.detach() == 1) for pa, _ in coef.values()
-        )
-        return a, b, uses_v, plain
+            if pair is None:
+                continue
+            a, b = (c.to(device=like.device, dtype=like.dtype) for c in pair)
+            a_parts.append(a.expand(len(heads)))
+            b_parts.append(b.expand(len(heads)))
+            group_uses_v = b.requires_grad or bool(b.detach() != 0)
+            uses_v = uses_v or group_uses_v
+            plain = plain and not group_uses_v and not a.requires_grad and bool(a.detach() == 1)
+        order = [h for op, hs in self._groups if op.affine_coefficients() is not None for h in hs]
+        a_all, b_all = torch.cat(a_parts), torch.cat(b_parts)
+        if order != self._fused:  # groups interleave: put the coefficients in head order
+            perm = torch.tensor([order.index(h) for h in self._fused], device=like.device)
+            a_all, b_all = a_all[perm], b_all[perm]
+        return a_all[:, None, None], b_all[:, None, None], uses_v, plain
 
     def forward(
         self,
