@@ -332,6 +332,8 @@ CLI_VARIANTS = {
     "topk": ["--topk", "4"],
     "bf16-topk": ["--bf16", "--topk", "4"],
     "digits": [],  # a ViT on 8x8 digits: bidirectional, where symmetrizing heads are allowed
+    # every registered graph kind's examples through --graph (the defaults' runs only)
+    **{f"graph={kind}": ["--graph", kind] for kind in KINDS if kind != "softmax"},
 }
 CLI_SECOND = ["plain", "bf16", "topk", "digits"]
 #: the defaults in every variant, the first other example in all but the combined one, the
@@ -376,7 +378,9 @@ def test_cli_train(
     assert len(run["train_loss"]) == 2
     assert all(math.isfinite(v) for v in run["train_loss"])
     assert all(math.isfinite(v) for v in run["final"].values())
-    assert run["model_config"]["topk"] == (4 if "topk" in variant else None)
+    graph = CLI_VARIANTS[variant][1] if variant.startswith("graph=") else "softmax"
+    assert run["model_config"]["topk"] == (4 if variant in ("topk", "bf16-topk") else None)
+    assert run["model_config"]["graph"] == graph
     assert all(
         value is None or math.isfinite(value)
         for values in run["analysis"].values()
