@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor
-from torch_geometric.nn import MessagePassing
+from torch_geometric.nn import MessagePassing, SimpleConv
 
 import graph_helpers as gh
 from heatformer.graph_ops import SparseGraph
@@ -43,6 +43,15 @@ def test_a_pyg_layer_on_edges_for_its_flow_reproduces_propagate(graph_kind, flow
     transposed = _pyg(graph, x, edges_for=flow, layer_flow=other)  # the mismatch: W^T x
     torch.testing.assert_close(transposed, graph.propagate_transpose(x))
     assert not torch.allclose(transposed, graph.propagate(x))
+
+
+def test_pygs_own_simple_conv_agrees(graph_kind) -> None:
+    case = gh.make_attention(6, n=7, batch=(3,), masked=True, empty_rows=(2,))
+    graph = case.graph(graph_kind)
+    x = torch.randn(3, 7, 2, dtype=graph.dtype, generator=torch.Generator().manual_seed(1))
+    edge_index, edge_weight = graph.to_edge_index(flow="source_to_target")
+    out = SimpleConv(aggr="sum")(x.reshape(-1, 2), edge_index, edge_weight).reshape(x.shape)
+    torch.testing.assert_close(out, graph.propagate(x))
 
 
 def test_the_default_pyg_layer_on_default_edges_computes_the_transpose() -> None:

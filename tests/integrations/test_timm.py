@@ -77,6 +77,10 @@ def test_trailing_laplacian_heads_equal_v_minus_pv_from_the_blocks_qkv(timm: Any
     model = ht.convert(_model(timm, "deit3_small_patch16_224"), "attention:3,laplacian:3")
     attn = model.blocks[4].attn
     assert attn.spec == "attention:3,laplacian:3"
+    qkv = attn.qkv
+    assert ht.convert(model, "heat:6").blocks[4].attn is attn and attn.spec == "heat:6"
+    ht.convert(model, "attention:3,laplacian:3")  # again: new heads, the same layers
+    assert attn.qkv is qkv and attn.spec == "attention:3,laplacian:3"
     seen: dict[str, torch.Tensor] = {}
     attn.register_forward_hook(lambda m, args, out: seen.update(x=args[0], out=out))
     with torch.no_grad():

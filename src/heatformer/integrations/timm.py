@@ -151,6 +151,8 @@ def convert(
 ) -> nn.Module:
     """Replace every ``timm.layers.Attention`` of ``model`` (in place); returns ``model``.
 
+    Blocks converted before keep their layers and get the new heads.
+
     Args:
         model: a timm model (``timm.create_model("deit3_small_patch16_224")``, ...).
         heads: one head spec for every block (``"attention:3,laplacian:3"``), or one per block.
@@ -163,7 +165,11 @@ def convert(
 
     if not isinstance(model, nn.Module):
         raise checks.bad_type("model", f"expected a timm model, got {type(model).__name__}")
-    found = [(n, m) for n, m in model.named_modules() if type(m) is Attention]
+    found = [
+        (n, m)
+        for n, m in model.named_modules()
+        if type(m) is Attention or isinstance(m, TimmDiffusionAttention)
+    ]
     if not found:
         raise checks.bad_value(
             "model", f"found no timm.layers.Attention inside {type(model).__name__}"
@@ -171,13 +177,22 @@ def convert(
     specs = parse_layer_heads(heads, len(found))
     kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
                                len(found))  # fmt: skip
-    made = []
+    made: list[nn.Module] = []
     for (name, attn), spec, kind in zip(found, specs, kinds, strict=True):
         try:
-            made.append(TimmDiffusionAttention(attn, spec, graph=kind))
+            if isinstance(attn, TimmDiffusionAttention):  # converted before: new heads only
+                w = next(attn.qkv.parameters())
+                made.append(
+                    HeadOperators(spec, attn.num_heads, graph=kind, device=w.device, dtype=w.dtype)
+                )
+            else:
+                made.append(TimmDiffusionAttention(attn, spec, graph=kind))
         except ValueError as err:
             raise in_module(name, err) from None
     for (name, attn), new in zip(found, made, strict=True):
+        if isinstance(new, HeadOperators):
+            attn.heads = new
+            continue
         new.train(attn.training)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)

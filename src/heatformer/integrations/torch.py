@@ -311,6 +311,8 @@ def convert(
 ) -> nn.Module:
     """Replace every :class:`torch.nn.MultiheadAttention` inside ``module`` (in place).
 
+    Modules converted before keep their weights and get the new heads.
+
     Args:
         module: any module; an ``nn.MultiheadAttention`` itself is returned converted.
         heads: one head spec for every attention module, or one per module in module order
@@ -328,8 +330,10 @@ def convert(
     """
     if not isinstance(module, nn.Module):
         raise checks.bad_type("module", f"expected an nn.Module, got {type(module).__name__}")
-    found: list[tuple[str, nn.MultiheadAttention]] = [
-        (n, m) for n, m in module.named_modules() if isinstance(m, nn.MultiheadAttention)
+    found: list[tuple[str, nn.Module]] = [
+        (n, m)
+        for n, m in module.named_modules()
+        if isinstance(m, (nn.MultiheadAttention, MultiheadDiffusionAttention))
     ]
     if not found:
         raise checks.bad_value(
@@ -339,12 +343,21 @@ def convert(
     kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
                                len(found))  # fmt: skip
     replaced: dict[str, MultiheadDiffusionAttention] = {}
+    new_heads: dict[str, HeadOperators] = {}  # modules converted before: new heads only
     for (name, mha), spec, kind in zip(found, specs, kinds, strict=True):
         try:
-            new = MultiheadDiffusionAttention.from_mha(mha, spec, graph=kind)
+            if isinstance(mha, MultiheadDiffusionAttention):
+                w = mha.in_proj_weight
+                new_heads[name] = HeadOperators(
+                    spec, mha.num_heads, graph=kind, device=w.device, dtype=w.dtype
+                )
+            elif isinstance(mha, nn.MultiheadAttention):
+                replaced[name] = MultiheadDiffusionAttention.from_mha(mha, spec, graph=kind)
         except ValueError as err:
             raise in_module(name or type(mha).__name__, err) from None
-        replaced[name] = new
+    for name, layer_heads in new_heads.items():
+        target = module.get_submodule(name) if name else module
+        target.heads = layer_heads
     if "" in replaced:
         return replaced[""]
     for name, new in replaced.items():
