@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -147,6 +148,16 @@ class HeadOperators(nn.Module):
         self._fused = sorted(
             h for op, hs in self._groups for h in hs if op.affine_coefficients() is not None
         )
+        # runs of consecutive fused heads sharing an operator: (operator, start, stop) as
+        # positions in ``_fused``
+        self._runs: list[tuple[DiffusionOperator, int, int]] = []
+        op_of = {h: op for op, hs in self._groups for h in hs}
+        for pos, head in enumerate(self._fused):
+            op = op_of[head]
+            if self._runs and self._runs[-1][0] is op and self._runs[-1][2] == pos:
+                self._runs[-1] = (op, self._runs[-1][1], pos + 1)
+            else:
+                self._runs.append((op, pos, pos + 1))
         #: graphs collected by :func:`heatformer.integrations.hf.attention_graphs` (None: off)
         self._capture: list[Graph] | None = None
 
@@ -206,27 +217,39 @@ class HeadOperators(nn.Module):
 
     # ---- forward ---------------------------------------------------------------------------
 
-    def _coefficients(self, like: Tensor) -> tuple[Tensor, Tensor, bool, bool]:
-        """``(a, b)`` of the fused heads, each ``(Hf, 1, 1)``; whether any ``b != 0``; and
-        whether every fused head is plain attention (``a = 1``, ``b = 0``, fixed)."""
-        a_parts, b_parts = [], []
-        uses_v, plain = False, True
-        for op, heads in self._groups:  # in head order within the fused heads
+    def _uses_v(self) -> bool:
+        """Whether a fused head adds ``b I' v`` (``b != 0`` or learnable)."""
+        for op, _, _ in self._runs:
             pair = op.affine_coefficients()
-            if pair is None:
-                continue
-            a, b = (c.to(device=like.device, dtype=like.dtype) for c in pair)
-            a_parts.append(a.expand(len(heads)))
-            b_parts.append(b.expand(len(heads)))
-            group_uses_v = b.requires_grad or bool(b.detach() != 0)
-            uses_v = uses_v or group_uses_v
-            plain = plain and not group_uses_v and not a.requires_grad and bool(a.detach() == 1)
-        order = [h for op, hs in self._groups if op.affine_coefficients() is not None for h in hs]
-        a_all, b_all = torch.cat(a_parts), torch.cat(b_parts)
-        if order != self._fused:  # groups interleave: put the coefficients in head order
-            perm = torch.tensor([order.index(h) for h in self._fused], device=like.device)
-            a_all, b_all = a_all[perm], b_all[perm]
-        return a_all[:, None, None], b_all[:, None, None], uses_v, plain
+            if pair is not None and (pair[1].requires_grad or bool(pair[1].detach() != 0)):
+                return True
+        return False
+
+    def _mix(self, pv: Tensor, ident: Tensor | None) -> Tensor:
+        """``a P v + b I' v`` of every fused head from ``pv`` ``(B, Hf, N, C)`` and ``ident``
+        (``I' v``, None when no head needs it). Plain attention runs stay ``pv`` untouched, so
+        elementwise work is paid only by the heads that mix."""
+        pieces = []
+        # split, not slices: the backward of a split is one concatenation, where each slice's
+        # backward would fill a full-size tensor of zeros
+        parts = pv.split([stop - start for _, start, stop in self._runs], dim=1)
+        for (op, start, stop), piece in zip(self._runs, parts, strict=True):
+            pair = op.affine_coefficients()
+            if pair is None:  # pragma: no cover - runs hold affine heads only
+                raise RuntimeError("a fused run without coefficients")
+            a, b = (c.to(device=pv.device, dtype=pv.dtype) for c in pair)
+            fixed = not (a.requires_grad or b.requires_grad)
+            a_is_one = fixed and bool(a == 1)
+            if fixed and bool(b == 0):
+                piece = piece if a_is_one else piece * a
+            else:
+                own = cast(Tensor, ident)[:, start:stop]
+                if fixed and bool(a == -1) and bool(b == 1):  # the Laplacian step: v - P v
+                    piece = own - piece
+                else:
+                    piece = torch.addcmul(piece if a_is_one else piece * a, own, b)
+            pieces.append(piece)
+        return _cat_heads(pieces)
 
     def forward(
         self,
@@ -276,20 +299,16 @@ class HeadOperators(nn.Module):
         outs: list[tuple[list[int], Tensor]] = []
         if self._fused:
             fi = _index(self._fused)
-            a, b_coef, uses_v, plain = self._coefficients(v)
             vf = v[:, fi]
+            uses_v = self._uses_v()
             if dropout > 0.0:
                 pv, has = self._sdpa(q[:, fi], k[:, fi], vf, mask, scale, dropout)
-                y = pv if plain else pv * a
-                if uses_v:
-                    y = torch.addcmul(y, vf if has is None else vf * has, b_coef)
+                ident = None if not uses_v else vf if has is None else vf * has
             else:
                 walk = GraphLaplacian(self.graph(q[:, fi], k[:, fi], mask, scale=scale), "rw")
                 pv = walk.adjacency(vf)  # P v for every fused head: one propagation
-                y = pv if plain else pv * a
-                if uses_v:
-                    y = torch.addcmul(y, walk.identity(vf), b_coef)
-            outs.append((self._fused, y))
+                ident = walk.identity(vf) if uses_v else None
+            outs.append((self._fused, self._mix(pv, ident)))
         for op, heads in self._groups:
             if op.affine_coefficients() is not None:
                 continue
@@ -306,7 +325,7 @@ class HeadOperators(nn.Module):
             outs.append((heads, op(graph, v[:, idx])))
         outs.sort(key=lambda item: item[0][0])
         if [hh for heads, _ in outs for hh in heads] == list(range(self.num_heads)):
-            return outs[0][1] if len(outs) == 1 else torch.cat([y for _, y in outs], dim=1)
+            return _cat_heads([y for _, y in outs])
         out = v.new_empty(b, h, n_q, v.shape[-1])
         for heads, y in outs:
             out[:, _index(heads)] = y
@@ -359,7 +378,6 @@ class HeadOperators(nn.Module):
                 "cross-attention); recompute without a cache (generate(..., use_cache=False)) "
                 "or use attention / 'rw' Laplacian heads there",
             )
-        a, b_coef, uses_v, plain = self._coefficients(v)
         kind = self.graph_kind
         if kind.name == "softmax":
             pv, has = self._sdpa(q, k, v, mask, scale, dropout)
@@ -377,8 +395,8 @@ class HeadOperators(nn.Module):
             positions = mask.kv_offset + torch.arange(k.shape[-2], device=k.device)
             pv = kind.decode(q, k, v, positions=positions, past=mask.q_offset)
             has = None
-        y = pv if plain else pv * a
-        if uses_v:
+        ident = None
+        if self._uses_v():
             if own_values is None:
                 raise checks.bad_value(
                     "heads",
@@ -386,9 +404,17 @@ class HeadOperators(nn.Module):
                     "cross-attention does not have (its keys are other tokens); use attention "
                     "heads there",
                 )
-            own = own_values if has is None else own_values * has
-            y = torch.addcmul(y, own, b_coef)
-        return y
+            ident = own_values if has is None else own_values * has
+        return self._mix(pv, ident)
+
+
+def _cat_heads(pieces: Sequence[Tensor]) -> Tensor:
+    """``(B, h_i, N, C)`` pieces -> ``(B, H, N, C)``, concatenated in the ``(B, N, H, C)``
+    memory layout that the host libraries transpose the heads back to (their transpose is then
+    free); one piece is returned as it is."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return torch.cat([p.transpose(1, 2) for p in pieces], dim=2).transpose(1, 2)
 
 
 def _index(heads: Sequence[int]) -> slice | Tensor:
