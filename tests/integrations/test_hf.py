@@ -268,6 +268,28 @@ def test_cached_generation_equals_recomputation(
             assert torch.equal(cached.sequences[row, -6:], single)
 
 
+def test_cross_attention_has_no_identity_term(make_model: MakeModel) -> None:
+    """GPT-2 with cross-attention: keys from an encoder, as many as the queries here (the
+    graph is still rectangular: I' v would add the encoder's values)."""
+    ref = make_model("gpt2", add_cross_attention=True)
+    names = [name for name, _ in hf.attention_modules(ref)]
+    assert names == ["transformer.h.0.attn", "transformer.h.0.crossattention",
+                     "transformer.h.1.attn", "transformer.h.1.crossattention"]  # fmt: skip
+    inputs = model_inputs("gpt2")
+    memory = torch.randn(3, 9, 32, generator=torch.Generator().manual_seed(4))
+    expected = ref(**inputs, encoder_hidden_states=memory).logits
+    plain = hf.convert(copy.deepcopy(ref), "attention")
+    got = plain(**inputs, encoder_hidden_states=memory).logits
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+    schedule = ";".join(["attention:2,laplacian:2", "attention"] * 2)  # self; cross; ...
+    mixed = hf.convert(copy.deepcopy(ref), schedule)
+    assert torch.isfinite(mixed(**inputs, encoder_hidden_states=memory).logits).all()
+    wrong = hf.convert(copy.deepcopy(ref), "attention:2,laplacian:2")
+    with pytest.raises(ValueError, match="cross-attention does not have") as err:
+        wrong(**inputs, encoder_hidden_states=memory)
+    assert err.value.argument == "heads"  # type: ignore[attr-defined]
+
+
 def test_heads_that_need_the_square_graph_refuse_the_cache(make_model: MakeModel) -> None:
     model = hf.convert(make_model("gpt2"), "attention:2,heat[t=0.5]:2")
     inputs = model_inputs("gpt2", n=5)

@@ -26,6 +26,11 @@ Decoding with the KV cache (``model.generate()``) is exact for attention and ``"
 Laplacian heads (affine in ``P v``: ``a P v + b v``, ``v`` the new token's own value); other
 heads refuse a cache and ask for ``generate(..., use_cache=False)``.
 
+Cross-attention (keys from an encoder) has a rectangular graph without ``I' v``: it is
+recognized when the module says so (``is_cross_attention``, as GPT-2's) or its class is a
+``*CrossAttention``; attention heads work there, other heads are refused, so give such modules
+their own spec in a per-module schedule. Models that decide per call (BART) are not told apart.
+
 Example:
     >>> import torch
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -187,7 +192,10 @@ def heatformer_attention(
     mask = _as_mask(attention_mask, module, is_causal, query, key)
     n_q, n_k = int(query.shape[-2]), int(key.shape[-2])
     own = None
-    if n_q != n_k or mask.q_offset != mask.kv_offset:
+    cross = bool(getattr(module, "is_cross_attention", False)) or (
+        "CrossAttention" in type(module).__name__
+    )  # keys from other tokens (an encoder): no I' v
+    if not cross and (n_q != n_k or mask.q_offset != mask.kv_offset):
         start = mask.q_offset - mask.kv_offset
         if start < 0 or start + n_q > n_k:
             raise checks.bad_value(
@@ -197,9 +205,11 @@ def heatformer_attention(
             )
         own = value[:, :, start : start + n_q]  # (B, H, Nq, Dh): the new tokens' own values
     capture = heads._capture
-    if capture is not None and own is None:
+    if capture is not None and own is None and not cross:
         capture.append(heads.graph(query, key, mask, scale=scaling))
-    y = heads(query, key, value, mask, scale=scaling, dropout=dropout, own_values=own)
+    y = heads(
+        query, key, value, mask, scale=scaling, dropout=dropout, own_values=own, cross=cross
+    )
     return y.transpose(1, 2).contiguous(), None  # (B, Nq, H, Dh)
 
 
