@@ -192,6 +192,7 @@ class DiffusionAttention(nn.Module):
         self._fused_heads = sorted(
             h for op, hs in self._groups for h in hs if op.affine_coefficients() is not None
         )
+        self._uses_v: bool | None = None  # whether a fused head has b != 0 (first forward)
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)  # [q; k; v]
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.q_norm = nn.LayerNorm(self.head_dim, **factory) if qk_norm else None
@@ -308,8 +309,11 @@ class DiffusionAttention(nn.Module):
                 coef.update({h: (a, b) for h in heads})
         a = torch.stack([coef[h][0] for h in self._fused_heads])[:, None, None]
         b = torch.stack([coef[h][1] for h in self._fused_heads])[:, None, None]
-        uses_v = any(bool(coef[h][1].detach() != 0) or coef[h][1].requires_grad for h in coef)
-        return a, b, uses_v
+        if self._uses_v is None:  # decided once (a fixed coefficient does not change)
+            self._uses_v = any(
+                coef[h][1].requires_grad or bool(coef[h][1].detach() != 0) for h in coef
+            )
+        return a, b, self._uses_v
 
     def diffuse(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
         """Apply each head's operator: ``(B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
