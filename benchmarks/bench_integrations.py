@@ -163,6 +163,9 @@ def main() -> None:
                         help="wait up to S seconds for idle CPUs first")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     parser.add_argument("--only", choices=["timing", "memory"], help="run one part only")
+    parser.add_argument(
+        "--threads", type=int, help="torch threads of the timing (default: torch's)"
+    )
     parser.add_argument("--child-graphs", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--padded", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dense", action="store_true", help=argparse.SUPPRESS)
@@ -173,6 +176,8 @@ def main() -> None:
     if args.wait_quiet:
         waited, busy = wait_for_quiet(args.wait_quiet)
         print(f"waited {waited:.0f} s for quiet CPUs (busy fraction {busy})")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     info = print_machine()
     n, repeats = (128, 3) if args.quick else (args.n, args.repeats)
     timed: dict[str, Any] = {}
