@@ -207,9 +207,7 @@ def heatformer_attention(
     capture = heads._capture
     if capture is not None and own is None and not cross:
         capture.append(heads.graph(query, key, mask, scale=scaling))
-    y = heads(
-        query, key, value, mask, scale=scaling, dropout=dropout, own_values=own, cross=cross
-    )
+    y = heads(query, key, value, mask, scale=scaling, dropout=dropout, own_values=own, cross=cross)
     return y.transpose(1, 2).contiguous(), None  # (B, Nq, H, Dh)
 
 
