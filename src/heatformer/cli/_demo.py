@@ -39,6 +39,17 @@ def add_demo_arguments(parser: OptionParser) -> None:
         "--no-compare", action="store_true",
         help="train only the model with Laplacian heads (skips the token-geometry picture)",
     )  # fmt: skip
+    parser.add_argument(
+        "--hf-model", metavar="DIR", default=None,
+        help="draw a local transformers checkpoint folder's own attention instead (offline; "
+        "needs a tokenizer in DIR and the hf extra; nothing is trained: --steps, --seed and "
+        "--no-compare do not apply)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--heads", default=None,
+        help="with --hf-model: convert the model to this head spec first, e.g. "
+        "'attention:10,laplacian:2' (default: its own heads)",
+    )  # fmt: skip
     parser.add_argument("--no-gif", action="store_true", help="skip the animated GIF")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress report (training, pictures)"
@@ -54,6 +65,11 @@ def run_demo(args: argparse.Namespace) -> int:
     except ImportError as err:
         print(f"heatformer demo: error: {err}", file=sys.stderr)
         return 2
+    if args.heads is not None and args.hf_model is None:
+        print("heatformer demo: error: --heads applies only with --hf-model", file=sys.stderr)
+        return 2
+    if args.hf_model is not None:
+        return _run_hf_demo(args)
     from heatformer.viz.demo import build_demo
 
     result = build_demo(
@@ -62,6 +78,22 @@ def run_demo(args: argparse.Namespace) -> int:
     )  # fmt: skip
     for name, (first, last) in result.losses.items():
         print(f"{name:<26} training loss {first:.3f} -> {last:.3f} nats/byte")
+    print(f"wrote {len(result.files)} pictures in {result.seconds:.1f} s")
+    print(f"open {result.index_html.resolve()}")
+    return 0
+
+
+def _run_hf_demo(args: argparse.Namespace) -> int:
+    from heatformer.viz.demo import build_hf_demo
+
+    try:
+        result = build_hf_demo(
+            args.out, args.hf_model, text=args.text, layer=args.layer, heads=args.heads,
+            gif=not args.no_gif, progress=not args.no_progress,
+        )  # fmt: skip
+    except ImportError as err:  # transformers missing: the message names the extra
+        print(f"heatformer demo: error: {err}", file=sys.stderr)
+        return 2
     print(f"wrote {len(result.files)} pictures in {result.seconds:.1f} s")
     print(f"open {result.index_html.resolve()}")
     return 0

@@ -158,8 +158,9 @@ class HeadOperators(nn.Module):
                 self._runs[-1] = (op, self._runs[-1][1], pos + 1)
             else:
                 self._runs.append((op, pos, pos + 1))
-        #: graphs collected by :func:`heatformer.integrations.hf.attention_graphs` (None: off)
-        self._capture: list[Graph] | None = None
+        #: ``(graph, values)`` of each pass, collected by
+        #: :func:`heatformer.integrations.hf.attention_graphs` (None: off)
+        self._capture: list[tuple[Graph, Tensor]] | None = None
 
     @property
     def head_operators(self) -> list[DiffusionOperator]:

@@ -5,7 +5,9 @@ BERT, ViT, and any model whose attention layers call transformers' ``AttentionIn
 to heatformer heads, in place: each attention layer keeps its projections, rotary embeddings,
 KV cache and weights, and its heads apply the operators of a head spec to the layer's own
 ``q``, ``k``, ``v``. :func:`attention_graphs` returns the attention graph of every layer, for
-analysis and teaching, on a converted or an unconverted model.
+analysis and teaching, on a converted or an unconverted model, and
+:func:`attention_snapshots` the same with values and operators, as the teaching pictures take
+them (``heatformer demo --hf-model DIR``).
 
 How it plugs in: transformers looks up two functions by the model's attention implementation
 name, one that builds the attention mask and one that attends. This module registers both
@@ -53,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from heatformer import checks
+from heatformer.analysis.hooks import LayerSnapshot
 from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
 from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
 from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
@@ -71,7 +74,14 @@ except ImportError as err:  # pragma: no cover - the message is the point
         "heatformer.integrations.hf needs transformers >= 5: pip install 'heatformer[hf]'"
     ) from err
 
-__all__ = ["IMPLEMENTATION", "attention_graphs", "attention_modules", "convert", "revert"]
+__all__ = [
+    "IMPLEMENTATION",
+    "attention_graphs",
+    "attention_modules",
+    "attention_snapshots",
+    "convert",
+    "revert",
+]
 
 #: the attention implementation name heatformer registers with transformers
 IMPLEMENTATION = "heatformer"
@@ -206,7 +216,7 @@ def heatformer_attention(
         own = value[:, :, start : start + n_q]  # (B, H, Nq, Dh): the new tokens' own values
     capture = heads._capture
     if capture is not None and own is None and not cross:
-        capture.append(heads.graph(query, key, mask, scale=scaling))
+        capture.append((heads.graph(query, key, mask, scale=scaling), value))
     y = heads(query, key, value, mask, scale=scaling, dropout=dropout, own_values=own, cross=cross)
     return y.transpose(1, 2).contiguous(), None  # (B, Nq, H, Dh)
 
@@ -335,6 +345,31 @@ def revert(model: nn.Module) -> nn.Module:
     return model
 
 
+def _capture(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[Graph, Tensor, HeadOperators]]:
+    """One forward pass (no gradients, eval mode; the training flag restored) that collects
+    ``(graph, values, heads)`` of every attention module that ran, in module order; a model
+    that was not converted runs with all-attention heads and is reverted afterwards."""
+    converted = _is_converted(model)
+    if not converted:
+        convert(model, "attention")
+    layers = [getattr(m, HEADS_ATTRIBUTE) for _, m in attention_modules(model)]
+    captured: list[list[tuple[Graph, Tensor]]] = [[] for _ in layers]
+    was_training = model.training
+    try:
+        for layer, store in zip(layers, captured, strict=True):
+            layer._capture = store
+        model.eval()
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for layer in layers:
+            layer._capture = None
+        model.train(was_training)
+        if not converted:
+            revert(model)
+    return [(g, v, layer) for layer, store in zip(layers, captured, strict=True) for g, v in store]
+
+
 def attention_graphs(model: nn.Module, *, dense: bool = False, **inputs: Any) -> list[Graph]:
     """The attention graph of every layer for ``inputs``, batched over ``(B, H)``.
 
@@ -354,25 +389,44 @@ def attention_graphs(model: nn.Module, *, dense: bool = False, **inputs: Any) ->
     Returns:
         One graph per attention module that ran.
     """
-    converted = _is_converted(model)
-    if not converted:
-        convert(model, "attention")
-    layers = [getattr(m, HEADS_ATTRIBUTE) for _, m in attention_modules(model)]
-    captured: list[list[Graph]] = [[] for _ in layers]
-    was_training = model.training
-    try:
-        for layer, store in zip(layers, captured, strict=True):
-            layer._capture = store
-        model.eval()
-        with torch.no_grad():
-            model(**inputs)
-    finally:
-        for layer in layers:
-            layer._capture = None
-        model.train(was_training)
-        if not converted:
-            revert(model)
-    graphs = [g for store in captured for g in store]
+    graphs = [g for g, _, _ in _capture(model, inputs)]
     if dense:
         return [DenseGraph(g.to_dense()) for g in graphs]
     return graphs
+
+
+def attention_snapshots(model: nn.Module, **inputs: Any) -> list[LayerSnapshot]:
+    """Every layer's attention on one input, as the snapshots the teaching pictures draw.
+
+    The counterpart of :func:`heatformer.analysis.snapshot_attention` for a transformers model:
+    one :class:`~heatformer.analysis.LayerSnapshot` per attention module that ran, holding the
+    dense float64 graphs ``(H, N, N)``, the values ``(H, N, Dh)`` (grouped values repeated per
+    query head) and the operator of every head (all ``attention`` for a model that was not
+    converted). :func:`heatformer.viz.demo.demo_from_snapshots` and ``heatformer demo
+    --hf-model DIR`` draw them.
+
+    Args:
+        model: a transformers model, converted or not.
+        **inputs: the model's inputs for one sequence (batch size 1).
+
+    Returns:
+        One snapshot per attention module that ran.
+
+    Raises:
+        ValueError: the inputs hold more than one sequence.
+    """
+    rows = _capture(model, inputs)
+    snapshots = []
+    for graph, values, heads in rows:
+        if graph.batch_shape[0] != 1:
+            raise checks.bad_value(
+                "inputs", f"expected one sequence (batch size 1), got {graph.batch_shape[0]}"
+            )
+        snapshots.append(
+            LayerSnapshot(
+                graph=DenseGraph(graph.to_dense()[0].to(torch.float64)),  # (H, N, N)
+                values=values[0].to(torch.float64),  # (H, N, Dh)
+                operators=tuple(heads.head_operators),
+            )
+        )
+    return snapshots

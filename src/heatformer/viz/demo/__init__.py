@@ -17,7 +17,9 @@ Computing and drawing are apart:
 - :mod:`~heatformer.viz.demo.page` draws the pictures and ``index.html`` from a
   :class:`DemoData` alone (:func:`write_demo`).
 
-:func:`build_demo` and :func:`render_demo` chain the two.
+:func:`build_demo` and :func:`render_demo` chain the two; :func:`build_hf_demo` draws the
+same page from a local transformers checkpoint's own attention (:mod:`heatformer.viz.demo.hf`,
+``heatformer demo --hf-model DIR``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from heatformer.viz.demo.compute import (
     train_tiny_gpt,
 )
 from heatformer.viz.demo.data import DemoData
+from heatformer.viz.demo.hf import build_hf_demo, compute_hf_demo
 from heatformer.viz.demo.page import DemoResult, check_writable, write_demo
 
 __all__ = [
@@ -52,7 +55,9 @@ __all__ = [
     "DemoResult",
     "LayerSnapshot",
     "build_demo",
+    "build_hf_demo",
     "compute_demo",
+    "compute_hf_demo",
     "demo_corpus",
     "demo_from_snapshots",
     "render_demo",

@@ -254,6 +254,7 @@ def demo_from_snapshots(
     per_layer: Mapping[str, Sequence[float]] | None = None,
     losses: Mapping[str, tuple[float, float]] | None = None,
     meta: str = "",
+    tokens: Sequence[str] | None = None,
 ) -> DemoData:
     """Compute everything the demo page shows from attention snapshots (no model needed).
 
@@ -261,20 +262,23 @@ def demo_from_snapshots(
         layers: one :class:`~heatformer.analysis.LayerSnapshot` per layer, e.g. from
             :func:`~heatformer.analysis.snapshot_attention` (or random graphs), all with the
             same heads and tokens.
-        text: the sentence (one token per character; ``len(text)`` must be ``N``).
+        text: the sentence (one token per character, ``len(text)`` is ``N``, unless
+            ``tokens`` are given).
         layer: which layer the single-head pictures use.
         source: the token that receives the drop of heat (default: the token after the first
             that receives the most attention in the attention head).
         per_layer: ``{config: [within-sequence variance share per layer]}``, or ``None``.
         losses: ``{config: (first, last)}`` training losses.
         meta: a line of text about the run.
+        tokens: the ``N`` token labels, when tokens are not single characters of ``text``
+            (a subword tokenizer's).
 
     Returns:
         The :class:`DemoData`.
 
     Raises:
         ValueError: no layers, layers of different shapes, ``layer`` or ``source`` out of
-            range, ``text`` not of ``N`` characters.
+            range, ``text`` not of ``N`` characters (or ``tokens`` not ``N`` labels).
     """
     if not layers:
         raise bad_value("layers", "expected at least one LayerSnapshot")
@@ -282,7 +286,10 @@ def demo_from_snapshots(
         raise bad_value("layer", f"expected an index into {len(layers)} layers, got {layer}")
     snap = layers[layer]
     n = snap.graph.num_nodes
-    if len(text) != n:
+    if tokens is not None:
+        if len(tokens) != n or not all(isinstance(t, str) for t in tokens):
+            raise bad_value("tokens", f"expected {n} strings (one per node), got {tokens!r}")
+    elif len(text) != n:
         raise bad_value("text", f"expected {n} characters (one per node), got {len(text)}")
     att = _first_head(snap.operators, Attention)
     att = 0 if att is None else att
@@ -331,6 +338,7 @@ def demo_from_snapshots(
         per_layer=None if per_layer is None else {k: tuple(v) for k, v in per_layer.items()},
         losses=dict(losses or {}),
         meta=meta,
+        tokens=tuple(tokens or ()),
     )
 
 

@@ -57,6 +57,8 @@ class DemoData:
             ``None``.
         losses: ``{configuration: (first, last)}`` training loss (nats/byte).
         meta: a line about the run (plain text).
+        tokens: the label of every node when a token is more than one character (a
+            subword tokenizer's tokens, ``N`` of them); empty: the characters of ``text``.
     """
 
     text: str
@@ -81,6 +83,12 @@ class DemoData:
     per_layer: dict[str, tuple[float, ...]] | None
     losses: dict[str, tuple[float, float]]
     meta: str
+    tokens: tuple[str, ...] = ()
+
+    @property
+    def labels(self) -> list[str]:
+        """The label of every node: :attr:`tokens`, else the characters of :attr:`text`."""
+        return list(self.tokens) if self.tokens else list(self.text)
 
     def to_dict(self) -> dict[str, Any]:
         """The data as lists, numbers and strings (``json.dumps`` takes it as is); a complex
@@ -95,9 +103,10 @@ class DemoData:
             ValueError: ``data`` does not have exactly the fields of :class:`DemoData`.
         """
         names = [f.name for f in fields(cls)]
-        if sorted(data) != sorted(names):
+        if sorted({**data, "tokens": ()}) != sorted(names):  # tokens may be absent (older data)
             raise bad_value("data", f"expected the fields {names}, got {sorted(data)}")
         kw = dict(data)
+        kw["tokens"] = tuple(kw.get("tokens", ()))
         for name in _TENSORS:
             kw[name] = _tensor(kw[name])
         for name in _TENSOR_MAPS:

