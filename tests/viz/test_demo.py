@@ -43,7 +43,7 @@ def test_index_references_existing_pictures(demo) -> None:
     page = result.index_html.read_text(encoding="utf-8")
     sources = re.findall(r'<img src="([^"]+)"', page)
     assert sources == [f.name for f in result.files]
-    assert len(sources) == 8
+    assert len(sources) == 9
     for name in sources:
         path = result.out_dir / name
         if name.endswith(".gif"):
@@ -135,11 +135,11 @@ def test_cli_demo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     progress = captured.err.splitlines()  # training steps, then the pictures
     assert [line.split(", ")[0] for line in progress] == [
         *(f"demo attention:2,laplacian:2: step {n}/5 ({20 * n}%)" for n in range(1, 6)),
-        *(f"demo pictures: picture {n}/6 ({100 * n / 6:.0f}%)" for n in range(1, 7)),
+        *(f"demo pictures: picture {n}/7 ({100 * n / 7:.0f}%)" for n in range(1, 8)),
     ]
     assert sorted(p.name for p in out.iterdir()) == [
-        "attention_graph.png", "attention_heads.png", "heat_flow.png", "index.html",
-        "laplacian_vs_attention.png", "spectrum.png", "topk.png",
+        "attention_graph.png", "attention_heads.png", "heat_flow.png", "heat_mass.png",
+        "index.html", "laplacian_vs_attention.png", "spectrum.png", "topk.png",
     ]  # fmt: skip
     assert main(["demo", "--out", str(out), "--text", "x"]) == 2
     assert "text: expected 2 to 64 bytes" in capsys.readouterr().err
@@ -241,12 +241,14 @@ def test_the_page_is_drawn_from_the_data_alone(tmp_path: Path) -> None:
     write_demo(tmp_path / "again", DemoData.from_dict(plain), gif=False)
     assert [f.name for f in first.files] == [
         "attention_graph.png", "attention_heads.png", "spectrum.png", "heat_flow.png",
-        "laplacian_vs_attention.png", "topk.png",
+        "heat_mass.png", "laplacian_vs_attention.png", "topk.png",
     ]  # fmt: skip
     assert first.losses == {"m": (5.5, 2.25)}
     before, after = _files(tmp_path / "first"), _files(tmp_path / "again")
     assert sorted(before) == sorted(after) == sorted([*(f.name for f in first.files), "index.html"])
-    assert {name for name in before if before[name] != after[name]} == {"heat_flow.png"}
+    # the influence view's picture and the totals the page's text states
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed == {"heat_flow.png", "index.html"}
     with pytest.raises(ValueError, match="data: expected the fields"):
         DemoData.from_dict({"text": text})
 

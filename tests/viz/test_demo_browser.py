@@ -75,7 +75,7 @@ def test_every_image_loads(served, demo) -> None:
     assert match, "the load event never fired"
     widths = [int(w) for w in match.group(1).split(",")]
     result, _ = demo
-    assert len(widths) == len(result.files) == 8
+    assert len(widths) == len(result.files) == 9
     assert all(w > 300 for w in widths), widths
 
 

@@ -177,9 +177,11 @@ def _draw_heat_strip(
     top_k: int | None = 2,
     cmap: str = "YlOrRd",
     gamma: float = 0.5,
+    totals: bool = False,
     save: PathLike | None = None,
 ) -> Figure:
-    """The strip of :func:`plot_heat_diffusion` for given frames ``(T, N)`` at times ``ts``."""
+    """The strip of :func:`plot_heat_diffusion` for given frames ``(T, N)`` at times ``ts``;
+    ``totals`` adds each frame's total ``Σ_i u_i(t)`` to its title."""
     norm = _heat_norm(frames, gamma)
     n, count = one.num_nodes, len(ts)
     if layout == "arc":
@@ -195,7 +197,8 @@ def _draw_heat_strip(
         draw_attention_graph(
             one, tokens=tokens, top_k=top_k, layout=layout, node_values=frame, cmap=cmap,
             norm=norm, curvature=0.2 if layout == "arc" else None, edge_width=2.0,
-            edge_alpha=0.45, ax=ax, title=f"t = {t:g}",
+            edge_alpha=0.45, ax=ax,
+            title=f"t = {t:g}" + (f",  total {float(frame.sum()):.4f}" if totals else ""),
         )  # fmt: skip
     _colorbar(fig, axes, cmap, norm, label)
     save_figure(fig, save)
@@ -298,6 +301,8 @@ def _write_heat_gif(
     with writer.saving(fig, str(path), dpi):
         for t, frame in zip(ts, frames):
             nodes.set_array(frame.numpy())
-            ax.set_title(f"heat flow exp(-tL)x, t = {t:.2f}", fontsize=10)
+            ax.set_title(
+                f"heat flow exp(-tL)x, t = {t:.2f}, total {float(frame.sum()):.3f}", fontsize=10
+            )
             writer.grab_frame()
     return path

@@ -88,8 +88,14 @@ def plot_spectra(
     return _draw_spectra({name: spectrum(one, name) for name in normalizations}, save=save)
 
 
-def _draw_spectra(spectra: Mapping[str, Tensor], *, save: PathLike | None) -> Figure:
-    """The figure of :func:`plot_spectra` for given eigenvalues, ``{normalization: (N,)}``."""
+def _draw_spectra(
+    spectra: Mapping[str, Tensor],
+    *,
+    titles: Mapping[str, str] | None = None,
+    save: PathLike | None,
+) -> Figure:
+    """The figure of :func:`plot_spectra` for given eigenvalues, ``{normalization: (N,)}``;
+    ``titles`` replaces the default title of some normalizations."""
     import numpy as np
 
     fig = new_figure((4.2 * len(spectra), 3.8))
@@ -111,7 +117,7 @@ def _draw_spectra(spectra: Mapping[str, Tensor], *, save: PathLike | None) -> Fi
             ax.set_xlabel("rank")
             ax.set_ylabel("λ")
         ax.axhline(0.0, color="0.85", lw=0.6, zorder=0)
-        ax.set_title(_TITLES[name], fontsize=9)
+        ax.set_title((titles or {}).get(name, _TITLES[name]), fontsize=9)
     save_figure(fig, save)
     return fig
 

@@ -38,6 +38,7 @@ from heatformer.graph_ops import (
     DiffusionOperator,
     HeatKernel,
     Laplacian,
+    heat_kernel,
     spectrum,
 )
 from heatformer.viz._common import single_graph
@@ -55,6 +56,7 @@ __all__ = [
     "compute_demo",
     "demo_corpus",
     "demo_from_snapshots",
+    "mass_frames",
     "train_tiny_gpt",
 ]
 
@@ -238,6 +240,24 @@ ANIMATION_TIMES = tuple(torch.linspace(0.0, 6.0, 25).tolist())
 TOPK_KS = (None, 4, 2)
 
 
+def mass_frames(graph: DenseGraph, source: int, times: Sequence[float]) -> Tensor:
+    """The mass view ``exp(−t Lᵀ) e_source`` of the heat flow at ``times``, ``(T, N)``.
+
+    ``exp(−t Lᵀ) = exp(−t L)ᵀ``, so the mass view of token ``j`` is row ``j`` of the heat
+    kernel matrix, computed with :func:`~heatformer.graph_ops.heat_kernel` on the identity
+    (``"rw"``, exact). With ``L = I − P`` and ``P`` row-stochastic, ``1ᵀ Lᵀ = 0``: the total
+    ``Σ_i m_i(t)`` stays 1 at every ``t`` (the influence view's total does not).
+
+    Args:
+        graph: one unbatched graph (``N`` nodes).
+        source: the token that holds the unit of mass at ``t = 0``.
+        times: diffusion times ``t >= 0``.
+    """
+    eye = torch.eye(graph.num_nodes, dtype=graph.dtype, device=graph.device)  # (N, N)
+    rows = [heat_kernel(graph, eye, t, method="exact")[source] for t in _times(times)]
+    return torch.stack(rows).to("cpu", torch.float64)  # (T, N)
+
+
 def _first_head(ops: Sequence[DiffusionOperator], kind: type) -> int | None:
     for h, op in enumerate(ops):
         if type(op) is kind:
@@ -327,6 +347,7 @@ def demo_from_snapshots(
         spectra={name: spectrum(head, name) for name in NORMALIZATIONS},
         heat_times=tuple(heat_times),
         heat=heat_diffusion_frames(head, source, heat_times),  # (T, N)
+        mass=mass_frames(head, source, heat_times),  # (T, N)
         animation_times=tuple(animation_times),
         animation=heat_diffusion_frames(head, source, animation_times),  # (T', N)
         lam=lam,

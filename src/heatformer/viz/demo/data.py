@@ -19,7 +19,7 @@ from heatformer.checks import bad_value
 
 __all__ = ["DemoData"]
 
-_TENSORS = ("attention", "heat", "animation", "lam", "eigenvalues", "channel")
+_TENSORS = ("attention", "heat", "mass", "animation", "lam", "eigenvalues", "channel")
 _TENSOR_MAPS = ("spectra", "responses", "outputs", "topk")
 
 
@@ -43,8 +43,11 @@ class DemoData:
         attention: ``(L, H, N, N)`` attention weights ``P[i, j]`` (query ``i``, key ``j``).
         spectra: ``{normalization: (N,)}`` Laplacian eigenvalues of the head (complex for a
             directed graph).
-        heat_times, heat: the heat flow ``exp(−tL) e_source`` (``"rw"``) on the head at
-            ``heat_times``, ``(T, N)``.
+        heat_times, heat: the heat flow's influence view ``exp(−tL) e_source`` (``"rw"``)
+            on the head at ``heat_times``, ``(T, N)``: what a heat head's outputs take from
+            the source's value; its total is not conserved.
+        mass: the mass view ``exp(−tLᵀ) e_source`` at ``heat_times``, ``(T, N)``: a unit of
+            mass on the source flowing along the arrows; its total stays 1.
         animation_times, animation: the same at the animation's times, ``(T', N)``.
         lam, responses: ``{label: f(lam)}`` frequency responses of the attention, Laplacian
             and heat (``t = 1``) operators on the grid ``lam``.
@@ -72,6 +75,7 @@ class DemoData:
     spectra: dict[str, Tensor]
     heat_times: tuple[float, ...]
     heat: Tensor
+    mass: Tensor
     animation_times: tuple[float, ...]
     animation: Tensor
     lam: Tensor
