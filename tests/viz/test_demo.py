@@ -132,14 +132,15 @@ def test_cli_demo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     captured = capsys.readouterr()
     printed = captured.out
     assert f"open {(out / 'index.html').resolve()}" in printed
+    assert f"play with it: {(out / 'explore.html').resolve()} (interactive, offline)" in printed
     progress = captured.err.splitlines()  # training steps, then the pictures
     assert [line.split(", ")[0] for line in progress] == [
         *(f"demo attention:2,laplacian:2: step {n}/5 ({20 * n}%)" for n in range(1, 6)),
         *(f"demo pictures: picture {n}/7 ({100 * n / 7:.0f}%)" for n in range(1, 8)),
     ]
     assert sorted(p.name for p in out.iterdir()) == [
-        "attention_graph.png", "attention_heads.png", "heat_flow.png", "heat_mass.png",
-        "index.html", "laplacian_vs_attention.png", "spectrum.png", "topk.png",
+        "attention_graph.png", "attention_heads.png", "explore.html", "heat_flow.png",
+        "heat_mass.png", "index.html", "laplacian_vs_attention.png", "spectrum.png", "topk.png",
     ]  # fmt: skip
     assert main(["demo", "--out", str(out), "--text", "x"]) == 2
     assert "text: expected 2 to 64 bytes" in capsys.readouterr().err
@@ -245,7 +246,8 @@ def test_the_page_is_drawn_from_the_data_alone(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert first.losses == {"m": (5.5, 2.25)}
     before, after = _files(tmp_path / "first"), _files(tmp_path / "again")
-    assert sorted(before) == sorted(after) == sorted([*(f.name for f in first.files), "index.html"])
+    pages = ["explore.html", "index.html"]
+    assert sorted(before) == sorted(after) == sorted([*(f.name for f in first.files), *pages])
     # the influence view's picture and the totals the page's text states
     changed = {name for name in before if before[name] != after[name]}
     assert changed == {"heat_flow.png", "index.html"}

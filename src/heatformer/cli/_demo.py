@@ -11,7 +11,10 @@ import sys
 
 from heatformer.cli._options import OptionParser
 
-DEMO_HELP = "teaching demo: attention graphs of a small trained GPT, as pictures and a web page"
+DEMO_HELP = (
+    "teaching demo: attention graphs of a small trained GPT, as pictures, a web page and an "
+    "interactive page"
+)
 
 #: The default ``--text``; the same as :data:`heatformer.viz.demo.DEFAULT_TEXT` (a test checks
 #: it), repeated here so that parsing the options needs no torch.
@@ -80,6 +83,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"{name:<26} training loss {first:.3f} -> {last:.3f} nats/byte")
     print(f"wrote {len(result.files)} pictures in {result.seconds:.1f} s")
     print(f"open {result.index_html.resolve()}")
+    if result.explore_html is not None:
+        print(f"play with it: {result.explore_html.resolve()} (interactive, offline)")
     return 0
 
 
@@ -96,4 +101,6 @@ def _run_hf_demo(args: argparse.Namespace) -> int:
         return 2
     print(f"wrote {len(result.files)} pictures in {result.seconds:.1f} s")
     print(f"open {result.index_html.resolve()}")
+    if result.explore_html is not None:
+        print(f"play with it: {result.explore_html.resolve()} (interactive, offline)")
     return 0

@@ -3,9 +3,10 @@
 :func:`build_demo` trains two tiny byte-level GPTs for a few hundred steps on a built-in
 corpus (the source code of a few Python standard-library modules, so it needs no download),
 one with four attention heads and one with two attention and two Laplacian heads, reads the
-attention graphs of the second on a sentence, and writes PNG pictures, an animated GIF and an
-``index.html`` that explains what each picture teaches. The whole demo runs in well under a
-minute on one CPU core; ``heatformer demo`` is the command.
+attention graphs of the second on a sentence, and writes PNG pictures, an animated GIF, an
+``index.html`` that explains what each picture teaches and an interactive ``explore.html``.
+The whole demo runs in well under a minute on one CPU core; ``heatformer demo`` is the
+command.
 
 Computing and drawing are apart:
 
@@ -15,7 +16,11 @@ Computing and drawing are apart:
 - :mod:`~heatformer.viz.demo.data` holds :class:`DemoData`, plain tensors and numbers that
   :meth:`DemoData.to_dict` turns into lists for JSON;
 - :mod:`~heatformer.viz.demo.page` draws the pictures and ``index.html`` from a
-  :class:`DemoData` alone (:func:`write_demo`).
+  :class:`DemoData` alone (:func:`write_demo`);
+- :mod:`~heatformer.viz.demo.explore` computes the interactive page's numbers from it with
+  the library's operators (:func:`explorer_data`) and writes ``explore.html``, one offline
+  file with those numbers as JSON and the packaged ``explore.js`` inline
+  (:func:`write_explorer`; :func:`write_demo` calls it).
 
 :func:`build_demo` and :func:`render_demo` chain the two; :func:`build_hf_demo` draws the
 same page from a local transformers checkpoint's own attention (:mod:`heatformer.viz.demo.hf`,
@@ -43,6 +48,7 @@ from heatformer.viz.demo.compute import (
     train_tiny_gpt,
 )
 from heatformer.viz.demo.data import DemoData
+from heatformer.viz.demo.explore import explorer_data, write_explorer
 from heatformer.viz.demo.hf import build_hf_demo, compute_hf_demo
 from heatformer.viz.demo.page import DemoResult, check_writable, write_demo
 
@@ -60,10 +66,12 @@ __all__ = [
     "compute_hf_demo",
     "demo_corpus",
     "demo_from_snapshots",
+    "explorer_data",
     "render_demo",
     "snapshot_attention",
     "train_tiny_gpt",
     "write_demo",
+    "write_explorer",
 ]
 
 

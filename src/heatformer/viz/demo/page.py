@@ -29,6 +29,7 @@ from heatformer.checks import bad_value
 from heatformer.graph_ops import DenseGraph
 from heatformer.viz._common import PathLike, new_figure, require_matplotlib, save_figure
 from heatformer.viz.demo.data import DemoData
+from heatformer.viz.demo.explore import write_explorer
 from heatformer.viz.diffusion import _draw_heat_strip, _write_heat_gif
 from heatformer.viz.graphs import (
     _draw_topk_pruning,
@@ -53,6 +54,7 @@ class DemoResult:
         out_dir: the output folder.
         index_html: the page.
         files: the pictures (PNG and GIF), in the order the page shows them.
+        explore_html: the interactive page (``explore.html``), or ``None`` when not written.
         losses: for each trained configuration, ``(first, last)`` training loss (nats/byte).
         seconds: wall time.
     """
@@ -62,6 +64,7 @@ class DemoResult:
     files: tuple[Path, ...]
     losses: dict[str, tuple[float, float]] = field(default_factory=dict)
     seconds: float = 0.0
+    explore_html: Path | None = None
 
 
 @dataclass
@@ -170,9 +173,15 @@ def _totals(frames: Tensor) -> str:
 
 
 def write_demo(
-    out_dir: PathLike, data: DemoData, *, gif: bool = True, progress: bool = False
+    out_dir: PathLike,
+    data: DemoData,
+    *,
+    gif: bool = True,
+    explore: bool = True,
+    progress: bool = False,
 ) -> DemoResult:
-    """Write the demo's pictures and ``index.html``, drawn from ``data`` alone.
+    """Write the demo's pictures and ``index.html``, drawn from ``data`` alone, and the
+    interactive ``explore.html`` (:func:`~heatformer.viz.demo.explore.write_explorer`).
 
     Args:
         out_dir: output folder (created).
@@ -180,6 +189,7 @@ def write_demo(
             :func:`~heatformer.viz.demo.demo_from_snapshots` or
             :meth:`DemoData.from_dict <heatformer.viz.demo.DemoData.from_dict>`.
         gif: also write the animated GIF of the heat flow.
+        explore: also write the interactive page ``explore.html`` (self-contained, offline).
         progress: report the pictures written on stderr (:mod:`heatformer._progress`).
 
     Returns:
@@ -423,6 +433,7 @@ def write_demo(
         for k, (a, b) in data.losses.items()
     )
     bar.close()
+    explore_html = write_explorer(out, data) if explore else None
     index = out / "index.html"
     _write_page(
         index,
@@ -430,7 +441,13 @@ def write_demo(
         f"What a small transformer's attention looks like as a graph, on the sentence "
         f"<code>{html.escape(data.text)}</code>. Pictures of layer {layer_no} (layers are "
         f"numbered from 0: layer 0 is the first block); the attention head is head {att}"
-        + (f", the Laplacian head head {lap}." if lap is not None else "."),
+        + (f", the Laplacian head head {lap}." if lap is not None else ".")
+        + (
+            ' <b><a href="explore.html">Play with it</a></b>: the interactive page (sliders '
+            "for <i>t</i> and the number of steps, any layer, head, token and operator)."
+            if explore
+            else ""
+        ),
         page,
         " ".join(p for p in (html.escape(data.meta), loss_text) if p),
     )
@@ -440,4 +457,5 @@ def write_demo(
         files=tuple(out / f for f in files),
         losses=dict(data.losses),
         seconds=time.perf_counter() - start,
+        explore_html=explore_html,
     )
