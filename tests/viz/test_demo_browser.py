@@ -1,4 +1,12 @@
-"""The demo page renders in a real browser (headless Chromium): every image loads.
+"""The demo pages render in a real browser (headless Chromium).
+
+The static page: every image loads, and a screenshot is not blank. The interactive page
+(``explore.html``, opened from disk: no server) is driven over the DevTools protocol
+(``tests/cdp_helpers.py``, Chromium's ``--remote-debugging-pipe``, no extra package) with
+real mouse and key events: the ``t`` slider moves, another token is clicked, the step-by-step
+method is switched on, an edge is hovered, and every displayed total and node value is
+compared with the numbers Python computes with heatformer's heat kernel from the page's own
+``P``; the page logs no console error, and a screenshot has the expected layout.
 
 Skipped only when no Chromium is installed (``.ci/run`` installs Debian's ``chromium``).
 """
@@ -7,20 +15,19 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import re
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
-CHROMIUM = next(
-    (p for p in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"))
-     if p and Path(p).exists()),
-    None,
-)  # fmt: skip
+from cdp_helpers import CHROMIUM, Browser
+from heatformer.graph_ops import DenseGraph, heat_kernel
+
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="needs Chromium (apt-get install chromium; .ci/run installs it)"
 )
@@ -95,3 +102,172 @@ def test_screenshot_is_not_blank(served) -> None:
         hsv = image.convert("HSV")
         saturated = sum(hsv.getchannel("S").histogram()[121:])
         assert saturated > 2000
+
+
+# ---- the interactive page -------------------------------------------------------------------
+
+
+def _numbers(page: Path) -> dict:
+    text = page.read_text(encoding="utf-8")
+    embedded = re.search(r'<script type="application/json" id="demo-data">(.*?)</script>', text,
+                         re.S).group(1)  # fmt: skip
+    return json.loads(embedded.replace("<\\/", "</"))
+
+
+SHOWN = """(() => {
+  const num = (id) => Number(document.getElementById(id).value);
+  const text = (id) => document.getElementById(id).textContent;
+  const total = (id) => Number(text(id).match(/= (-?[0-9.]+)/)[1]);
+  const cells = (cls) => Array.from(document.querySelectorAll(`#values td.${cls}`))
+    .map((td) => Number(td.textContent));
+  const nodes = Array.from(document.querySelectorAll("#graph-influence g.node"));
+  return { layer: num("layer"), head: num("head"), source: num("source"), ti: num("t"),
+    t: Number(text("t-value")), op: document.getElementById("op").value,
+    method: document.getElementById("method").value, steps: num("steps"),
+    influence: total("total-influence"), mass: total("total-mass"),
+    u: cells("influence"), m: cells("mass"), graph: nodes.map((g) => Number(g.dataset.value)) };
+})()"""
+
+HIT = """(() => { const e = document.elementFromPoint(%r, %r);
+  return [e.dataset.i, e.dataset.j, document.getElementById("tip").textContent]; })()"""
+
+
+def _shown(b: Browser) -> dict:
+    """What the page shows now: the pickers, t, both totals and every node value."""
+    return b.js(SHOWN)
+
+
+def _python(numbers: dict, shown: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Python's influence and mass views for the shown layer, head, token and t: heatformer's
+    heat kernel on the page's own P (exact method), nothing taken from the page's answers."""
+    p = torch.tensor(numbers["heads"][shown["layer"]][shown["head"]]["attention"],
+                     dtype=torch.float64)  # fmt: skip
+    n, j = p.shape[0], shown["source"]
+    kernel = heat_kernel(DenseGraph(p), torch.eye(n, dtype=torch.float64), shown["t"],
+                         method="exact")  # fmt: skip
+    return kernel[:, j], kernel[j, :]  # exp(-tL) e_j, exp(-tL^T) e_j
+
+
+def _assert_shows(shown: dict, u: torch.Tensor, m: torch.Tensor) -> None:
+    assert shown["influence"] == pytest.approx(float(u.sum()), abs=6e-7)  # 6 decimals shown
+    assert shown["mass"] == pytest.approx(float(m.sum()), abs=6e-7)
+    assert shown["u"] == pytest.approx(u.tolist(), abs=5.1e-5)  # 4 decimals shown
+    assert shown["m"] == pytest.approx(m.tolist(), abs=5.1e-5)
+    assert shown["graph"] == pytest.approx(u.tolist(), abs=6e-7)  # the nodes' colours' values
+
+
+def _centre(b: Browser, selector: str) -> tuple[float, float]:
+    rect = b.js(
+        f"""(() => {{ const e = document.querySelector({json.dumps(selector)});
+        e.scrollIntoView({{block: "center"}}); const r = e.getBoundingClientRect();
+        return [r.left, r.top, r.width, r.height]; }})()"""
+    )
+    return rect[0] + rect[2] / 2, rect[1] + rect[3] / 2
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    b = Browser(tmp_path / "profile-cdp", width=1280, height=1600)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def test_interactive_page_shows_pythons_numbers(demo, browser: Browser) -> None:
+    result, _ = demo
+    page = result.out_dir / "explore.html"
+    numbers = _numbers(page)
+    b = browser
+    b.load(page.as_uri())  # from disk: no server, no network
+    assert b.js("document.body.dataset.ready") == "1"
+    first = _shown(b)
+    assert (first["layer"], first["head"], first["source"]) == (
+        numbers["layer"], numbers["head"], numbers["source"],
+    )  # fmt: skip
+    assert (first["op"], first["method"], first["t"]) == ("heat", "exact", 1.0)
+    u, m = _python(numbers, first)
+    _assert_shows(first, u, m)
+    assert abs(first["mass"] - 1.0) < 1e-6 and abs(first["influence"] - 1.0) > 1e-3
+
+    # drag the t slider: a real click on its track, then one arrow key
+    x, y = _centre(b, "#t")
+    width = b.js("document.getElementById('t').getBoundingClientRect().width")
+    b.click(x + 0.3 * width, y)
+    moved = _shown(b)
+    assert moved["ti"] > first["ti"], (first["ti"], moved["ti"])
+    b.key("ArrowLeft", 37)
+    moved = _shown(b)
+    assert moved["t"] == numbers["times"][moved["ti"]] and moved["t"] != first["t"]
+    _assert_shows(moved, *_python(numbers, moved))
+
+    # pick another token: click its node in the influence graph
+    token = (first["source"] + 7) % len(numbers["labels"])
+    b.click(*_centre(b, f'#graph-influence g.node[data-i="{token}"] circle'))
+    picked = _shown(b)
+    assert picked["source"] == token and picked["t"] == moved["t"]
+    u, m = _python(numbers, picked)
+    _assert_shows(picked, u, m)
+    assert abs(picked["mass"] - 1.0) < 1e-6  # conserved from every token
+
+    # step by step: K Euler steps (I - (t/K) L)^K e_j, the mass total still 1
+    b.js("""(() => { const s = document.getElementById("method"); s.value = "euler";
+         s.dispatchEvent(new Event("change")); })()""")  # fmt: skip
+    euler = _shown(b)
+    p = torch.tensor(numbers["heads"][euler["layer"]][euler["head"]]["attention"],
+                     dtype=torch.float64)  # fmt: skip
+    n, k, t = p.shape[0], euler["steps"], euler["t"]
+    step = torch.eye(n, dtype=torch.float64) - (t / k) * (torch.eye(n, dtype=torch.float64) - p)
+    power = torch.linalg.matrix_power(step, k)
+    _assert_shows(euler, power[:, token], power[token, :])
+    error = float(b.js("Number(document.getElementById('step-info').dataset.error)"))
+    exact = heat_kernel(DenseGraph(p), torch.eye(n, dtype=torch.float64), t, method="exact")
+    expected = max(float((power[:, token] - exact[:, token]).abs().max()),
+                   float((power[token, :] - exact[token, :]).abs().max()))  # fmt: skip
+    assert error == pytest.approx(expected, abs=2e-6)
+
+    # hover an edge: the tooltip gives the weight of the edge under the mouse
+    x, y = b.js(
+        """(() => { const edges = Array.from(document.querySelectorAll("#graph-mass path.edge"));
+        const e = edges.filter((p) => p.dataset.i !== p.dataset.j)
+                       .sort((a, b) => b.dataset.w - a.dataset.w)[0];
+        e.scrollIntoView({block: "center"});
+        const q = e.getPointAtLength(e.getTotalLength() / 2), c = e.getScreenCTM();
+        return [q.x * c.a + q.y * c.c + c.e, q.y * c.d + q.x * c.b + c.f]; })()"""
+    )
+    b.hover(x, y)
+    hit = b.js(HIT % (x, y))
+    i, j, tip = int(hit[0]), int(hit[1]), hit[2]
+    assert tip.startswith(f"P[{i}, {j}] = {float(p[i, j]):.4f}: query {i} ")
+    assert b.errors() == []
+
+
+def test_interactive_page_layout(demo, browser: Browser, tmp_path: Path) -> None:
+    from PIL import Image
+
+    result, _ = demo
+    b = browser
+    b.load((result.out_dir / "explore.html").as_uri())
+    layout = b.js(
+        """(() => { const r = (s) => { const b = document.querySelector(s).getBoundingClientRect();
+        return [b.left, b.top, b.right, b.bottom]; };
+        return { inner: window.innerWidth, scroll: document.documentElement.scrollWidth,
+                 controls: r("#controls"), influence: r("#graph-influence"),
+                 mass: r("#graph-mass") }; })()"""
+    )
+    assert layout["scroll"] <= layout["inner"]  # no horizontal scrolling
+    left, top, right, bottom = layout["influence"]
+    assert right - left > 0.6 * layout["inner"]  # the graph takes most of the width
+    assert layout["controls"][3] <= top < layout["mass"][1]  # controls, influence, then mass
+    shot = b.screenshot(tmp_path / "explore.png")
+    with Image.open(shot) as image:
+        assert image.size == (1280, 1600)
+        rgb = image.convert("RGB")
+        graph = rgb.crop((int(left), int(top), int(right), int(min(bottom, 1600))))
+        saturated = sum(graph.convert("HSV").getchannel("S").histogram()[80:])
+        assert saturated > 1000  # coloured nodes and edges where the layout puts the graph
+        # the controls bar is where the layout puts it: its own light grey background
+        bar = rgb.crop(tuple(int(v) for v in layout["controls"]))
+        count, colour = max(bar.getcolors(1 << 16))
+        assert colour == (246, 246, 246) and count > 0.5 * bar.size[0] * bar.size[1]
+    assert b.errors() == []
