@@ -30,6 +30,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed-base
 # for this small model and immune to oversubscription. The report folder is printed at the end.
 demo: $(VENV)/.installed-base
 	$(VENV)/bin/heatformer compare --preset demo --threads 1
+	@echo "teaching pages (pictures + interactive, offline): $(VENV)/bin/heatformer demo --out heatformer-demo"
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks examples
