@@ -1,7 +1,10 @@
-"""MkDocs hooks: generate the figures before a build, tidy Sphinx roles in docstrings.
+"""MkDocs hooks: generate the figures before a build, render the notebooks, tidy Sphinx roles
+in docstrings.
 
 Registered in mkdocs.yml (``hooks:``). The figures come from ``docs/gen_figures.py``, which
-skips the work when nothing changed (so ``mkdocs serve`` does not loop).
+skips the work when nothing changed (so ``mkdocs serve`` does not loop). Every notebook
+``docs/**/NAME.ipynb`` becomes the page ``NAME.md`` beside it (``docs/notebooks.py``: its
+markdown, its code and the outputs it stored), and stays downloadable as it is.
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ OPTIONAL_PAGES = ("benchmarks.md", "reproducing.md")
 _ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj):(<code>)~?")
 
 
-def _gen_figures() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "heatformer_docs_figures", DOCS / "gen_figures.py"
-    )
+def _load(name: str, file: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, DOCS / file)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {DOCS / 'gen_figures.py'}")
+        raise ImportError(f"cannot load {DOCS / file}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _gen_figures() -> Any:
+    return _load("heatformer_docs_figures", "gen_figures.py")
 
 
 def _google_example_sections() -> None:
@@ -67,6 +72,17 @@ def on_pre_build(config: Any) -> None:
     """Generate docs/figures (skipped when the figures are up to date)."""
     paths = _gen_figures().generate()
     log.info("heatformer docs: %d figures in %s", len(paths), paths[0].parent)
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """Add the page of every notebook (the notebook itself stays a file to download)."""
+    from mkdocs.structure.files import File
+
+    notebooks = _load("heatformer_docs_notebooks", "notebooks.py")
+    for path in notebooks.notebooks():
+        page = path.relative_to(DOCS).with_suffix(".md").as_posix()
+        files.append(File.generated(config, page, content=notebooks.to_markdown(path)))
+    return files
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:

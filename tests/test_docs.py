@@ -120,6 +120,8 @@ def test_nav_covers_every_page() -> None:
     nav = targets(config["nav"])
     assert len(nav) == len(set(nav))
     pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
+    # a notebook NAME.ipynb is the page NAME.md (docs/hooks.py renders it)
+    pages |= {p.relative_to(DOCS).with_suffix(".md").as_posix() for p in DOCS.rglob("*.ipynb")}
     assert pages <= set(nav)
     assert {t for t in nav if t not in pages} <= OPTIONAL_PAGES
     assert config["strict"] is True

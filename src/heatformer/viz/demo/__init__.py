@@ -45,6 +45,7 @@ from heatformer.viz.demo.compute import (
     compute_demo,
     demo_corpus,
     demo_from_snapshots,
+    mass_frames,
     train_tiny_gpt,
 )
 from heatformer.viz.demo.data import DemoData
@@ -67,6 +68,7 @@ __all__ = [
     "demo_corpus",
     "demo_from_snapshots",
     "explorer_data",
+    "mass_frames",
     "render_demo",
     "snapshot_attention",
     "train_tiny_gpt",
