@@ -342,7 +342,8 @@
     "What every output takes from token j's value (a heat head's output for the input e_j). " +
     "It moves against the arrows: from key j to the queries that read it. Click a node to move the source.");
   const mass = panel("mass", "Mass view: opᵀ e_j",
-    "A unit of mass on token j, moved along the arrows (query → key): back to earlier tokens and the sinks.");
+    "A unit of mass on token j, moved along the arrows (query → key), towards the keys read most " +
+    "(the sinks; on a causal graph, back to earlier tokens).");
   views.appendChild(infl.box);
   views.appendChild(mass.box);
   app.appendChild(views);
