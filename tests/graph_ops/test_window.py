@@ -103,6 +103,58 @@ def test_topk_inside_the_window_equals_topk_of_the_banded_matrix(n, w, causal, g
         torch.testing.assert_close(u, v, atol=1e-11, rtol=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("causal", "g", "masked", "path"),
+    list(itertools.product([False, True], [0, 2], [False, True], ["fused", "generic", "narrow"])),
+)
+def test_propagate_gradcheck(monkeypatch, causal: bool, g: int, masked: bool, path: str) -> None:
+    """The backward of ``propagate`` (used twice on one graph) against finite differences, in
+    float64, with a last block shorter than the others: the fused CPU kernels (values as wide
+    as the keys), the generic recomputing path (forced, and for narrower values)."""
+    from heatformer.graph_ops import _window_attention
+
+    monkeypatch.setattr(_window_attention, "FUSED_CPU", path == "fused")
+    n = 11
+    gen = torch.Generator().manual_seed(3)
+    q, k, x = (torch.randn(1, 2, n, d, generator=gen, dtype=F64, requires_grad=True)
+               for d in (3, 3, 2 if path == "narrow" else 3))  # fmt: skip
+    key_mask = None
+    if masked:
+        key_mask = torch.ones(1, n, dtype=torch.bool)
+        key_mask[0, :3] = False
+
+    def f(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        graph = WindowGraph(q, k, window=3, causal=causal, num_global=g, key_mask=key_mask,
+                            row_block=4)  # fmt: skip
+        return graph.propagate(graph.propagate(x))  # the slabs of one graph, used twice
+
+    assert torch.autograd.gradcheck(f, (q, k, x))
+
+
+@pytest.mark.parametrize("width", [3, 2])  # values as wide as the keys (fused) or not
+def test_checkpointed_series_on_a_window_graph_equals_the_dense_graph(monkeypatch, width) -> None:
+    """Heat, PPR and polynomial series recompute each term in the backward above
+    CHECKPOINT_ELEMENTS (lowered here to every size): the window graph's gradients then
+    still equal those of the dense masked softmax."""
+    from heatformer.graph_ops import Polynomial, heat
+
+    monkeypatch.setattr(heat, "CHECKPOINT_ELEMENTS", 1)
+    n, w = 13, 3
+    gen = torch.Generator().manual_seed(5)
+    q, k, x = (torch.randn(2, 2, n, d, generator=gen, dtype=F64, requires_grad=True)
+               for d in (3, 3, width))  # fmt: skip
+    mask = band_mask(n, w, True, 1, None, False)
+    for op in (HeatKernel(t=1.5), PersonalizedPageRank(alpha=0.3), Polynomial([0.5, 0.3, 0.2])):
+        outs = []
+        for graph in (WindowGraph(q, k, window=w, causal=True, num_global=1, row_block=4),
+                      SoftmaxGraph(q, k, mask=mask)):  # fmt: skip
+            y = op(graph, x)
+            grads = torch.autograd.grad((y * torch.cos(y)).sum(), (q, k, x))
+            outs.append((y, *grads))
+        for u, v in zip(*outs, strict=True):
+            torch.testing.assert_close(u, v, atol=1e-10, rtol=1e-8)
+
+
 def test_a_long_window_graph_never_forms_n_by_n() -> None:
     """131072 nodes: an N x N float32 tensor would take 64 GiB, more than this machine has."""
     n = 1 << 17

@@ -13,9 +13,10 @@ with the corresponding ``N x N`` mask -- but nothing of size ``N x N`` is ever f
 
 How: queries are cut into blocks of ``b`` rows; block ``[s, s + b)`` needs only the keys of a
 slab of ``b + w - 1`` positions (``b + 2w`` bidirectional) plus the ``g`` global keys, so
-:meth:`WindowGraph.propagate` is one batched, masked
-:func:`~torch.nn.functional.scaled_dot_product_attention` over all blocks at once (fused and
-flash-backed where available: ``O(N (w + g + b) d)`` work, ``O(N d)`` memory). The ``g``
+:meth:`WindowGraph.propagate` is a batched, masked softmax product over runs of blocks whose
+backward recomputes the weights instead of storing them or the slabs
+(:mod:`heatformer.graph_ops._window_attention`: ``O(N (w + g + b) d)`` work, ``O(N d)``
+memory beyond its inputs, one log-sum-exp per row). The ``g``
 global rows are dense rows over all ``N`` keys, ``O(g N)``. Transpose products and top-k work
 on the same slabs, block by block, in ``O(N (w + g))`` memory.
 
@@ -34,6 +35,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
+from heatformer.graph_ops._window_attention import window_attention
 from heatformer.graph_ops.protocol import SLAB_ELEMENTS, Graph, _fold, _numel
 from heatformer.graph_ops.sparse import SparseGraph
 
@@ -133,11 +135,9 @@ class WindowGraph(Graph):
         self.row_block = V.check_positive_int("row_block", b)
         self._rows_nonempty = key_mask is None  # a row always keeps its own key
         self._row_has_edge: Tensor | None = None
-        # the blocks' mask and key slabs, made on the first propagate and shared by the next
-        # ones (a heat series propagates one graph many times)
-        self._all_allowed: Tensor | None = None
-        self._all_keys: Tensor | None = None
-        self._keys_grad_mode = False
+        self._all_allowed: tuple[Tensor, Tensor | None] | None = None  # see _allowed_slabs
+        self._sdpa_allowed: Tensor | None = None  # see _sdpa_mask
+        self._flat_qk: tuple[bool, Tensor, Tensor] | None = None  # see _flat
 
     # ---- geometry ----------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ class WindowGraph(Graph):
         graph.__dict__.update(self.__dict__)
         graph.q = graph._tensor = self.q.to(dtype)
         graph.k = self.k.to(dtype)
-        graph._all_keys = None
+        graph._flat_qk = None
         return graph
 
     def _before(self) -> int:
@@ -173,20 +173,28 @@ class WindowGraph(Graph):
     def _unfold(self, t: Tensor, fill: float | bool = 0.0) -> Tensor:
         """Slabs of ``t`` ``(Bf, N, ...)`` -> ``(Bf, nb, L, ...)``: block ``m`` holds positions
         ``m b - before ... m b - before + L - 1`` (out-of-range ones ``fill``)."""
-        nb, b, slab, before = self._num_blocks(), self.row_block, self._slab(), self._before()
-        padded_len = (nb - 1) * b + slab
-        pad_front, pad_back = before, padded_len - before - t.shape[1]
+        return self._slabs_of_padded(self._pad_for_slabs(t, fill))
+
+    def _pad_for_slabs(self, t: Tensor, fill: float | bool = 0.0) -> Tensor:
+        """``t`` ``(Bf, N, ...)`` padded to ``(Bf, (nb - 1) b + L, ...)``: row ``m b + l`` is
+        slab position ``l`` of block ``m`` (made once, then viewed per run of blocks)."""
+        padded_len = (self._num_blocks() - 1) * self.row_block + self._slab()
+        pad_front = self._before()
+        pad_back = padded_len - pad_front - t.shape[1]
         trailing = [0, 0] * (t.dim() - 2)
-        padded = F.pad(t, [*trailing, pad_front, pad_back], value=fill)  # (Bf, P, ...)
-        slabs = padded.unfold(1, slab, b)  # (Bf, nb, ..., L)
+        return F.pad(t, [*trailing, pad_front, pad_back], value=fill)  # (Bf, P, ...)
+
+    def _slabs_of_padded(self, padded: Tensor) -> Tensor:
+        """The slabs ``(Bf, nb, L, ...)`` of :meth:`_pad_for_slabs`' output, as a view."""
+        slabs = padded.unfold(1, self._slab(), self.row_block)  # (Bf, nb, ..., L)
         return slabs.movedim(-1, 2)  # (Bf, nb, L, ...)
 
     def _blocks_of(self, t: Tensor) -> Tensor:
         """Query blocks of ``t`` ``(Bf, N, ...)`` -> ``(Bf, nb, b, ...)`` (zero-padded)."""
         nb, b = self._num_blocks(), self.row_block
         trailing = [0, 0] * (t.dim() - 2)
-        padded = F.pad(t, [*trailing, 0, nb * b - t.shape[1]])
-        return padded.reshape(t.shape[0], nb, b, *t.shape[2:])
+        padded = t if nb * b == t.shape[1] else F.pad(t, [*trailing, 0, nb * b - t.shape[1]])
+        return padded.reshape(t.shape[0], nb, b, *t.shape[2:])  # a view when N = nb b
 
     def _allowed(self, blocks: slice) -> Tensor:
         """Bool ``(Bf or 1, nb', b, g + L)``: the allowed (global key, slab key) pairs."""
@@ -212,15 +220,26 @@ class WindowGraph(Graph):
                 allowed = allowed & self._blocks_of(km)[:, blocks].unsqueeze(-1)
         return allowed
 
-    def _keys(self, t: Tensor, blocks: slice) -> Tensor:
-        """``(Bf, N, D)`` -> the keys (or values) of each block: ``(Bf, nb', g + L, D)``."""
-        slabs = self._unfold(t)[:, blocks]  # (Bf, nb', L, D)
+    def _keys(self, t: Tensor, blocks: slice, padded: Tensor | None = None) -> Tensor:
+        """``(Bf, N, D)`` -> the keys (or values) of each block: ``(Bf, nb', g + L, D)``
+        (``padded``: ``t`` already through :meth:`_pad_for_slabs`)."""
+        if padded is None:
+            padded = self._pad_for_slabs(t)
+        slabs = self._slabs_of_padded(padded)[:, blocks]  # (Bf, nb', L, D)
+        if not self.num_global:
+            return slabs
         glob = t[:, : self.num_global].unsqueeze(1).expand(-1, slabs.shape[1], -1, -1)
         return torch.cat([glob, slabs], dim=2)
 
     def _flat(self) -> tuple[Tensor, Tensor]:
-        n, e = self.q.shape[-2:]
-        return self.q.reshape(-1, n, e), self.k.reshape(-1, n, e)  # (Bf, N, E) each
+        """``q``, ``k`` as ``(Bf, N, E)``: made once per grad mode (a copy when ``q`` is a
+        strided view, e.g. of a fused projection) and shared by every product, so that a heat
+        series keeps one copy for its backward, not one per term."""
+        grad = torch.is_grad_enabled()
+        if self._flat_qk is None or self._flat_qk[0] != grad:
+            n, e = self.q.shape[-2:]
+            self._flat_qk = (grad, self.q.reshape(-1, n, e), self.k.reshape(-1, n, e))
+        return self._flat_qk[1], self._flat_qk[2]
 
     def _chunks(self, per_block: int) -> list[slice]:
         """Runs of blocks whose ``(Bf, blocks, b, per_block)`` slab stays near SLAB_ELEMENTS."""
@@ -271,25 +290,32 @@ class WindowGraph(Graph):
 
     # ---- protocol ------------------------------------------------------------------------
 
+    def _allowed_slabs(self) -> tuple[Tensor, Tensor | None]:
+        """``(~allowed, ~has)`` of every block, made once per graph (a heat series propagates
+        one graph many times): the disallowed pairs, bool ``(Bf or 1, nb, b, g + L)``, and the
+        rows without any allowed key ``(Bf or 1, nb, b, 1)``, or ``None`` when there are none
+        (padding rows of the last block included)."""
+        if self._all_allowed is None:
+            allowed = self._allowed(slice(None))
+            empty = ~allowed.any(-1, keepdim=True)
+            self._all_allowed = (~allowed, empty if bool(empty.any()) else None)
+        return self._all_allowed
+
+    def _sdpa_mask(self) -> tuple[Tensor, Tensor | None]:
+        """``(allowed, ~has)`` for the fused SDPA kernel: rows without keys attend everywhere
+        (their output is then set to 0), so that no row of the kernel is all ``-inf``."""
+        if self._sdpa_allowed is None:
+            disallowed, empty = self._allowed_slabs()
+            allowed = ~disallowed
+            self._sdpa_allowed = allowed if empty is None else allowed | empty
+        return self._sdpa_allowed, self._allowed_slabs()[1]
+
     def propagate(self, x: Tensor) -> Tensor:
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
         q, k = self._flat()
         n = self.num_nodes
-        everything = slice(None)
-        grad_mode = torch.is_grad_enabled()
-        if self._all_allowed is None or self._all_keys is None or self._keys_grad_mode != grad_mode:
-            self._keys_grad_mode = grad_mode  # slabs made without grad must not serve backward
-            allowed = self._allowed(everything)  # (Bf or 1, nb, b, g + L)
-            if self._key_mask is not None:  # rows without edges attend anywhere, then are 0
-                allowed = allowed | ~allowed.any(-1, keepdim=True)
-            self._all_allowed, self._all_keys = allowed, self._keys(k, everything)
-        y = F.scaled_dot_product_attention(
-            self._blocks_of(q), self._all_keys, self._keys(xf, everything),
-            attn_mask=self._all_allowed, scale=self.scale,
-        )  # fmt: skip  # (Bf, nb, b, C)
+        y = window_attention(self, q, k, xf)  # (Bf, nb, b, C); rows without edges are 0
         y = y.reshape(q.shape[0], -1, xf.shape[-1])[:, :n]  # (Bf, N, C)
-        if self._key_mask is not None:
-            y = y * self.row_has_edge().reshape(q.shape[0], n, 1)
         if self.num_global:
             ga = self._global_allowed()
             g_has = ga.any(-1, keepdim=True)
