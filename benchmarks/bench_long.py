@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -70,21 +71,33 @@ def fwd_bwd(layer: torch.nn.Module, x: torch.Tensor) -> Callable[[], None]:
 
 
 def child(kind: str, n: int) -> dict[str, object]:
-    """One timed forward + backward and its peak memory, in this (fresh) process."""
-    layer = window_layer(LAYERS[kind])
+    """One timed forward + backward (or, for ``KIND-forward``, a forward pass without
+    gradients) and its peak memory, in this (fresh) process."""
+    forward_only = kind.endswith("-forward")
+    layer = window_layer(LAYERS[kind.removesuffix("-forward")])
     fwd_bwd(layer, torch.randn(1, 256, D, requires_grad=True))()  # warm-up, tiny
-    x = torch.randn(1, n, D, requires_grad=True)
+    x = torch.randn(1, n, D, requires_grad=not forward_only)
     with PeakRSS() as peak:
         start = time.perf_counter()
-        fwd_bwd(layer, x)()
+        if forward_only:
+            with torch.no_grad():
+                layer(x)
+        else:
+            fwd_bwd(layer, x)()
         seconds = time.perf_counter() - start
     return {"time": seconds, "peak": peak.extra, "method": peak.method}
 
 
-def scaling(ns: list[int]) -> None:
+def scaling(ns: list[int], memory_limit: float) -> None:
     rows, by = [], {}
     for kind in LAYERS:
         for n in ns:
+            previous = by.get((kind, n // 4), {}).get("peak")
+            if previous and previous * 4.2 > memory_limit:  # a child killed for memory takes
+                by[kind, n] = {"error": "skipped"}  # minutes and may take others with it
+                rows.append([kind, n, "-", f"~{fmt_bytes(previous * 4)} extrapolated", "skipped: "
+                             f"above --memory-limit {fmt_bytes(memory_limit)}"])  # fmt: skip
+                continue
             res = run_child(__file__, ["--child", kind, "--n", str(n)], timeout=3600)
             by[kind, n] = res
             rows.append([kind, n, fmt_time(res.get("time")), fmt_bytes(res.get("peak")),
@@ -94,6 +107,9 @@ def scaling(ns: list[int]) -> None:
         rows,
         title=f"## window[w={W}] layer, H={H}, Dh={DH}, causal, B=1 (child processes)",
     )
+    res = run_child(__file__, ["--child", "heat-forward", "--n", str(ns[-1])], timeout=3600)
+    print(f"heat heads, forward only (no gradients), N={ns[-1]}: {fmt_time(res.get('time'))}, "
+          f"peak extra {fmt_bytes(res.get('peak'))} {res.get('error', '')}")  # fmt: skip
     lo, hi = 64 * 1024 if 64 * 1024 in ns else ns[0], ns[-1]
     for kind in LAYERS:
         a, b = by[kind, lo], by[kind, hi]
@@ -106,6 +122,9 @@ def scaling(ns: list[int]) -> None:
             if b.get("peak"):
                 target(f"{kind}: peak memory at N={hi} (GB)", b["peak"] / 1e9, 16.0,
                        higher_is_better=False)  # fmt: skip
+        else:
+            print(f"FAIL  {kind}: N={hi} did not run ({b.get('error', 'no result')}): no time "
+                  "ratio and no peak memory measured")  # fmt: skip
 
 
 class BandMaskedLaplacian(torch.nn.Module):
@@ -203,11 +222,23 @@ def heat(repeats: int) -> None:
            0.75)  # fmt: skip
 
 
+def _total_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
     parser.add_argument("--sections", default="scaling,dense,rate,heat")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--memory-limit", type=float, default=0.8 * _total_memory(),
+        help="skip a scaling run whose peak, extrapolated linearly from N/4, would exceed this "
+        "many bytes (default 80%% of this machine's memory)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", type=Path, help="also write the machine info here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -224,7 +255,7 @@ def main() -> None:
     sections = set(args.sections.split(","))
     ns = [4096, 16384] if args.quick else [16384, 65536, 262144, 1 << 20]
     if "scaling" in sections:
-        scaling(ns)
+        scaling(ns, args.memory_limit)
     if "dense" in sections:
         dense(4096 if args.quick else 16384, args.repeats)
     if "rate" in sections:
