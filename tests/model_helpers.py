@@ -8,7 +8,8 @@ DESIGN.md, never with heatformer's graph code:
   allowed key is 0;
 - attention ``P v``; Laplacian ``step * L v``; heat ``expm(-t L) v`` (``scipy.linalg.expm``);
   PPR ``alpha (I - (1 - alpha) A)^{-1} v``; polynomial ``sum_k c_k L^k v``, with the three
-  normalizations (self-loops kept, pseudo-inverse degrees).
+  normalizations (self-loops kept, pseudo-inverse degrees); mean pooling ``scale * U v``
+  with ``U`` uniform over each row's allowed keys.
 
 Test modules import it directly (``import model_helpers as mh``; ``tests/`` is on
 ``sys.path``).
@@ -80,7 +81,16 @@ REFERENCES: dict[str, Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]] 
         c * np.linalg.matrix_power(laplacian_reference(p, op.normalization), i) @ v
         for i, c in enumerate(to_numpy(op.coeffs))
     ),
+    "mean": lambda op, p, v, h: float(op.scale) * uniform_reference(p) @ v,
 }
+
+
+def uniform_reference(p: np.ndarray) -> np.ndarray:
+    """The uniform random walk on the non-zero pattern of ``p``: ``1[p != 0] / |N(i)|``, a row
+    without entries 0 (mean pooling over the keys each query may attend)."""
+    edges = (p != 0).astype(np.float64)
+    count = edges.sum(-1, keepdims=True)
+    return np.divide(edges, count, out=np.zeros_like(edges), where=count > 0)
 
 
 def spectral_ref(op: DiffusionOperator, p: np.ndarray, v: np.ndarray) -> np.ndarray:

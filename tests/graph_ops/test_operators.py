@@ -14,6 +14,7 @@ from heatformer.graph_ops import (
     DenseGraph,
     HeatKernel,
     Laplacian,
+    MeanPooling,
     PersonalizedPageRank,
     Polynomial,
     SymmetrizedGraph,
@@ -287,6 +288,7 @@ def test_registry_lists_every_operator() -> None:
         "heat": HeatKernel,
         "ppr": PersonalizedPageRank,
         "polynomial": Polynomial,
+        "mean": MeanPooling,
     }
     for name, cls in OPERATORS.items():
         assert cls.name == name

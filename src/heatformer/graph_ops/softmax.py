@@ -204,7 +204,13 @@ class SoftmaxGraph(Graph):
                 allowed = allowed.expand(k.shape[0], -1, -1).gather(-1, idx)
             # a kept entry that is not allowed (a row with fewer than k keys) stays a
             # structural zero: no gradient flows through it
-            return self._masked_softmax(s, allowed, cut_gradient=True)
+            p = self._masked_softmax(s, allowed, cut_gradient=True)
+            # a kept allowed key keeps a positive weight where its softmax underflows (at least
+            # the dtype's smallest subnormal, below its rounding), so that the positive entries
+            # of a top-k graph are its edges in every dtype (what mean pooling reads)
+            info = torch.finfo(p.dtype)
+            least = p.clamp_min(info.tiny * info.eps)
+            return least if allowed is None else torch.where(allowed, least, p)
 
         q, k = self._flat()
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):

@@ -18,6 +18,7 @@ from heatformer.graph_ops.operators.attention import Attention
 from heatformer.graph_ops.operators.base import DiffusionOperator, NormalizedOperator
 from heatformer.graph_ops.operators.heat import HeatKernel
 from heatformer.graph_ops.operators.laplacian import Laplacian
+from heatformer.graph_ops.operators.mean import MeanPooling
 from heatformer.graph_ops.operators.polynomial import Polynomial
 from heatformer.graph_ops.operators.ppr import PPR_METHODS, PersonalizedPageRank, ppr_order
 
@@ -28,6 +29,7 @@ __all__ = [
     "DiffusionOperator",
     "HeatKernel",
     "Laplacian",
+    "MeanPooling",
     "NormalizedOperator",
     "PersonalizedPageRank",
     "Polynomial",
@@ -43,6 +45,7 @@ OPERATORS: dict[str, type[DiffusionOperator]] = {
     "heat": HeatKernel,
     "ppr": PersonalizedPageRank,
     "polynomial": Polynomial,
+    "mean": MeanPooling,
 }
 _ALIASES = {"pagerank": "ppr", "personalized_pagerank": "ppr", "poly": "polynomial"}
 
@@ -58,7 +61,7 @@ def resolve_operator(
 
     Args:
         name: one of ``"attention"``, ``"laplacian"``, ``"heat"``, ``"ppr"`` (alias
-            ``"pagerank"``), ``"polynomial"``; case-insensitive.
+            ``"pagerank"``), ``"polynomial"``, ``"mean"`` (mean pooling); case-insensitive.
         device, dtype: factory kwargs for operators with parameters (a learnable ``t`` is
             created in ``dtype`` directly, never rounded through float32 first).
         **kwargs: the operator's constructor arguments, e.g. ``t=2.0``.

@@ -13,6 +13,8 @@ eigenvalue ``lam``.
 - ``PersonalizedPageRank(alpha)``: ``alpha sum_k (1-alpha)^k A^k x``; response
   ``alpha / (1 - (1-alpha)(1-lam))``.
 - ``Polynomial(c)``: ``sum_k c_k L^k x``; response ``sum_k c_k lam^k``.
+- ``MeanPooling()``: ``U x``, the mean over the allowed keys (``U`` uniform on the graph's
+  structure, the weights ignored); response ``1 - lam`` on ``U``'s own Laplacian.
 
 Strings become operators only through :func:`~heatformer.graph_ops.resolve_operator`; each
 operator is one module of this package plus one entry of
