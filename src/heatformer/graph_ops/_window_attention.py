@@ -54,9 +54,9 @@ class _Slabs:
     """The padded ``q`` blocks, ``k`` and ``x`` of one call, made once and viewed per run of
     blocks (in the working dtype: float32 for half-precision inputs)."""
 
-    def __init__(self, graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor) -> None:
+    def __init__(self, graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor, work: bool) -> None:
         self.graph = graph
-        self.q, self.k, self.x = _work(q), _work(k), _work(x)
+        self.q, self.k, self.x = (_work(q), _work(k), _work(x)) if work else (q, k, x)
         self.q_blocks = graph._blocks_of(self.q)  # (Bf, nb, b, E)
         self.k_pad = graph._pad_for_slabs(self.k)  # (Bf, P, E)
         self.x_pad = graph._pad_for_slabs(self.x)  # (Bf, P, C)
@@ -150,15 +150,16 @@ class WindowAttention(torch.autograd.Function):
         graph: WindowGraph = ctx.graph
         saved = ctx.saved_tensors  # unpacked once (a checkpointed caller allows no more)
         q, k, x = saved[:3]
-        slabs = _Slabs(graph, q, k, x)
+        slabs = _Slabs(graph, q, k, x, work=not ctx.fused)  # the fused kernels take half too
         bf, n = q.shape[0], graph.num_nodes
         g, before = graph.num_global, graph._before()
         b = graph.row_block
         rows = (graph._num_blocks() - 1 + -(-graph._slab() // b)) * b  # >= P, a multiple of b
-        dk_pad = slabs.k.new_zeros(bf, rows, k.shape[-1])
-        dx_pad = slabs.x.new_zeros(bf, rows, x.shape[-1])
+        acc = torch.float32 if q.dtype in _HALF else q.dtype  # sums of blocks in float32
+        dk_pad = q.new_zeros(bf, rows, k.shape[-1], dtype=acc)
+        dx_pad = q.new_zeros(bf, rows, x.shape[-1], dtype=acc)
         nb = graph._num_blocks()
-        dq = slabs.q.new_empty(bf, nb, b, q.shape[-1])  # (Bf, nb, b, E)
+        dq = q.new_empty(bf, nb, b, q.shape[-1], dtype=acc)  # (Bf, nb, b, E)
         allowed, empty = graph._sdpa_mask()
         for blocks in graph._chunks(g + graph._slab()):
             kb = slabs.keys(blocks)  # (Bf, nb', g + L, E)
