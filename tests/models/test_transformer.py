@@ -332,7 +332,7 @@ def test_vit_shapes_and_patch_permutation_invariance(pool) -> None:
 def test_vit_errors() -> None:
     with pytest.raises(ValueError, match=r"patch_size: expected a divisor of image_size \(8\)"):
         ViT(ViTConfig(image_size=8, patch_size=3))
-    with pytest.raises(ValueError, match="pool: expected 'cls' or 'mean', got 'max'"):
+    with pytest.raises(ValueError, match="pool: expected 'cls', 'mean' or 'avg', got 'max'"):
         ViT(ViTConfig(pool="max"))
     model = ViT(ViTConfig(n_layer=1, n_head=2, n_embd=8))
     with pytest.raises(

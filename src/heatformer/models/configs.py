@@ -10,6 +10,7 @@ sequence, an unknown graph kind) is refused when it is made.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -107,7 +108,15 @@ class ViTConfig(_StackConfig):
     patch_size: int = 2
     in_channels: int = 1
     num_classes: int = 10
-    pool: str = "cls"  # "cls" token or "mean" of the patch tokens
+    # "cls" token; "mean" of the patch tokens after the final norm; "avg": the mean, then the
+    # norm (timm's global_pool="avg" order)
+    pool: str = "cls"
+    # ---- the DeiT-3 recipe (Touvron et al., 2022): 1e-6, 1e-6, 1e-6, False --------------------
+    layer_scale_init: float | None = None  # LayerScale on both residual branches; None: none
+    norm_eps: float = 1e-5  # eps of every LayerNorm (blocks and final norm)
+    qk_norm_eps: float = 1e-5  # eps of the QK-norm LayerNorms (with qk_norm=True)
+    pos_embed_cls: bool = True  # False: position embedding on the patches only (no_embed_class)
+    drop_path: float = 0.0  # stochastic depth, linear from 0 (first block) to this (last)
 
     _sizes = (*_StackConfig._sizes, "image_size", "patch_size", "in_channels", "num_classes")
 
@@ -119,12 +128,33 @@ class ViTConfig(_StackConfig):
                 "patch_size",
                 f"expected a divisor of image_size ({self.image_size}), got {self.patch_size}",
             )
-        if self.pool not in ("cls", "mean"):
-            raise checks.bad_value("pool", f"expected 'cls' or 'mean', got {self.pool!r}")
+        if self.pool not in ("cls", "mean", "avg"):
+            raise checks.bad_value("pool", f"expected 'cls', 'mean' or 'avg', got {self.pool!r}")
+        if self.layer_scale_init is not None:
+            _check_finite_float("layer_scale_init", self.layer_scale_init, "or None")
+        for name in ("norm_eps", "qk_norm_eps"):
+            value = _check_finite_float(name, getattr(self, name))
+            if not value > 0:
+                raise checks.bad_value(name, f"expected a float > 0, got {value}")
+        checks.check_bool("pos_embed_cls", self.pos_embed_cls)
+        rate = _check_finite_float("drop_path", self.drop_path)
+        if not 0.0 <= rate < 1.0:
+            raise checks.bad_value("drop_path", f"expected a probability in [0, 1), got {rate}")
         super().__post_init__()
 
     def max_tokens(self) -> int:
         return (self.image_size // self.patch_size) ** 2 + (1 if self.pool == "cls" else 0)
+
+
+def _check_finite_float(name: str, value: object, also: str = "") -> float:
+    """A finite int or float (not a bool): ``TypeError`` for another kind, ``ValueError`` for
+    inf/NaN, both naming ``name``."""
+    expected = f"a finite float{' ' + also if also else ''}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise checks.bad_type(name, f"expected {expected}, got {value!r}")
+    if not math.isfinite(value):
+        raise checks.bad_value(name, f"expected {expected}, got {value}")
+    return float(value)
 
 
 @dataclass(frozen=True, kw_only=True)

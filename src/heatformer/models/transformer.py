@@ -8,7 +8,6 @@ whose ``heads`` and ``graph`` fields give each layer its head spec and graph kin
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -19,15 +18,14 @@ from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer._atomic import atomic_write
-from heatformer.graph_ops import Graph, GraphBuilder
-from heatformer.models.attention import DiffusionAttention, KVCache
+from heatformer.graph_ops import Graph
+from heatformer.models.attention import KVCache
+from heatformer.models.blocks import MLP, TransformerBlock, _blocks, _init_weights
 from heatformer.models.configs import (
     GPTConfig,
     SequenceClassifierConfig,
     ViTConfig,
-    _StackConfig,
 )
-from heatformer.models.heads import parse_layer_heads
 
 __all__ = [
     "GPT",
@@ -41,107 +39,6 @@ __all__ = [
     "load_model",
     "save_model",
 ]
-
-
-class MLP(nn.Module):
-    """Position-wise feed-forward: ``Linear(D, rD) -> GELU -> Linear(rD, D) -> dropout``."""
-
-    def __init__(self, embed_dim: int, ratio: int = 4, dropout: float = 0.0, bias: bool = True):
-        super().__init__()
-        self.fc = nn.Linear(embed_dim, ratio * embed_dim, bias=bias)
-        self.proj = nn.Linear(ratio * embed_dim, embed_dim, bias=bias)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.dropout(self.proj(F.gelu(self.fc(x))))
-        return out
-
-
-class TransformerBlock(nn.Module):
-    """Pre-LN block: ``x + attn(LN(x))`` then ``x + mlp(LN(x))``.
-
-    Args:
-        embed_dim: ``D``.
-        num_heads: ``H``.
-        operators: head spec or per-head operators (see :class:`DiffusionAttention`).
-        graph, topk, causal, qk_norm, zero_init: passed to :class:`DiffusionAttention`.
-        dropout: on the attention head outputs, the MLP output and the residual branches.
-        bias: biases in linear layers and LayerNorms.
-        mlp_ratio: hidden width of the MLP in units of ``D``.
-
-    Shape:
-        ``x``: ``(B, N, D)`` -> ``(B, N, D)``.
-    """
-
-    def __init__(
-        self,
-        embed_dim: int,
-        num_heads: int,
-        operators: Any = "attention",
-        *,
-        graph: str | GraphBuilder = "softmax",
-        topk: int | None = None,
-        causal: bool = False,
-        dropout: float = 0.0,
-        bias: bool = True,
-        qk_norm: bool = False,
-        zero_init: bool = False,
-        mlp_ratio: int = 4,
-    ) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(embed_dim, bias=bias)
-        self.attn = DiffusionAttention(
-            embed_dim, num_heads, operators, graph=graph, topk=topk, causal=causal,
-            dropout=dropout, bias=bias, qk_norm=qk_norm, zero_init=zero_init,
-        )  # fmt: skip
-        self.ln2 = nn.LayerNorm(embed_dim, bias=bias)
-        self.mlp = MLP(embed_dim, mlp_ratio, dropout, bias)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(
-        self, x: Tensor, key_mask: Tensor | None = None, cache: KVCache | None = None
-    ) -> Tensor:
-        a = self.attn(self.ln1(x), key_mask, cache=cache)
-        x = x + self.dropout(a)
-        x = x + self.mlp(self.ln2(x))
-        return x
-
-
-def _init_weights(model: nn.Module, n_layer: int) -> None:
-    """GPT-2 initialization: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv2d)):
-            std = 0.02
-            if name.endswith("attn.out_proj") or name.endswith("mlp.proj"):
-                std = 0.02 / math.sqrt(2 * n_layer)
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            bias = getattr(module, "bias", None)
-            if bias is not None:
-                nn.init.zeros_(bias)
-    for module in model.modules():
-        if isinstance(module, DiffusionAttention) and module.zero_init:
-            nn.init.zeros_(module.out_proj.weight)
-
-
-def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
-    """The ``n_layer`` blocks a config describes (one head spec and graph kind per layer)."""
-    return nn.ModuleList(
-        TransformerBlock(
-            config.n_embd,
-            config.n_head,
-            spec,
-            graph=graph,
-            causal=causal,
-            dropout=config.dropout,
-            bias=config.bias,
-            qk_norm=config.qk_norm,
-            zero_init=config.zero_init,
-            mlp_ratio=config.mlp_ratio,
-        )
-        for spec, graph in zip(
-            parse_layer_heads(config.heads, config.n_layer), config.layer_graphs(), strict=True
-        )
-    )
 
 
 def _check_token_ids(idx: Tensor, vocab_size: int) -> None:
@@ -325,6 +222,20 @@ class GPT(_ConfigModel):
 class ViT(_ConfigModel):
     """Vision transformer: patch embedding, non-causal diffusion blocks, cls or mean pooling.
 
+    With ``ViTConfig(layer_scale_init=1e-6, norm_eps=1e-6, qk_norm=True, qk_norm_eps=1e-6,
+    pos_embed_cls=False)`` it is the DeiT-3 recipe (Touvron et al., 2022) and, with the same
+    weights, computes what timm's ``VisionTransformer`` (``no_embed_class=True``,
+    ``init_values=1e-6``, LayerNorm eps 1e-6) computes; ``pool="avg"`` is timm's
+    ``global_pool="avg"`` (the mean of the tokens, then the norm), ``drop_path`` its
+    ``drop_path_rate``.
+
+    Equivalent to::
+
+        x = patches(images) (+ pos if not pos_embed_cls); x = [cls; x] (+ pos if pos_embed_cls)
+        for each block: x = x + dp(ls1(attn(ln1(x)))); x = x + dp(ls2(mlp(ln2(x))))
+        pooled = ln_f(x)[:, 0] ("cls") | ln_f(x).mean(1) ("mean") | ln_f(x.mean(1)) ("avg")
+        head(pooled)
+
     Shape:
         ``forward(images)``: ``(B, C, H, W)`` -> logits ``(B, num_classes)``.
 
@@ -348,10 +259,13 @@ class ViT(_ConfigModel):
         )
         extra = 1 if config.pool == "cls" else 0
         self.cls = nn.Parameter(torch.zeros(1, 1, config.n_embd)) if extra else None
-        self.pos = nn.Parameter(torch.zeros(1, num_patches + extra, config.n_embd))
+        # with pos_embed_cls=False the cls token gets no position embedding (timm's
+        # no_embed_class): one position per patch
+        positions = num_patches + (extra if config.pos_embed_cls else 0)
+        self.pos = nn.Parameter(torch.zeros(1, positions, config.n_embd))
         self.drop = nn.Dropout(config.dropout)
         self.blocks = _blocks(config, causal=False)
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
         self.head = nn.Linear(config.n_embd, config.num_classes)
         _init_weights(self, config.n_layer)
         nn.init.normal_(self.pos, std=0.02)
@@ -367,13 +281,20 @@ class ViT(_ConfigModel):
             got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
             raise checks.bad_value("images", f"expected shape (B, {c}, {s}, {s}), got {got}")
         x = self.patch(images).flatten(2).transpose(1, 2)  # (B, P, D)
+        if not self.config.pos_embed_cls:  # positions on the patches only
+            x = x + self.pos
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + P, D)
-        x = self.drop(x + self.pos)
+        if self.config.pos_embed_cls:
+            x = x + self.pos
+        x = self.drop(x)
         graphs: list[Graph] | None = [] if return_graphs else None
         x = _run_blocks(self.blocks, x, None, graphs)
-        x = self.ln_f(x)
-        pooled = x[:, 0] if self.cls is not None else x.mean(1)  # (B, D)
+        if self.config.pool == "avg":  # timm's order: the mean of the tokens, then the norm
+            pooled = self.ln_f(x.mean(1))  # (B, D)
+        else:
+            x = self.ln_f(x)
+            pooled = x[:, 0] if self.cls is not None else x.mean(1)  # (B, D)
         logits: Tensor = self.head(pooled)
         return (logits, graphs) if graphs is not None else logits
 
