@@ -14,7 +14,7 @@ Every configuration is one ``heatformer compare`` (printed before it runs; a fin
 read back, an interrupted one resumed), and the table at the end is what docs/reproducing.md
 shows.
 
-    python benchmarks/long_range.py --out runs/long-range        # about 1.5 hours on 2 cores
+    python benchmarks/long_range.py --out runs/long-range        # 2-3 hours on 2 cores
     python benchmarks/long_range.py --out runs/long-range --lengths 4096
 """
 
