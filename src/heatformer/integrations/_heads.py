@@ -40,7 +40,7 @@ from heatformer.graph_ops import (
     SoftmaxGraph,
     resolve_graph,
 )
-from heatformer.models.heads import format_heads, parse_heads
+from heatformer.models.heads import format_heads, group_heads, parse_heads
 
 __all__ = ["AttentionMask", "HeadOperators", "in_module"]
 
@@ -133,18 +133,8 @@ class HeadOperators(nn.Module):
         self.num_heads = num_heads
         self.spec = format_heads(head_ops)
         self.graph_kind = resolve_graph(graph)
-        unique: list[DiffusionOperator] = []
-        heads_of: list[list[int]] = []
-        for h, op in enumerate(head_ops):
-            for i, u in enumerate(unique):
-                if u is op:
-                    heads_of[i].append(h)
-                    break
-            else:
-                unique.append(op)
-                heads_of.append([h])
-        self.operators = nn.ModuleList(unique)
-        self._groups = list(zip(unique, heads_of))
+        self._groups = group_heads(head_ops)
+        self.operators = nn.ModuleList([op for op, _ in self._groups])  # registers parameters
         self._fused = sorted(
             h for op, hs in self._groups for h in hs if op.affine_coefficients() is not None
         )

@@ -44,7 +44,7 @@ from heatformer.graph_ops import (
     resolve_graph,
 )
 from heatformer.models.cache import KVCache
-from heatformer.models.heads import format_heads, parse_heads
+from heatformer.models.heads import format_heads, group_heads, parse_heads
 
 __all__ = ["DiffusionAttention", "KVCache"]
 
@@ -163,16 +163,8 @@ class DiffusionAttention(nn.Module):
         head_ops = parse_heads(operators, num_heads, **factory)  # names: made in dtype
         self.spec = format_heads(head_ops)
         # unique operators (parameters register once) and the heads each one serves
-        unique: list[DiffusionOperator] = []
-        heads_of: list[list[int]] = []
-        for h, op in enumerate(head_ops):
-            for i, u in enumerate(unique):
-                if u is op:
-                    heads_of[i].append(h)
-                    break
-            else:
-                unique.append(op)
-                heads_of.append([h])
+        groups = group_heads(head_ops)
+        unique = [op for op, _ in groups]
         if self.causal:
             future = [op.name for op in unique if op.reads_transpose]
             if future:
@@ -188,7 +180,7 @@ class DiffusionAttention(nn.Module):
             if any(op is item for item in given):
                 op.to(**factory)
         self.operators = nn.ModuleList(unique)  # registers parameters
-        self._groups: list[tuple[DiffusionOperator, list[int]]] = list(zip(unique, heads_of))
+        self._groups: list[tuple[DiffusionOperator, list[int]]] = groups
         self._fused_heads = sorted(
             h for op, hs in self._groups for h in hs if op.affine_coefficients() is not None
         )

@@ -29,6 +29,7 @@ __all__ = [
     "count_heads",
     "format_heads",
     "format_operator",
+    "group_heads",
     "parse_heads",
     "parse_layer_graphs",
     "parse_layer_heads",
@@ -266,3 +267,17 @@ def format_heads(ops: Sequence[DiffusionOperator]) -> str:
         else:
             parts.append((op.name, 1))
     return ",".join(f"{name}:{count}" for name, count in parts)
+
+
+def group_heads(ops: Sequence[DiffusionOperator]) -> list[tuple[DiffusionOperator, list[int]]]:
+    """The distinct operator objects of a head list (parameters register once) and the heads
+    each one serves, in order of first appearance: ``[(op, [h, ...]), ...]``."""
+    groups: list[tuple[DiffusionOperator, list[int]]] = []
+    for h, op in enumerate(ops):
+        for u, heads in groups:
+            if u is op:
+                heads.append(h)
+                break
+        else:
+            groups.append((op, [h]))
+    return groups
