@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
 from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
+from heatformer.models.attention import check_multihead_attention
 from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 
 __all__ = ["MultiheadDiffusionAttention", "convert"]
@@ -138,14 +139,7 @@ class MultiheadDiffusionAttention(nn.Module):
             ValueError: ``kdim``/``vdim`` different from ``embed_dim``, ``add_bias_kv``,
                 ``add_zero_attn``.
         """
-        if not isinstance(mha, nn.MultiheadAttention):
-            raise checks.bad_type(
-                "mha", f"expected nn.MultiheadAttention, got {type(mha).__name__}"
-            )
-        if not mha._qkv_same_embed_dim:
-            raise checks.bad_value("mha", "kdim/vdim different from embed_dim are not supported")
-        if mha.bias_k is not None or mha.add_zero_attn:
-            raise checks.bad_value("mha", "add_bias_kv and add_zero_attn are not supported")
+        check_multihead_attention(mha)
         w = mha.in_proj_weight
         layer = cls(
             mha.embed_dim, mha.num_heads, mha.dropout, bias=mha.in_proj_bias is not None,

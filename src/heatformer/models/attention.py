@@ -411,14 +411,7 @@ class DiffusionAttention(nn.Module):
             ValueError: for MHA features with no counterpart here (``kdim``/``vdim`` different
                 from ``embed_dim``, ``add_bias_kv``, ``add_zero_attn``).
         """
-        if not isinstance(mha, nn.MultiheadAttention):
-            raise checks.bad_type(
-                "mha", f"expected nn.MultiheadAttention, got {type(mha).__name__}"
-            )
-        if not mha._qkv_same_embed_dim:
-            raise checks.bad_value("mha", "kdim/vdim different from embed_dim are not supported")
-        if mha.bias_k is not None or mha.add_zero_attn:
-            raise checks.bad_value("mha", "add_bias_kv and add_zero_attn are not supported")
+        check_multihead_attention(mha)
         w = mha.in_proj_weight
         layer = cls(
             mha.embed_dim, mha.num_heads, operators, bias=mha.in_proj_bias is not None,
@@ -485,3 +478,19 @@ def _graph_kind(graph: str | GraphBuilder, topk: int | None) -> GraphBuilder:
             f"is shorthand for graph='topk[k=...]'; expected it alone, got graph={kind.spec!r}",
         )
     return resolve_graph(f"topk[k={topk}]")
+
+
+def check_multihead_attention(mha: object) -> None:
+    """Refuse what a heatformer layer cannot copy from an :class:`torch.nn.MultiheadAttention`.
+
+    Raises:
+        TypeError: ``mha`` is not one.
+        ValueError: ``kdim``/``vdim`` different from ``embed_dim``, ``add_bias_kv``,
+            ``add_zero_attn``.
+    """
+    if not isinstance(mha, nn.MultiheadAttention):
+        raise checks.bad_type("mha", f"expected nn.MultiheadAttention, got {type(mha).__name__}")
+    if not mha._qkv_same_embed_dim:
+        raise checks.bad_value("mha", "kdim/vdim different from embed_dim are not supported")
+    if mha.bias_k is not None or mha.add_zero_attn:
+        raise checks.bad_value("mha", "add_bias_kv and add_zero_attn are not supported")
