@@ -102,7 +102,7 @@ def _fold_add(out: Tensor, parts: Tensor, first_block: int, graph: WindowGraph) 
 FUSED_CPU = True
 
 
-def _fused(graph: WindowGraph, q: Tensor, x: Tensor) -> bool:
+def _fused(q: Tensor, x: Tensor) -> bool:
     return FUSED_CPU and q.device.type == "cpu" and x.shape[-1] == q.shape[-1]
 
 
@@ -122,7 +122,7 @@ class WindowAttention(torch.autograd.Function):
         allowed, empty = graph._sdpa_mask()
         q_blocks = graph._blocks_of(q)  # (Bf, nb, b, E)
         k_pad, x_pad = graph._pad_for_slabs(k), graph._pad_for_slabs(x)
-        fused = _fused(graph, q, x)
+        fused = _fused(q, x)
         ys, lses = [], []
         for blocks in graph._chunks(graph.num_global + graph._slab()):
             qb, kb = q_blocks[:, blocks], graph._keys(k, blocks, k_pad)
