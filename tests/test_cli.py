@@ -105,7 +105,7 @@ def test_python_m_heatformer_runs_the_command() -> None:
     [
         (
             ["compare", "--task", "nope"],
-            "task: expected one of ['chars', 'digits', 'recall'], got 'nope'",
+            "task: expected one of ['chars', 'digits', 'recall', 'stdlib'], got 'nope'",
         ),
         (["compare", "--heads", "laplacain:2"], "unknown operator 'laplacain'"),
         (["compare", "--heads", "attention:3,laplacian:2"], "--embd: expected a multiple of the 5"),
@@ -137,7 +137,7 @@ def test_python_m_heatformer_runs_the_command() -> None:
         (["train", "--threads", "0"], "--threads: expected a positive int, got 0"),
         (
             ["train", "--task", "digits", "--seq-len", "8"],
-            "--seq-len: only the 'chars' and 'recall' tasks use it, got task 'digits'",
+            "--seq-len: only the 'chars', 'recall' and 'stdlib' tasks use it, got task 'digits'",
         ),
         (["train", "--task", "recall", "--max-bytes", "99"], "--max-bytes: only the 'chars' task"),
         (["train", "--task", "chars", "--patch-size", "4"], "--patch-size: only the 'digits' task"),

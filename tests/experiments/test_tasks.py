@@ -24,7 +24,15 @@ from heatformer.experiments import (
     register_task,
     resolve_task,
 )
-from heatformer.experiments.tasks import Chars, Digits, Recall, check_task, options_by_name
+from heatformer.experiments.tasks import (
+    Chars,
+    Digits,
+    Recall,
+    Stdlib,
+    StdlibTask,
+    check_task,
+    options_by_name,
+)
 
 
 @pytest.fixture()
@@ -45,17 +53,28 @@ def _chars_data() -> CharsTask:
                      source="<bytes>")  # fmt: skip
 
 
+def _stdlib_data() -> StdlibTask:
+    files = [b"import os\n" * 3, b"def f():\n    return 1\n" * 2, b"class A:\n    pass\n" * 2]
+    sizes = tuple((len(data),) for data in files)
+    stream = torch.tensor(list(b"".join(files)), dtype=torch.uint8)
+    return StdlibTask(
+        classes=("a", "b", "c"), train_files=(("a/x.py",), ("b/x.py",), ("c/x.py",)),
+        train_sizes=sizes, test_files=(("a/y.py",), ("b/y.py",), ("c/y.py",)), test_sizes=sizes,
+        train=stream, test=stream.clone(), seq_len=12, eval_per_class=4, source="<bytes>",
+    )  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- built-ins
 
 
 def test_builtin_tasks_are_the_registry_entries() -> None:
-    assert TASK_NAMES == ("chars", "digits", "recall")
-    assert [TASKS[name] for name in TASK_NAMES] == [Chars, Digits, Recall]
+    assert TASK_NAMES == ("chars", "digits", "recall", "stdlib")
+    assert [TASKS[name] for name in TASK_NAMES] == [Chars, Digits, Recall, Stdlib]
     for name in TASK_NAMES:
         assert check_task(TASKS[name]) is TASKS[name]
         assert resolve_task(name).name == name
     with pytest.raises(
-        ValueError, match=re.escape("expected one of ['chars', 'digits', 'recall']")
+        ValueError, match=re.escape("expected one of ['chars', 'digits', 'recall', 'stdlib']")
     ):
         resolve_task("char")
 
@@ -73,13 +92,13 @@ def test_defaults_are_declared_once_in_the_task() -> None:
     assert "digits: images in the analysis batch (capped by the test split) (default 512)" in (
         help_text
     )
-    assert "chars, recall: sequence length (default 128)" in help_text
+    assert "chars, recall, stdlib: sequence length (default 128)" in help_text
 
 
 def test_options_by_name_says_which_tasks_take_an_option() -> None:
     table = options_by_name()
-    assert sorted(table["seq_len"]) == ["chars", "recall"]
-    assert sorted(table["analysis_size"]) == ["chars", "digits", "recall"]
+    assert sorted(table["seq_len"]) == ["chars", "recall", "stdlib"]
+    assert sorted(table["analysis_size"]) == ["chars", "digits", "recall", "stdlib"]
     assert list(table["npz"]) == ["digits"]
     assert table["text"]["chars"].metadata["path"] is True
     assert table["analysis_size"]["chars"].metadata["numbers"] is False
@@ -91,6 +110,7 @@ def test_options_by_name_says_which_tasks_take_an_option() -> None:
         ("chars", _chars_data()),
         ("recall", RecallTask(num_keys=8, num_values=8, num_pairs=2, seq_len=12, val_size=40)),
         ("digits", None),
+        ("stdlib", _stdlib_data()),
     ],
 )
 def test_one_batch_interface_for_every_task(task: str, data: Any) -> None:

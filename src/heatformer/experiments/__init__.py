@@ -4,13 +4,15 @@ Tasks (:mod:`heatformer.experiments.tasks`, one module per task):
 
 - :data:`TASKS` -- name -> :class:`Task`; :func:`register_task` adds one (checked at once),
   :func:`resolve_task` turns a ``--task`` name into it. :data:`TASK_NAMES` are the built-in
-  ones (``"chars"``, ``"digits"``, ``"recall"``).
+  ones (``"chars"``, ``"digits"``, ``"recall"``, ``"stdlib"``).
 - :class:`Task` -- the protocol: options with defaults (a :class:`TaskOptions` dataclass of
   :func:`option` fields), data, model, one batch interface, metrics, analysis batch.
 - :func:`load_task` -- a built-in task's data from its name and the data factory's arguments.
 - :class:`CharsTask` / :func:`load_chars` -- byte-level language modelling, split by file.
 - :class:`DigitsTask` / :func:`load_digits_task` -- 8×8 digit images, stratified split.
 - :class:`RecallTask` -- synthetic associative recall over long sequences.
+- :class:`StdlibTask` / :func:`load_stdlib_task` -- which standard-library package a snippet of
+  Python source comes from, split by file.
 - :func:`bits_per_char` -- nats per byte to bits per character.
 
 The runner (``heatformer train`` / ``compare`` / ``analyze`` on the command line):
@@ -42,11 +44,13 @@ if TYPE_CHECKING:
         CharsTask,
         DigitsTask,
         RecallTask,
+        StdlibTask,
         Task,
         TaskOptions,
         bits_per_char,
         load_chars,
         load_digits_task,
+        load_stdlib_task,
         load_task,
         option,
         register_task,
@@ -70,11 +74,13 @@ _SOURCES = {
     "CharsTask": "tasks",
     "DigitsTask": "tasks",
     "RecallTask": "tasks",
+    "StdlibTask": "tasks",
     "Task": "tasks",
     "TaskOptions": "tasks",
     "bits_per_char": "tasks",
     "load_chars": "tasks",
     "load_digits_task": "tasks",
+    "load_stdlib_task": "tasks",
     "load_task": "tasks",
     "option": "tasks",
     "register_task": "tasks",
@@ -97,6 +103,7 @@ __all__ = [
     "CompareSpec",
     "DigitsTask",
     "RecallTask",
+    "StdlibTask",
     "StopSignal",
     "Task",
     "TaskOptions",
@@ -106,6 +113,7 @@ __all__ = [
     "bits_per_char",
     "load_chars",
     "load_digits_task",
+    "load_stdlib_task",
     "load_task",
     "option",
     "register_task",

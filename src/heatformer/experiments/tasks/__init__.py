@@ -6,6 +6,8 @@ task     data                               model                       metrics
 chars    bytes of text, split by file       causal GPT                  ``val_bpc``, ``val_loss``
 digits   8×8 digit images (or an ``.npz``)  ViT                         ``test_acc``, ``test_loss``
 recall   synthetic key/value recall         causal sequence classifier  ``val_acc``, ``val_loss``
+stdlib   source snippets labelled by        bidirectional sequence      ``test_acc``, ``test_loss``
+         package, split by file             classifier (mean pooling)
 ======== ================================== =========================== ======================
 
 A task is a :class:`Task` subclass (its options with their defaults, data, model, batches,
@@ -23,7 +25,7 @@ Examples:
     >>> resolve_task("recall").Options().seq_len
     128
     >>> sorted(options_by_name()["seq_len"])
-    ['chars', 'recall']
+    ['chars', 'recall', 'stdlib']
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ from heatformer.experiments.tasks.chars import (
 )
 from heatformer.experiments.tasks.digits import Digits, DigitsOptions, DigitsTask, load_digits_task
 from heatformer.experiments.tasks.recall import Recall, RecallOptions, RecallTask
+from heatformer.experiments.tasks.stdlib import (
+    Stdlib,
+    StdlibOptions,
+    StdlibTask,
+    load_stdlib_task,
+)
 
 __all__ = [
     "TASKS",
@@ -58,12 +66,16 @@ __all__ = [
     "Recall",
     "RecallOptions",
     "RecallTask",
+    "Stdlib",
+    "StdlibOptions",
+    "StdlibTask",
     "Task",
     "TaskOptions",
     "autocast",
     "bits_per_char",
     "load_chars",
     "load_digits_task",
+    "load_stdlib_task",
     "load_task",
     "option",
     "options_by_name",
@@ -206,8 +218,8 @@ def load_task(name: str, **kwargs: Any) -> Any:
 
     Args:
         name: ``"chars"`` (:func:`load_chars`), ``"digits"`` (:func:`load_digits_task`),
-            ``"recall"`` (:class:`RecallTask`), or another registered task with a
-            ``data_factory``.
+            ``"recall"`` (:class:`RecallTask`), ``"stdlib"`` (:func:`load_stdlib_task`), or
+            another registered task with a ``data_factory``.
         **kwargs: keyword arguments of that factory.
 
     Returns:
@@ -223,7 +235,7 @@ def load_task(name: str, **kwargs: Any) -> Any:
     return cls.data_factory(**kwargs)
 
 
-for _task in (Chars, Digits, Recall):
+for _task in (Chars, Digits, Recall, Stdlib):
     register_task(_task)
 
 #: The built-in tasks (:data:`TASKS` also holds the ones registered since).
