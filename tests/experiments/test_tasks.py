@@ -33,6 +33,7 @@ from heatformer.experiments.tasks import (
     check_task,
     options_by_name,
 )
+from heatformer.experiments.tasks.digits import VIT_RECIPES
 
 
 @pytest.fixture()
@@ -317,3 +318,32 @@ def test_recall_options_reach_its_data() -> None:
     assert x.shape == (64, 16) and bool((x[:, 0] == 0).all())  # the one key, first
     assert bool((x[:, 1] == y).all())  # its value (ids 1..5) is the target
     assert set(y.tolist()) == {1, 2, 3, 4, 5}
+
+
+@pytest.mark.parametrize("recipe", sorted(VIT_RECIPES))
+def test_the_digits_recipe_sets_those_vit_fields_and_the_model_builds(recipe: str) -> None:
+    from heatformer.models import ViTConfig
+
+    spec = CompareSpec(task="digits", heads=("attention:2",), n_layer=1, n_embd=16,
+                       options={"recipe": recipe, "drop_path": 0.1})  # fmt: skip
+    task = resolve_task("digits")(spec)
+    config = task.model_config("attention:2")
+    defaults = ViTConfig()
+    for name in ("qk_norm", "layer_scale_init", "norm_eps", "qk_norm_eps", "pos_embed_cls"):
+        expected = VIT_RECIPES[recipe].get(name, getattr(defaults, name))
+        assert getattr(config, name) == expected
+    assert config.drop_path == 0.1
+    images, _ = task.train_batch(4, torch.Generator().manual_seed(0))
+    assert task.build_model("attention:2")(images).shape == (4, 10)
+    if recipe == "deit3":  # the paper's DeiT-3 settings
+        assert config.qk_norm and config.layer_scale_init == 1e-6 and config.norm_eps == 1e-6
+        assert not config.pos_embed_cls
+
+
+@pytest.mark.parametrize(
+    ("options", "argument"), [({"recipe": "deit"}, "recipe"), ({"drop_path": 1.0}, "drop_path")]
+)
+def test_a_bad_digits_recipe_names_its_option(options: dict, argument: str) -> None:
+    with pytest.raises(ValueError, match=argument) as info:
+        CompareSpec(task="digits", options=options)
+    assert getattr(info.value, "argument", None) == argument

@@ -34,7 +34,23 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
-__all__ = ["Digits", "DigitsOptions", "DigitsTask", "load_digits_task"]
+__all__ = ["VIT_RECIPES", "Digits", "DigitsOptions", "DigitsTask", "load_digits_task"]
+
+#: The ViT settings each ``recipe`` option stands for (fields of
+#: :class:`~heatformer.models.ViTConfig`). ``deit3`` is the recipe of the DeiT-3 models of
+#: Zhang & Papyan's ViT experiments: pre-LN blocks with QK-norm, LayerScale initialised at
+#: 1e-6 on both residual branches, LayerNorm eps 1e-6 everywhere, and no position embedding
+#: on the cls token (timm's ``no_embed_class``).
+VIT_RECIPES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "deit3": {
+        "qk_norm": True,
+        "layer_scale_init": 1e-6,
+        "norm_eps": 1e-6,
+        "qk_norm_eps": 1e-6,
+        "pos_embed_cls": False,
+    },
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,6 +300,11 @@ class DigitsOptions(TaskOptions):
         "(default: scikit-learn's 8x8 digits)", path=True,
     )  # fmt: skip
     patch_size: int = option(2, "ViT patch size")
+    recipe: str = option(
+        "plain", "ViT recipe: plain | deit3 (QK-norm, LayerScale 1e-6, LayerNorm eps 1e-6, "
+        "no position embedding on the cls token)",
+    )  # fmt: skip
+    drop_path: float = option(0.0, "ViT stochastic depth rate of the last block")
     analysis_size: int = option(
         512, "images in the analysis batch (capped by the test split)", numbers=False
     )
@@ -291,6 +312,10 @@ class DigitsOptions(TaskOptions):
     def __post_init__(self) -> None:
         for name in ("patch_size", "analysis_size"):
             check_positive_int(name, getattr(self, name))
+        if self.recipe not in VIT_RECIPES:
+            raise bad_value("recipe", f"expected one of {sorted(VIT_RECIPES)}, got {self.recipe!r}")
+        if not 0.0 <= self.drop_path < 1.0:  # NaN fails too
+            raise bad_value("drop_path", f"expected a float in [0, 1), got {self.drop_path}")
         if self.npz is not None and not isinstance(self.npz, str):
             raise bad_value("npz", f"expected a path or None, got {self.npz!r}")
 
@@ -327,7 +352,8 @@ class Digits(Task):
         channels, size, _ = self.data.image_shape
         return ViTConfig(
             image_size=size, patch_size=self.options.patch_size, in_channels=channels,
-            num_classes=self.data.num_classes, **self.model_kwargs(heads),
+            num_classes=self.data.num_classes, drop_path=self.options.drop_path,
+            **VIT_RECIPES[self.options.recipe], **self.model_kwargs(heads),
         )  # fmt: skip
 
     def build_model(self, heads: str) -> nn.Module:
