@@ -199,6 +199,16 @@ def add_compare_args(parser: OptionParser) -> None:
         "every layer or 'attention:4;attention:2,laplacian:2' per layer (';' between layers)",
     )
     parser.add_argument(
+        "--sweep",
+        action="append",
+        metavar="OP=K0..K1[@LAYERS]",
+        help="a family of head schedules (repeat the flag): 'laplacian=0..4' puts k = 0..4 "
+        "Laplacian heads in every layer, the rest attention; 'laplacian=0..4@2,3' only in "
+        "layers 2 and 3; 'laplacian=2@each' 2 heads in one layer at a time. Added before the "
+        "--heads; the report plots each metric against k with 95%% intervals and paired "
+        "differences against k = 0",
+    )
+    parser.add_argument(
         "--seeds", help="number of seeds (3 -> 0,1,2) or a comma list (0,5,7); default 1"
     )
     parser.add_argument(
@@ -210,6 +220,8 @@ def add_compare_args(parser: OptionParser) -> None:
         "  heatformer compare --preset demo\n"
         "  heatformer compare --task chars --heads attention:8 --heads attention:6,laplacian:2"
         " \\\n      --heads attention:6,heat:2 --seeds 3 --steps 500\n"
+        "  heatformer compare --task digits --recipe deit3 --sweep laplacian=0..4 "
+        "--heads attention:2,mean:2 --seeds 5\n"
         "  heatformer compare --resume runs/demo-20260101-120000"
     )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -260,8 +272,10 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
     values.update(given)
     values["options"] = options
     if compare:
-        if args.heads:
-            values["heads"] = tuple(args.heads)
+        if args.heads or args.sweep:
+            swept = tuple(dict.fromkeys(_sweep_heads(args, values)))  # k = 0 once
+            # a --heads schedule a sweep already has counts once; two equal --heads are refused
+            values["heads"] = swept + tuple(h for h in args.heads or () if h not in swept)
         if args.seeds is not None:
             values["seeds"] = parse_seeds(args.seeds)
     else:
@@ -270,6 +284,25 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
         if args.seed is not None:
             values["seeds"] = (args.seed,)
     return CompareSpec(**values)
+
+
+def _sweep_heads(args: argparse.Namespace, values: dict[str, Any]) -> tuple[str, ...]:
+    """The schedules of every ``--sweep``, for the model sizes the flags (or preset) give."""
+    from heatformer.experiments.spec import infer_num_heads
+    from heatformer.experiments.sweep import expand_sweep
+
+    if not args.sweep:
+        return ()
+    n_head = values.get("n_head")
+    if n_head is None:
+        n_head = infer_num_heads(args.heads[0]) if args.heads else 4
+    check_positive_int("n_head", n_head)
+    n_layer = values.get("n_layer", CompareSpec.n_layer)
+    check_positive_int("n_layer", n_layer)
+    out: tuple[str, ...] = ()
+    for text in args.sweep:
+        out += expand_sweep(text, n_head=n_head, n_layer=n_layer)
+    return out
 
 
 def _resume_dir(args: argparse.Namespace) -> Path | None:
@@ -315,8 +348,8 @@ def _execute(args: argparse.Namespace, command: str) -> int:
     resume_dir = _resume_dir(args)
     if resume_dir is not None:
         extra = sorted(set(_given(args)) - {"device"})
-        if command == "compare" and (args.heads or args.seeds or args.preset):
-            extra += ["heads/seeds/preset"]
+        if command == "compare" and (args.heads or args.sweep or args.seeds or args.preset):
+            extra += ["heads/sweep/seeds/preset"]
         if command == "train" and (args.heads is not None or args.seed is not None):
             extra += ["heads/seed"]
         if extra:
@@ -424,10 +457,16 @@ def _notes(command: str, kind: type[Warning]) -> Iterator[None]:
 
 
 def _print_report(report: Any, format_table: Any) -> None:
+    from heatformer.experiments.report import format_paired_table
+
     results = report.results
     print()
     print(format_table(report.summary, report.metric_names))
     print()
+    paired = format_paired_table(report.summary, report.metric_names)
+    if paired and len(results["seeds"]) > 1:
+        print(paired)
+        print()
     line = f"mean ± sample std over seeds {results['seeds']}"
     if any(row["analysis"] for row in report.summary):  # not after --no-analysis
         line += "; analysis columns: last layer, per-layer values in results.json and plots/"

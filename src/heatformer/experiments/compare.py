@@ -7,9 +7,10 @@ Layout of a comparison folder::
       invocations.json     every invocation that trained here: start, elapsed time,
                            outcome (finished / stopped / interrupted / failed), environment
       runs/<run>/          one folder per (schedule, seed): checkpoint.pt, result.json
-      results.json         spec, environment, summary (mean ± std), every run record
+      results.json         spec, environment, summary (mean ± std, 95 % intervals, paired
+                           differences against the baseline), sweeps, every run record
       results.csv          one row per run
-      plots/*.png          loss curves, final metrics, per-layer analysis
+      plots/*.png          loss curves, final metrics, per-layer analysis, sweeps
 
 Runs go seed-major (every schedule with seed 0, then seed 1, ...), so an interrupted
 comparison already holds comparable runs. A run is finished when its ``result.json``
@@ -38,8 +39,15 @@ from heatformer._progress import Progress
 from heatformer.experiments._checks import bad_value
 from heatformer.experiments.checkpoint import atomic_write_json, load_checkpoint, read_json
 from heatformer.experiments.distributed import DistContext, resolve_device
-from heatformer.experiments.report import aggregate, environment, plot_report, write_csv
+from heatformer.experiments.report import (
+    add_paired,
+    aggregate,
+    environment,
+    plot_report,
+    write_csv,
+)
 from heatformer.experiments.spec import CompareSpec, run_name
+from heatformer.experiments.sweep import baseline_heads, find_sweeps
 from heatformer.experiments.tasks import Task, resolve_task
 from heatformer.experiments.trainer import (
     CHECKPOINT_NAME,
@@ -286,12 +294,28 @@ def _finish(
     ``wall_time_s()`` is asked right before ``results.json`` is written (last).
     """
     summary = aggregate(records, spec.heads, task.metric_names, task.analysis_names)
+    n_layer, n_head = spec.n_layer, spec.heads_per_layer
+    baseline = baseline_heads(spec.heads, n_layer=n_layer, n_head=n_head) or spec.heads[0]
+    add_paired(summary, baseline, task.metric_names, task.analysis_names)
+    sweeps = find_sweeps(spec.heads, n_layer=n_layer, n_head=n_head)
     results = {
         "spec": spec.to_dict(),
         "task": spec.task,
         "metrics": list(task.metric_names),
         "analysis_metrics": list(task.analysis_names),
         "std": "sample standard deviation over seeds (ddof=1); 0 for one seed",
+        "ci95": "half-width of the 95% Student-t interval of the mean over seeds",
+        "baseline": baseline,
+        "paired": "differences against the baseline on the seeds both ran (see report.py)",
+        "sweeps": [
+            {
+                "operator": line.operator,
+                "axis": line.axis,
+                "label": line.label,
+                "points": [list(point) for point in line.points],
+            }
+            for line in sweeps
+        ],
         "environment": environment,
         **(extra or {}),
         "seeds": list(spec.seeds),
@@ -311,6 +335,7 @@ def _finish(
                 task.metric_names,
                 task.eval_loss_name,
                 task.analysis_names,
+                sweeps,
             )
         except ImportError:  # matplotlib is an optional extra
             plots = []

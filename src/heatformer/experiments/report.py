@@ -1,9 +1,19 @@
-"""Aggregate run records into the comparison report: numbers, table, CSV and plots.
+r"""Aggregate run records into the comparison report: numbers, table, CSV and plots.
 
 Statistics over seeds: ``mean`` is the arithmetic mean and ``std`` the *sample*
 standard deviation (``ddof=1``, the usual error bar for a handful of seeds); with one
-seed ``std`` is 0. A metric that is NaN in any seed is NaN in the summary (a diverged
-run is not averaged away).
+seed ``std`` is 0. ``ci95`` is the half-width of the 95 % Student-t confidence interval of
+the mean, :math:`t_{0.975,\,n-1}\, s / \sqrt{n}` (:func:`t_interval`; NaN for one seed). A
+metric that is NaN in any seed is NaN in the summary (a diverged run is not averaged away).
+
+Paired differences (:func:`paired_difference`, :func:`add_paired`): for every configuration
+and the comparison's baseline (its all-attention schedule, else its first), the differences
+``metric(config, seed) - metric(baseline, seed)`` over the seeds both ran, with their mean,
+95 % interval and the two-sided p-value of the paired t-test. Seeds share the data order and
+initial draws, so pairing removes the variation the two runs of a seed have in common.
+
+Sweeps (:mod:`heatformer.experiments.sweep`) get their own figures: every metric against the
+number of swept heads per layer (or the layer holding them), mean with 95 % intervals.
 
 Nothing here prints: :func:`format_table` returns the table as a string.
 """
@@ -17,18 +27,26 @@ import platform
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from heatformer.checks import bad_value
 
+if TYPE_CHECKING:
+    from heatformer.experiments.sweep import SweepLine
+
 __all__ = [
+    "add_paired",
     "aggregate",
     "environment",
+    "format_paired_table",
     "format_table",
     "mean_std",
+    "paired_difference",
     "plot_report",
+    "plot_sweeps",
+    "t_interval",
     "write_csv",
 ]
 
@@ -59,6 +77,140 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    r"""Mean and half-width of the Student-t confidence interval of the mean.
+
+    .. math:: \bar x \pm t_{(1+\text{level})/2,\; n-1}\; \frac{s}{\sqrt n},
+        \qquad s^2 = \frac{1}{n-1} \sum_i (x_i - \bar x)^2
+
+    (the interval ``scipy.stats.t.interval(level, n - 1, loc=mean, scale=s / sqrt(n))``).
+
+    Args:
+        values: at least one number; ``None`` counts as NaN.
+        level: the confidence level, in ``(0, 1)``.
+
+    Returns:
+        ``(mean, half_width)``; the half-width is NaN for a single value, and both are
+        NaN if any value is.
+
+    Examples:
+        >>> mean, half = t_interval([1.0, 2.0, 3.0])
+        >>> mean, round(half, 4)
+        (2.0, 2.4841)
+    """
+    if not (isinstance(level, float) and 0.0 < level < 1.0):
+        raise bad_value("level", f"expected a float in (0, 1), got {level!r}")
+    mean, std = mean_std(values)
+    n = len(values)
+    if n < 2 or not math.isfinite(mean):
+        return mean, math.nan
+    from scipy.stats import t
+
+    return mean, float(t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
+
+
+def paired_difference(
+    values: Sequence[float], baseline: Sequence[float], level: float = 0.95
+) -> dict[str, Any]:
+    """Paired differences ``values[i] - baseline[i]``: mean, confidence interval, paired t-test.
+
+    Args:
+        values: a configuration's metric, one per seed.
+        baseline: the baseline's metric on the same seeds, in the same order.
+        level: the confidence level of ``ci95`` (the key keeps its name).
+
+    Returns:
+        ``{"mean", "ci95", "p", "n", "values"}``: mean difference, half-width of its
+        Student-t interval, the two-sided p-value of the paired t-test (``scipy.stats.ttest_rel``;
+        NaN below two seeds; 0 or 1 when every difference is the same), the number of pairs and
+        the differences.
+
+    Raises:
+        ValueError: ``values`` and ``baseline`` of different lengths, or no pairs.
+    """
+    if len(values) != len(baseline):
+        raise bad_value(
+            "baseline", f"expected {len(values)} values (one per seed), got {len(baseline)}"
+        )
+    if not values:
+        raise bad_value("values", "expected at least one pair, got none")
+    diffs = [
+        math.nan if a is None or b is None else float(a) - float(b)
+        for a, b in zip(values, baseline)
+    ]
+    mean, half = t_interval(diffs, level)
+    n = len(diffs)
+    p = math.nan
+    if n >= 2 and math.isfinite(mean):
+        std = mean_std(diffs)[1]
+        if std > 0:
+            from scipy.stats import t
+
+            statistic = mean / (std / math.sqrt(n))
+            p = float(2 * t.sf(abs(statistic), n - 1))
+        else:
+            p = 1.0 if mean == 0 else 0.0
+    return {"mean": mean, "ci95": half, "p": p, "n": n, "values": diffs}
+
+
+def add_paired(
+    summary: Sequence[dict[str, Any]],
+    baseline: str,
+    metric_names: Sequence[str],
+    analysis_names: Sequence[str],
+) -> None:
+    """Add ``paired`` (differences against ``baseline`` on shared seeds) to every summary row.
+
+    ``row["paired"]`` holds ``baseline``, ``seeds`` (those both ran), ``final``
+    (``{metric: paired_difference(...)}``) and ``analysis`` (``{metric: {"mean": [per
+    layer], "ci95": [per layer]}}``). The baseline's own row gets none.
+
+    Args:
+        summary: the output of :func:`aggregate` (changed in place).
+        baseline: the head schedule to compare against; a summary without it is left alone.
+        metric_names: final metrics.
+        analysis_names: per-layer analysis metrics.
+    """
+    rows = {row["heads"]: row for row in summary}
+    base = rows.get(baseline)
+    if base is None:
+        return
+    for row in summary:
+        if row["heads"] == baseline:
+            continue
+        seeds = [s for s in row["seeds"] if s in base["seeds"]]
+        if not seeds:
+            continue
+
+        def pick(stats: Sequence[Any], of: dict[str, Any], seeds: list[int] = seeds) -> list[Any]:
+            return [stats[of["seeds"].index(s)] for s in seeds]
+
+        final = {
+            name: paired_difference(
+                pick(row["final"][name]["values"], row), pick(base["final"][name]["values"], base)
+            )
+            for name in metric_names
+        }
+        analysis: dict[str, Any] = {}
+        for name in analysis_names:
+            mine, theirs = row["analysis"].get(name), base["analysis"].get(name)
+            if not mine or not theirs or "values" not in mine or "values" not in theirs:
+                continue
+            layers = min(len(mine["mean"]), len(theirs["mean"]))
+            stats = [
+                paired_difference(
+                    pick([v[i] for v in mine["values"]], row),
+                    pick([v[i] for v in theirs["values"]], base),
+                )
+                for i in range(layers)
+            ]
+            analysis[name] = {
+                "mean": [d["mean"] for d in stats],
+                "ci95": [d["ci95"] for d in stats],
+            }
+        row["paired"] = {"baseline": baseline, "seeds": seeds, "final": final, "analysis": analysis}
+
+
 def aggregate(
     records: Sequence[dict[str, Any]],
     heads_order: Sequence[str],
@@ -75,8 +227,9 @@ def aggregate(
 
     Returns:
         One dict per configuration with runs: ``heads``, ``seeds``, ``final``
-        (``{metric: {"mean", "std", "values"}}``) and ``analysis``
-        (``{metric: {"mean": [per layer], "std": [per layer]}}``).
+        (``{metric: {"mean", "std", "ci95", "values"}}``) and ``analysis``
+        (``{metric: {"mean": [per layer], "std": [...], "ci95": [...], "values": [per seed:
+        [per layer]]}}``).
     """
     summary = []
     for heads in heads_order:
@@ -87,7 +240,8 @@ def aggregate(
         for name in metric_names:
             values = [r["final"].get(name) for r in runs]
             mean, std = mean_std(values)
-            final[name] = {"mean": mean, "std": std, "values": values}
+            ci95 = t_interval(values)[1]
+            final[name] = {"mean": mean, "std": std, "ci95": ci95, "values": values}
         analysis: dict[str, Any] = {}
         for name in analysis_names:
             per_run = [r.get("analysis", {}).get(name) for r in runs]
@@ -95,7 +249,12 @@ def aggregate(
                 continue
             layers = min(len(v) for v in per_run)
             stats = [mean_std([v[i] for v in per_run]) for i in range(layers)]
-            analysis[name] = {"mean": [m for m, _ in stats], "std": [s for _, s in stats]}
+            analysis[name] = {
+                "mean": [m for m, _ in stats],
+                "std": [s for _, s in stats],
+                "ci95": [t_interval([v[i] for v in per_run])[1] for i in range(layers)],
+                "values": [list(v[:layers]) for v in per_run],
+            }
         summary.append(
             {
                 "heads": heads,
@@ -164,6 +323,54 @@ def format_table(
 
     rule = "-" * len(fmt(header))
     return "\n".join([fmt(header), rule, *(fmt(line) for line in rows)])
+
+
+def _signed(value: float, digits: int) -> str:
+    return "nan" if not math.isfinite(value) else f"{value:+.{digits}f}"
+
+
+def format_paired_table(summary: Sequence[dict[str, Any]], metric_names: Sequence[str]) -> str:
+    """Paired differences against the baseline: ``Δ mean [95 % interval]`` and the p-value.
+
+    One row per configuration with a ``paired`` entry (see :func:`add_paired`); empty when
+    there is none (a single configuration, or no seed in common).
+
+    Args:
+        summary: the output of :func:`aggregate` after :func:`add_paired`.
+        metric_names: the metrics to show.
+
+    Returns:
+        The table, lines joined with newlines (``""`` without paired rows).
+    """
+    rows = [row for row in summary if row.get("paired")]
+    if not rows:
+        return ""
+    baseline = rows[0]["paired"]["baseline"]
+    header = ["heads", "pairs"]
+    for name in metric_names:
+        header += [f"Δ{name} [95% CI]", "p"]
+    lines: list[list[str]] = []
+    for row in rows:
+        cells = [row["heads"], str(len(row["paired"]["seeds"]))]
+        for name in metric_names:
+            d = row["paired"]["final"][name]
+            digits = 4 if abs(d["mean"]) < 10 or not math.isfinite(d["mean"]) else 2
+            low, high = d["mean"] - d["ci95"], d["mean"] + d["ci95"]
+            interval = (
+                f" [{_signed(low, digits)}, {_signed(high, digits)}]"
+                if math.isfinite(d["ci95"]) else ""
+            )  # fmt: skip
+            cells += [f"{_signed(d['mean'], digits)}{interval}",
+                      "-" if not math.isfinite(d["p"]) else f"{d['p']:.3f}"]  # fmt: skip
+        lines.append(cells)
+    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
+
+    def fmt(line: list[str]) -> str:
+        first = line[0].ljust(widths[0])
+        return "  ".join([first, *(cell.rjust(w) for cell, w in zip(line[1:], widths[1:]))])
+
+    title = f"paired differences against {baseline} (same seeds; paired t-test):"
+    return "\n".join([title, fmt(header), "-" * len(fmt(header)), *(fmt(x) for x in lines)])
 
 
 def write_csv(
@@ -252,6 +459,7 @@ def plot_report(
     metric_names: Sequence[str],
     eval_loss_name: str,
     analysis_names: Sequence[str],
+    sweeps: Sequence[SweepLine] = (),
 ) -> list[Path]:
     """Write the report figures as PNG into ``out_dir/plots``.
 
@@ -261,6 +469,7 @@ def plot_report(
       bars with the seeds as dots.
     - ``layers_<metric>.png``: each analysis metric against the layer, one line per
       configuration (mean ± std over seeds).
+    - for each sweep line, ``sweep_<line>_<metric>.png`` (see :func:`plot_sweeps`).
 
     Uses matplotlib's Agg backend (imported here, only when plotting).
 
@@ -271,6 +480,8 @@ def plot_report(
         metric_names: final metrics to plot.
         eval_loss_name: the evaluation metric drawn next to the training loss.
         analysis_names: analysis metrics to plot per layer.
+        sweeps: the sweep lines found among the configurations
+            (:func:`~heatformer.experiments.sweep.find_sweeps`).
 
     Returns:
         The written files.
@@ -365,4 +576,98 @@ def plot_report(
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         save(fig, f"layers_{name}.png")
+    if sweeps:
+        written += plot_sweeps(out_dir, summary, sweeps, metric_names, analysis_names)
+    return written
+
+
+def plot_sweeps(
+    out_dir: str | os.PathLike[str],
+    summary: Sequence[dict[str, Any]],
+    sweeps: Sequence[SweepLine],
+    metric_names: Sequence[str],
+    analysis_names: Sequence[str],
+) -> list[Path]:
+    """Every metric against a sweep's number (heads per layer, or layer), with 95 % intervals.
+
+    For each line and each final metric, ``plots/sweep_<line>_<metric>.png``: the mean over
+    seeds with its Student-t 95 % interval at each point, the seeds as grey dots, and the
+    configurations outside the line (e.g. a mean-pooling control) as labelled horizontal
+    lines. For each analysis metric, ``plots/sweep_<line>_<metric>.png`` with one line per
+    layer (mean and 95 % interval).
+
+    Args:
+        out_dir: the comparison folder.
+        summary: the output of :func:`aggregate`.
+        sweeps: the lines to draw.
+        metric_names: final metrics.
+        analysis_names: per-layer analysis metrics.
+
+    Returns:
+        The written files.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots = Path(out_dir) / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    rows = {row["heads"]: row for row in summary}
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        path = plots / name
+        tmp = plots / f".{name}.tmp-{os.getpid()}.png"
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        os.replace(tmp, path)
+        written.append(path)
+
+    def errors(values: Sequence[float]) -> list[float]:
+        return [0.0 if not math.isfinite(v) else v for v in values]
+
+    for line in sweeps:
+        points = [(x, rows[h]) for x, h in line.points if h in rows]
+        if len(points) < 2:
+            continue
+        xs = [x for x, _ in points]
+        on_line = {row["heads"] for _, row in points}
+        others = [row for row in summary if row["heads"] not in on_line][:6]
+        for name in metric_names:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            means = [row["final"][name]["mean"] for _, row in points]
+            cis = [row["final"][name].get("ci95", math.nan) for _, row in points]
+            ax.errorbar(xs, means, yerr=errors(cis), marker="o", capsize=5, color="C0",
+                        label=f"{line.operator} (mean, 95% CI)")  # fmt: skip
+            for x, row in points:
+                values = [v for v in row["final"][name]["values"] if v is not None]
+                ax.scatter([x + 0.08] * len(values), values, s=10, color="gray", zorder=3)
+            for i, row in enumerate(others):
+                ax.axhline(row["final"][name]["mean"], color=f"C{i + 1}", ls="--", lw=1,
+                           label=row["heads"])  # fmt: skip
+            ax.set(xlabel=line.label, ylabel=name,
+                   title=f"{name} (seeds: {len(points[0][1]['seeds'])})")  # fmt: skip
+            ax.set_xticks(xs)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            save(fig, f"sweep_{line.slug}_{name}.png")
+        for name in analysis_names:
+            if any(name not in row["analysis"] for _, row in points):
+                continue
+            layers = min(len(row["analysis"][name]["mean"]) for _, row in points)
+            fig, ax = plt.subplots(figsize=(6, 4))
+            cmap = plt.get_cmap("viridis")
+            for layer in range(layers):
+                means = [row["analysis"][name]["mean"][layer] for _, row in points]
+                cis = [row["analysis"][name].get("ci95", [math.nan] * layers)[layer]
+                       for _, row in points]  # fmt: skip
+                color = cmap(layer / max(1, layers - 1))
+                ax.errorbar(xs, means, yerr=errors(cis), marker="o", capsize=3, color=color,
+                            label=f"layer {layer}")  # fmt: skip
+            ax.set(xlabel=line.label, ylabel=name, title=f"{name} per layer (mean, 95% CI)")
+            ax.set_xticks(xs)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            save(fig, f"sweep_{line.slug}_{name}.png")
     return written
