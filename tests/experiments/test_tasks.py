@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import warnings
 from collections.abc import Iterator
@@ -347,3 +348,21 @@ def test_a_bad_digits_recipe_names_its_option(options: dict, argument: str) -> N
     with pytest.raises(ValueError, match=argument) as info:
         CompareSpec(task="digits", options=options)
     assert getattr(info.value, "argument", None) == argument
+
+
+def test_layer_values_hold_nc2_and_the_decay_rate_of_the_analysis_functions() -> None:
+    from heatformer.analysis import neural_collapse, spectral_decay
+
+    task = resolve_task("digits")(CompareSpec(task="digits", heads=("attention:2",), n_embd=16))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 5, 16, generator=generator)  # (B, N, D)
+    labels = torch.arange(12) % 3
+    values = task.layer_values(x, labels)
+    assert values["nc2"] == pytest.approx(float(neural_collapse(x.mean(1), labels).etf_distance))
+    rates = spectral_decay(x).decay_rate
+    assert values["decay_rate"] == pytest.approx(float(rates.mean()))
+    collapsed = x[:, :1].expand(12, 5, 16)  # every token of a sequence equal: no spectrum
+    values = task.layer_values(collapsed, labels)
+    assert values["within_seq_frac"] == pytest.approx(0.0, abs=1e-12)
+    assert math.isnan(values["decay_rate"])
+    assert "nc2" in task.analysis_names and "nc2" not in Chars.analysis_names

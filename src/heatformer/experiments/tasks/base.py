@@ -18,10 +18,14 @@ A task is one subclass of :class:`Task` plus one entry of :data:`heatformer.expe
 Everything else -- the loss, evaluation, the per-layer token-geometry analysis -- is shared
 here. Per layer the analysis reports ``within_seq_var`` (mean squared distance of a sequence's
 tokens to their mean), ``within_seq_frac`` (the same divided by the total token variance of the
-batch, so it is scale free), ``effective_rank`` (mean over sequences of the effective rank of
-the centred token matrix) and ``nc1`` (:func:`~heatformer.analysis.neural_collapse` of the
-pooled states, :meth:`Task.pooled`, against the labels; a task may replace it, as ``chars``
-does with :func:`~heatformer.analysis.next_token_separability`).
+batch, so it is scale free), ``effective_rank`` and ``decay_rate`` (means over sequences of the
+effective rank and of the power-law decay exponent of the centred token matrix's singular
+values, :func:`~heatformer.analysis.spectral_decay`; sequences whose spectrum has fewer than two
+nonzero values have no exponent and are left out of its mean), and ``nc1`` / ``nc2``
+(:func:`~heatformer.analysis.neural_collapse` of the pooled states, :meth:`Task.pooled`, against
+the labels: variability collapse, and the ``etf_distance`` of the class means from a simplex
+ETF; a task may replace them, as ``chars`` does with
+:func:`~heatformer.analysis.next_token_separability`).
 
 This module imports no torch at import time (the command line reads the options of every task
 for its help pages before torch is loaded); the methods import it when they run.
@@ -152,7 +156,9 @@ class Task(abc.ABC):
         "within_seq_var",
         "within_seq_frac",
         "effective_rank",
+        "decay_rate",
         "nc1",
+        "nc2",
     )
     #: builds the data from keyword arguments, for :func:`~heatformer.experiments.load_task`
     #: (``None``: the data come from the options only)
@@ -291,18 +297,22 @@ class Task(abc.ABC):
         within = float(within_sequence_variance(x))
         flat = x.reshape(-1, x.shape[-1]).double()  # (B * N, D)
         total = float(((flat - flat.mean(0)) ** 2).sum(-1).mean())
+        spectrum = spectral_decay(x)
+        rates = spectrum.decay_rate[spectrum.decay_rate.isfinite()]  # (B',) with an exponent
         return {
             "within_seq_var": within,
             "within_seq_frac": within / total if total > 0 else math.nan,
-            "effective_rank": float(spectral_decay(x).effective_rank.mean()),
+            "effective_rank": float(spectrum.effective_rank.mean()),
+            "decay_rate": float(rates.mean()) if rates.numel() else math.nan,
             **self.grouping_values(x, labels),
         }
 
     def grouping_values(self, x: Tensor, labels: Tensor) -> dict[str, float]:
-        """``nc1``: Neural Collapse of the :meth:`pooled` states grouped by ``labels``."""
+        """``nc1``, ``nc2``: Neural Collapse of the :meth:`pooled` states grouped by ``labels``."""
         from heatformer.analysis import neural_collapse
 
-        return {"nc1": float(neural_collapse(self.pooled(x), labels).nc1)}
+        collapse = neural_collapse(self.pooled(x), labels)
+        return {"nc1": float(collapse.nc1), "nc2": float(collapse.etf_distance)}
 
     def pooled(self, x: Tensor) -> Tensor:
         """One feature per sequence from ``x`` ``(B, N, D)``: the mean over its tokens."""

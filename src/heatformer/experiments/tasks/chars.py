@@ -456,7 +456,8 @@ class Chars(Task):
     metric_names = ("val_bpc", "val_loss")
     higher_is_better = (False, False)
     eval_loss_name = "val_loss"
-    analysis_names = (*Task.analysis_names, "probe_acc")
+    #: next-token separability instead of the sequence-label NC2 (bytes are no sequence labels)
+    analysis_names = (*(n for n in Task.analysis_names if n != "nc2"), "probe_acc")
     data_factory = staticmethod(load_chars)
 
     options: CharsOptions
