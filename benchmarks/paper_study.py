@@ -35,6 +35,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from heatformer.experiments.report import paired_difference
+
 SUPERVISED = [
     "--sweep", "laplacian=0..4", "--heads", "attention:2,mean:2", "--seeds", "5",
     "--eval-every", "100",
@@ -176,8 +178,10 @@ def report(name: str, results: dict[str, Any]) -> str:
                          f"{interval(*diff, signed=True)} {verdict(*diff, direction)}")  # fmt: skip
         lines.append(f"| `{row['heads']}` | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Per layer, for each claim: the configurations (of those above) whose paired "
-                 "interval reproduces the claim / goes the other way, layer by layer:")  # fmt: skip
+    swept = [row for row in summary if row.get("paired") and "laplacian" in row["heads"]]
+    lines.append(f"Per layer, for each claim: of the {len(swept)} Laplacian configurations, "
+                 "how many have a paired interval that reproduces the claim / goes the other "
+                 "way:")  # fmt: skip
     lines.append("")
     lines.append("| claim | metric | " + " | ".join(f"L{i}" for i in range(layers)) + " |")
     lines.append("|---|---|" + "---|" * layers)
@@ -187,7 +191,7 @@ def report(name: str, results: dict[str, Any]) -> str:
         cells = []
         for layer in range(layers):
             ups = downs = total = 0
-            for row in summary:
+            for row in swept:
                 diff = paired_of(row, metric, layer)
                 if diff is None:
                     continue
@@ -197,7 +201,35 @@ def report(name: str, results: dict[str, Any]) -> str:
                 downs += word == "opposite"
             cells.append(f"{ups}/{downs} of {total}")
         lines.append(f"| {what} | {metric} | " + " | ".join(cells) + " |")
+    control = next((row for row in summary if "mean" in row["heads"].replace("laplacian", "")),
+                   None)  # fmt: skip
+    twin = control and next(
+        (row for row in summary if row["heads"] == control["heads"].replace("mean", "laplacian")),
+        None,
+    )
+    if control and twin:
+        lines += ["", f"The mean-pooling control: `{twin['heads']}` against `{control['heads']}` "
+                  "(paired over seeds; negative = lower with Laplacian heads):", ""]  # fmt: skip
+        lines.append("| metric | Δ (Laplacian − mean) [95 % interval] | p |")
+        lines.append("|---|---|---|")
+        for metric in metrics:
+            for layer_name, layer in ([("", last)] if metric in summary[0]["final"] else
+                                      [(f" L{i}", i) for i in range(layers)]):  # fmt: skip
+                a, b = values_of(twin, metric, layer), values_of(control, metric, layer)
+                if a is None or b is None:
+                    continue
+                d = paired_difference(a, b)
+                lines.append(f"| {metric}{layer_name} | {interval(d['mean'], d['ci95'], True)} "
+                             f"| {d['p']:.3f} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def values_of(row: dict[str, Any], metric: str, layer: int) -> list[float] | None:
+    """Per-seed values of a final metric, or of an analysis metric at ``layer``."""
+    if metric in row["final"]:
+        return list(row["final"][metric]["values"])
+    stats = row["analysis"].get(metric)
+    return None if not stats else [v[layer] for v in stats["values"]]
 
 
 def main() -> None:
