@@ -16,8 +16,8 @@ Then, from the ``results.json`` files, the tables of docs/reproducing.md: every 
 every configuration as mean [95 % Student-t interval], the paired difference against k = 0 on
 the same seeds, and for each of the paper's claims a verdict: ``reproduces`` when the paired
 interval excludes 0 on the claimed side, ``opposite`` when it excludes 0 on the other side,
-``noise`` when it contains 0. Figures (metric against k, per layer) are copied to
-``--figures``.
+``noise`` when it contains 0. The sweep figures (each metric against k, per layer) are copied
+to ``--figures``.
 
     python benchmarks/paper_study.py --out runs/study --figures docs/figures/study
     python benchmarks/paper_study.py --out runs/study --only chars       # one study
@@ -98,18 +98,18 @@ def run(name: str, out: Path, threads: int) -> dict[str, Any]:
     return results
 
 
-def fmt(value: float) -> str:
-    """Four significant digits (a sign kept for differences by the caller)."""
-    if not math.isfinite(value):
-        return "nan"
-    return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+def fmt(value: float, digits: int = 4) -> str:
+    """``digits`` significant digits."""
+    return "nan" if not math.isfinite(value) else f"{value:.{digits}g}"
 
 
 def interval(mean: float, half: float, signed: bool = False) -> str:
+    """``mean [low, high]``; differences (``signed``) with a sign and 3 digits."""
+    digits = 3 if signed else 4
     sign = "+" if signed and mean > 0 else ""
     if not math.isfinite(half):
-        return f"{sign}{fmt(mean)}"
-    return f"{sign}{fmt(mean)} [{fmt(mean - half)}, {fmt(mean + half)}]"
+        return f"{sign}{fmt(mean, digits)}"
+    return f"{sign}{fmt(mean, digits)} [{fmt(mean - half, digits)}, {fmt(mean + half, digits)}]"
 
 
 def verdict(mean: float, half: float, direction: int) -> str:
@@ -246,7 +246,7 @@ def main() -> None:
         if args.figures:
             target = args.figures / name
             target.mkdir(parents=True, exist_ok=True)
-            for png in sorted((args.out / name / "plots").glob("*.png")):
+            for png in sorted((args.out / name / "plots").glob("sweep_*.png")):
                 shutil.copy2(png, target / png.name)
     print("\n\n".join(sections))
 
