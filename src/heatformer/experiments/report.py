@@ -590,11 +590,12 @@ def plot_sweeps(
 ) -> list[Path]:
     """Every metric against a sweep's number (heads per layer, or layer), with 95 % intervals.
 
-    For each line and each final metric, ``plots/sweep_<line>_<metric>.png``: the mean over
-    seeds with its Student-t 95 % interval at each point, the seeds as grey dots, and the
-    configurations outside the line (e.g. a mean-pooling control) as labelled horizontal
-    lines. For each analysis metric, ``plots/sweep_<line>_<metric>.png`` with one line per
-    layer (mean and 95 % interval).
+    For each line and each final metric, ``plots/sweep_<line>_<metric>.png``: on the left the
+    mean over seeds with its Student-t 95 % interval at each point, the seeds as grey dots,
+    and the configurations outside the line (e.g. a mean-pooling control) as labelled
+    horizontal lines; on the right the paired differences against the baseline (see
+    :func:`add_paired`) with their intervals and a line at 0. For each analysis metric,
+    ``plots/sweep_<line>_<metric>.png`` with the same two panels, one line per layer.
 
     Args:
         out_dir: the comparison folder.
@@ -614,6 +615,7 @@ def plot_sweeps(
     plots = Path(out_dir) / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     rows = {row["heads"]: row for row in summary}
+    baseline = next((row["paired"]["baseline"] for row in summary if row.get("paired")), None)
     written: list[Path] = []
 
     def save(fig: Any, name: str) -> None:
@@ -627,6 +629,28 @@ def plot_sweeps(
     def errors(values: Sequence[float]) -> list[float]:
         return [0.0 if not math.isfinite(v) else v for v in values]
 
+    def paired(row: dict[str, Any], name: str, layer: int | None = None) -> tuple[float, float]:
+        """``(mean, ci95)`` of the paired difference; the baseline itself is ``(0, 0)``."""
+        if not row.get("paired"):
+            return (0.0, 0.0) if row["heads"] == baseline else (math.nan, math.nan)
+        if layer is None:
+            stats = row["paired"]["final"][name]
+            return stats["mean"], stats["ci95"]
+        stats = row["paired"]["analysis"].get(name)
+        return (stats["mean"][layer], stats["ci95"][layer]) if stats else (math.nan, math.nan)
+
+    def finish(fig: Any, ax: Any, ax_d: Any, line: SweepLine, xs: list[int], name: str) -> None:
+        ax_d.axhline(0.0, color="black", lw=0.8)
+        title = f"paired against {line.baseline or 'the baseline'} (95% CI)"
+        ax_d.set(xlabel=line.label, ylabel=f"Δ {name}", title=title)
+        for axis in (ax, ax_d):
+            axis.set_xticks(xs)
+            axis.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        if ax_d.get_legend_handles_labels()[0]:
+            ax_d.legend(fontsize=7)
+        save(fig, f"sweep_{line.slug}_{name}.png")
+
     for line in sweeps:
         points = [(x, rows[h]) for x, h in line.points if h in rows]
         if len(points) < 2:
@@ -635,7 +659,7 @@ def plot_sweeps(
         on_line = {row["heads"] for _, row in points}
         others = [row for row in summary if row["heads"] not in on_line][:6]
         for name in metric_names:
-            fig, ax = plt.subplots(figsize=(6, 4))
+            fig, (ax, ax_d) = plt.subplots(1, 2, figsize=(11, 4))
             means = [row["final"][name]["mean"] for _, row in points]
             cis = [row["final"][name].get("ci95", math.nan) for _, row in points]
             ax.errorbar(xs, means, yerr=errors(cis), marker="o", capsize=5, color="C0",
@@ -648,15 +672,19 @@ def plot_sweeps(
                            label=row["heads"])  # fmt: skip
             ax.set(xlabel=line.label, ylabel=name,
                    title=f"{name} (seeds: {len(points[0][1]['seeds'])})")  # fmt: skip
-            ax.set_xticks(xs)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-            save(fig, f"sweep_{line.slug}_{name}.png")
+            diffs = [paired(row, name) for _, row in points]
+            ax_d.errorbar(xs, [d[0] for d in diffs], yerr=errors([d[1] for d in diffs]),
+                          marker="o", capsize=5, color="C0", label=line.operator)  # fmt: skip
+            for i, row in enumerate(others):
+                if row.get("paired"):
+                    ax_d.axhline(paired(row, name)[0], color=f"C{i + 1}", ls="--", lw=1,
+                                 label=row["heads"])  # fmt: skip
+            finish(fig, ax, ax_d, line, xs, name)
         for name in analysis_names:
             if any(name not in row["analysis"] for _, row in points):
                 continue
             layers = min(len(row["analysis"][name]["mean"]) for _, row in points)
-            fig, ax = plt.subplots(figsize=(6, 4))
+            fig, (ax, ax_d) = plt.subplots(1, 2, figsize=(11, 4))
             cmap = plt.get_cmap("viridis")
             for layer in range(layers):
                 means = [row["analysis"][name]["mean"][layer] for _, row in points]
@@ -665,9 +693,9 @@ def plot_sweeps(
                 color = cmap(layer / max(1, layers - 1))
                 ax.errorbar(xs, means, yerr=errors(cis), marker="o", capsize=3, color=color,
                             label=f"layer {layer}")  # fmt: skip
+                diffs = [paired(row, name, layer) for _, row in points]
+                ax_d.errorbar(xs, [d[0] for d in diffs], yerr=errors([d[1] for d in diffs]),
+                              marker="o", capsize=3, color=color)  # fmt: skip
             ax.set(xlabel=line.label, ylabel=name, title=f"{name} per layer (mean, 95% CI)")
-            ax.set_xticks(xs)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-            save(fig, f"sweep_{line.slug}_{name}.png")
+            finish(fig, ax, ax_d, line, xs, name)
     return written
