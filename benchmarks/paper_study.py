@@ -88,7 +88,7 @@ def run(name: str, out: Path, threads: int) -> dict[str, Any]:
     """Run (or resume, or read back) one study; return its results.json."""
     folder = out / name
     cmd = [sys.executable, "-m", "heatformer", "compare", *STUDIES[name], "--out", str(folder)]
-    cmd += ["--threads", str(threads), "--no-progress"]
+    cmd += ["--threads", str(threads)]  # with compare's progress: bars, or lines when piped
     if (folder / "spec.json").exists() and not (folder / "results.json").exists():
         cmd = [*cmd[:4], "--resume", str(folder), "--threads", str(threads)]
     if not (folder / "results.json").exists():
