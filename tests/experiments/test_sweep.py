@@ -24,6 +24,8 @@ from heatformer.experiments.report import (
 )
 from heatformer.experiments.spec import CompareSpec, check_heads
 from heatformer.experiments.sweep import baseline_heads, expand_sweep, find_sweeps
+from heatformer.graph_ops import OPERATORS
+from heatformer.models.heads import format_operator
 
 SpecFactory = Callable[..., CompareSpec]
 
@@ -263,3 +265,24 @@ def test_a_bad_sweep_flag_names_the_option(
     err = capsys.readouterr().err
     assert "--sweep" in err and "[0, 4]" in err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        pytest.param(format_operator(name, params), id=format_operator(name, params))
+        for name, cls in OPERATORS.items()
+        if name != "attention"
+        for params in cls.examples
+    ],
+)
+def test_every_registered_operator_sweeps_builds_and_is_found(op: str) -> None:
+    for text in (f"{op}=0..2", f"{op}=1@each"):
+        schedules = expand_sweep(text, n_head=2, n_layer=2)
+        for heads in schedules:
+            check_heads(heads, n_layer=2, n_head=2)
+        (line,) = find_sweeps(schedules, n_layer=2, n_head=2)
+        assert line.operator == op
+        assert line.baseline == "attention:2"
+        on_line = set(schedules) - ({line.baseline} if line.axis == "layer" else set())
+        assert {h for _, h in line.points} == on_line  # a layer line draws the baseline apart

@@ -149,7 +149,7 @@ def expand_sweep(spec: str, *, n_head: int, n_layer: int) -> tuple[str, ...]:
             f"expected OP=K0..K1[@LAYERS] (e.g. laplacian=0..4, heat[t=0.5]=0,2,4@1, "
             f"laplacian=2@each), got {spec!r}",
         )
-    op = re.sub(r"\s+", "", match.group("op"))
+    op = _operator_key(match.group("op"))
     if op.split("[")[0] == BASE_OPERATOR:
         raise bad_value("sweep", f"expected an operator other than {BASE_OPERATOR!r}, got {spec!r}")
     ks = _numbers(match.group("ks"), "sweep", spec, upper=n_head)
@@ -176,6 +176,13 @@ def expand_sweep(spec: str, *, n_head: int, n_layer: int) -> tuple[str, ...]:
     return tuple(_layer_spec(op, k, n_head) for k in ks)
 
 
+def _operator_key(spec: str) -> str:
+    """``"heat [t = 0.5]"`` -> ``"heat[t = 0.5]"``: the name glued to its brackets, runs of
+    blanks inside them made one (blanks separate the values of a tuple, ``coeffs=(0.5 -1)``)."""
+    name, _, params = spec.strip().partition("[")
+    return name.strip() + ("[" + re.sub(r"\s+", " ", params).strip() if params else "")
+
+
 def _layer_counts(heads: str, n_layer: int, n_head: int) -> list[dict[str, int]] | None:
     """Per layer, ``{operator spec: heads}``; ``None`` when the schedule cannot be read."""
     from heatformer.graph_ops._spec import split_outside_brackets
@@ -192,7 +199,7 @@ def _layer_counts(heads: str, n_layer: int, n_head: int) -> list[dict[str, int]]
             match = _ENTRY.match(entry)
             if match is None:
                 return None
-            key = match.group(1) + re.sub(r"\s+", "", match.group(2) or "")
+            key = _operator_key(match.group(1) + (match.group(2) or ""))
             counts[key] = counts.get(key, 0) + (int(match.group(3)) if match.group(3) else n_head)
         out.append(counts)
     return out
