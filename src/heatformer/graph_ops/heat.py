@@ -72,8 +72,9 @@ SERIES_MAX_STEP = 8.0
 #: it (``heatformer.graph_ops.heat.MATERIALIZE_BUDGET_BYTES = ...``) to trade memory for speed.
 MATERIALIZE_BUDGET_BYTES = 1 << 28
 #: Terms of at least this many elements are recomputed in backward instead of stored
-#: (``torch.utils.checkpoint``): a heat series on a million tokens keeps one term per
-#: propagation, not every intermediate of every propagation.
+#: (``torch.utils.checkpoint``): a heat series on a million tokens keeps one term per segment
+#: of about ``sqrt(K)`` propagations, not every intermediate of every propagation (PPR and
+#: polynomial series keep one term per propagation).
 CHECKPOINT_ELEMENTS = 1 << 24
 
 
@@ -127,16 +128,54 @@ def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol:
     s, order = _series_plan(tau_max, tol)
     step = (tau / s)[..., None, None]  # (..., 1, 1): per-graph weights, accumulation dtype
     y = x.to(step.dtype)
+    segment = _segment_length(order, x)
     for _ in range(s):
         weight = torch.exp(-step)  # e^{-tau} tau^k / k!, by recursion
         term = y.to(x.dtype)  # products with the graph in the signal's dtype
         acc = weight * y
-        for k in range(1, order + 1):
-            term = propagation_step(gen.markov, term)
-            weight = weight * step / k
-            acc = torch.addcmul(acc, weight, term)  # acc + weight * term, one pass
+        if segment >= order:  # everything kept for the backward (small signals)
+            for k in range(1, order + 1):
+                term = gen.markov(term)
+                weight = weight * step / k
+                acc = torch.addcmul(acc, weight, term)  # acc + weight * term, one pass
+        else:
+            for first in range(1, order + 1, segment):
+                last = min(order, first + segment - 1)
+                term, part, weight = checkpoint(
+                    _series_terms, gen.markov, term, weight, step, first, last,
+                    use_reentrant=False,
+                )  # fmt: skip
+                acc = acc + part
         y = acc
     return y.to(x.dtype)
+
+
+def _segment_length(order: int, x: Tensor) -> int:
+    """Terms per recomputed segment of a series: all of them for small signals, else
+    ``ceil(sqrt(order))``, so that the backward keeps about ``2 sqrt(order)`` signals (one
+    input per segment, and the terms of the one segment it recomputes) instead of ``order``."""
+    if not (torch.is_grad_enabled() and x.numel() >= CHECKPOINT_ELEMENTS):
+        return order
+    return max(1, math.isqrt(max(order - 1, 0)) + 1)
+
+
+def _series_terms(
+    fn: Callable[[Tensor], Tensor],
+    term: Tensor,
+    weight: Tensor,
+    step: Tensor,
+    first: int,
+    last: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Terms ``first..last`` of a series from ``term`` (the one before ``first``): the last
+    term, the sum of the weighted terms, and the last weight (a recomputed segment)."""
+    part: Tensor | None = None
+    for k in range(first, last + 1):
+        term = fn(term)
+        weight = weight * step / k
+        part = weight * term if part is None else torch.addcmul(part, weight, term)
+    assert part is not None  # first <= last
+    return term, part, weight
 
 
 def propagation_step(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
