@@ -133,7 +133,7 @@ def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol:
         weight = torch.exp(-step)  # e^{-tau} tau^k / k!, by recursion
         term = y.to(x.dtype)  # products with the graph in the signal's dtype
         acc = weight * y
-        if segment >= order:  # everything kept for the backward (small signals)
+        if segment is None:  # everything kept for the backward (small signals)
             for k in range(1, order + 1):
                 term = gen.markov(term)
                 weight = weight * step / k
@@ -150,12 +150,13 @@ def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol:
     return y.to(x.dtype)
 
 
-def _segment_length(order: int, x: Tensor) -> int:
-    """Terms per recomputed segment of a series: all of them for small signals, else
-    ``ceil(sqrt(order))``, so that the backward keeps about ``2 sqrt(order)`` signals (one
-    input per segment, and the terms of the one segment it recomputes) instead of ``order``."""
+def _segment_length(order: int, x: Tensor) -> int | None:
+    """Terms per recomputed segment of a series: ``None`` (store everything) for small signals
+    or without gradients, else ``ceil(sqrt(order))``, so that the backward keeps about
+    ``2 sqrt(order)`` signals (one input per segment, and the terms of the one segment it
+    recomputes) instead of ``order``."""
     if not (torch.is_grad_enabled() and x.numel() >= CHECKPOINT_ELEMENTS):
-        return order
+        return None
     return max(1, math.isqrt(max(order - 1, 0)) + 1)
 
 
