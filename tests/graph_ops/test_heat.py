@@ -240,3 +240,27 @@ def test_heat_kernel_keeps_float64_time() -> None:
     assert op.t.dtype == torch.float64
     expected = heat_kernel(case.graph("softmax"), case.x, 0.3, tol=1e-12)
     torch.testing.assert_close(op(case.graph("softmax"), case.x), expected, atol=1e-14, rtol=0)
+
+
+def test_a_one_term_series_of_a_large_signal_is_recomputed_too(monkeypatch) -> None:
+    """Short series (here K = 1) are checkpointed as well once a term is large."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, x = (torch.randn(1, 9, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))  # fmt: skip
+
+    def grads() -> tuple[torch.Tensor, ...]:
+        y = heat_kernel(SoftmaxGraph(q, k), x, 0.1, method="series", tol=1e-2)
+        return torch.autograd.grad((y**2).sum(), (q, k, x))
+
+    assert heat_module._series_plan(0.1, 1e-2) == (1, 1)
+    stored = grads()
+    monkeypatch.setattr(heat_module, "CHECKPOINT_ELEMENTS", 1)
+    calls = []
+    real = heat_module.checkpoint
+    monkeypatch.setattr(
+        heat_module, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    recomputed = grads()
+    assert len(calls) == 1
+    for a, b in zip(stored, recomputed, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-14, rtol=0)
