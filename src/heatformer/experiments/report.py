@@ -452,6 +452,21 @@ def _ema(values: Sequence[float], alpha: float = 0.1) -> list[float]:
     return out
 
 
+def _save_png(fig: Any, path: Path) -> Path:
+    """Write ``fig`` to ``path`` as PNG atomically (:func:`heatformer._atomic.atomic_write`)
+    and close it."""
+    import matplotlib.pyplot as plt
+
+    from heatformer._atomic import atomic_write
+
+    try:
+        atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=120,
+                                                      bbox_inches="tight"))  # fmt: skip
+    finally:
+        plt.close(fig)
+    return path
+
+
 def plot_report(
     out_dir: str | os.PathLike[str],
     records: Sequence[dict[str, Any]],
@@ -498,12 +513,7 @@ def plot_report(
     written: list[Path] = []
 
     def save(fig: Any, name: str) -> None:
-        path = plots / name
-        tmp = plots / f".{name}.tmp-{os.getpid()}.png"
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        os.replace(tmp, path)
-        written.append(path)
+        written.append(_save_png(fig, plots / name))
 
     fig, (ax_train, ax_eval) = plt.subplots(1, 2, figsize=(12, 4.5))
     for heads in heads_order:
@@ -619,12 +629,7 @@ def plot_sweeps(
     written: list[Path] = []
 
     def save(fig: Any, name: str) -> None:
-        path = plots / name
-        tmp = plots / f".{name}.tmp-{os.getpid()}.png"
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        os.replace(tmp, path)
-        written.append(path)
+        written.append(_save_png(fig, plots / name))
 
     def errors(values: Sequence[float]) -> list[float]:
         return [0.0 if not math.isfinite(v) else v for v in values]
