@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -165,6 +167,24 @@ def test_auto_materializes_an_implicit_graph_under_the_budget(monkeypatch) -> No
         heat_kernel(explicit, x, 1.0, method="series-dense")
 
 
+Grads = tuple[torch.Tensor, ...]
+
+
+def _stored_and_recomputed(
+    monkeypatch: pytest.MonkeyPatch, grads: Callable[[], Grads]
+) -> tuple[Grads, Grads, int]:
+    """``grads()`` with every term stored, then with CHECKPOINT_ELEMENTS lowered to 1 (the
+    recomputing path), and the number of checkpoint calls of the second."""
+    stored = grads()
+    monkeypatch.setattr(heat_module, "CHECKPOINT_ELEMENTS", 1)
+    calls: list[int] = []
+    real = heat_module.checkpoint
+    monkeypatch.setattr(
+        heat_module, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    return stored, grads(), len(calls)
+
+
 @pytest.mark.parametrize("t_value", [1.5, 11.0])  # one sub-step, and two (tau > 8)
 def test_large_series_terms_are_recomputed_in_backward(monkeypatch, t_value: float) -> None:
     """Above CHECKPOINT_ELEMENTS the series is recomputed in backward in segments of about
@@ -178,17 +198,10 @@ def test_large_series_terms_are_recomputed_in_backward(monkeypatch, t_value: flo
         y = heat_kernel(SoftmaxGraph(q, k), x, t, method="series", tol=1e-10)
         return torch.autograd.grad((y**2).sum(), (q, k, x, t))
 
-    stored = grads()
-    monkeypatch.setattr(heat_module, "CHECKPOINT_ELEMENTS", 1)
-    calls = []
-    real = heat_module.checkpoint
-    monkeypatch.setattr(
-        heat_module, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    )
-    recomputed = grads()
+    stored, recomputed, calls = _stored_and_recomputed(monkeypatch, grads)
     order = heat_module._series_plan(float(t.detach().max()), 1e-10)[1]
     segment = heat_module._segment_length(order, x)
-    assert 1 < segment < order and len(calls) >= order // segment  # segments, not terms
+    assert 1 < segment < order and calls >= order // segment  # segments, not terms
     for a, b in zip(stored, recomputed, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
@@ -253,14 +266,7 @@ def test_a_one_term_series_of_a_large_signal_is_recomputed_too(monkeypatch) -> N
         return torch.autograd.grad((y**2).sum(), (q, k, x))
 
     assert heat_module._series_plan(0.1, 1e-2) == (1, 1)
-    stored = grads()
-    monkeypatch.setattr(heat_module, "CHECKPOINT_ELEMENTS", 1)
-    calls = []
-    real = heat_module.checkpoint
-    monkeypatch.setattr(
-        heat_module, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    )
-    recomputed = grads()
-    assert len(calls) == 1
+    stored, recomputed, calls = _stored_and_recomputed(monkeypatch, grads)
+    assert calls == 1
     for a, b in zip(stored, recomputed, strict=True):
         torch.testing.assert_close(a, b, atol=1e-14, rtol=0)
