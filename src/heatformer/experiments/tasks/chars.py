@@ -76,6 +76,19 @@ def bits_per_char(loss_nats: _NumberT) -> _NumberT:
     return loss_nats / math.log(2)
 
 
+def _check_byte_stream(name: str, data: object) -> None:
+    """Refuse ``data`` (the field ``name``) unless it is a 1-D ``torch.uint8`` tensor."""
+    import torch
+
+    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.ndim != 1:
+        got = (
+            f"{data.dtype} tensor of shape {tuple(data.shape)}"
+            if isinstance(data, torch.Tensor)
+            else type(data).__name__
+        )
+        raise bad_value(name, f"expected a 1-D uint8 tensor, got {got}")
+
+
 @dataclass(frozen=True, eq=False)
 class CharsTask:
     """Byte-level language modelling data, split into train and validation by file.
@@ -112,17 +125,8 @@ class CharsTask:
     source: str
 
     def __post_init__(self) -> None:
-        import torch
-
         for name in ("train", "val"):
-            data = getattr(self, name)
-            if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.ndim != 1:
-                got = (
-                    f"{data.dtype} tensor of shape {tuple(data.shape)}"
-                    if isinstance(data, torch.Tensor)
-                    else type(data).__name__
-                )
-                raise bad_value(name, f"expected a 1-D uint8 tensor, got {got}")
+            _check_byte_stream(name, getattr(self, name))
 
     @property
     def vocab_size(self) -> int:

@@ -53,6 +53,7 @@ from heatformer.experiments._checks import (
 from heatformer.experiments.tasks.base import Task, TaskOptions, option
 from heatformer.experiments.tasks.chars import (
     _STDLIB_EXCLUDED_DIRS,
+    _check_byte_stream,
     _hash_fraction,
     _to_uint8,
     _walk_files,
@@ -158,8 +159,6 @@ class StdlibTask:
     _index: dict[str, _WindowIndex] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        import torch
-
         check_int("seq_len", self.seq_len, minimum=1)
         check_int("eval_per_class", self.eval_per_class, minimum=1)
         if not self.classes or len(set(self.classes)) != len(self.classes):
@@ -187,13 +186,7 @@ class StdlibTask:
                         f"{min(lengths)} in class {name!r}",
                     )
             total = sum(sum(lengths) for lengths in sizes)
-            if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.ndim != 1:
-                got = (
-                    f"{data.dtype} tensor of shape {tuple(data.shape)}"
-                    if isinstance(data, torch.Tensor)
-                    else type(data).__name__
-                )
-                raise bad_value(split, f"expected a 1-D uint8 tensor, got {got}")
+            _check_byte_stream(split, data)
             if data.numel() != total:
                 raise bad_value(
                     split, f"expected {total} bytes (the sum of its file sizes), got {data.numel()}"
