@@ -31,6 +31,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -99,6 +100,33 @@ class DiffusionOperator(nn.Module):
     def _check(self, graph: Graph, x: Tensor) -> None:
         graph = _check_graph(graph)
         V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
+
+    def _register_factor(
+        self,
+        name: str,
+        value: object,
+        learnable: bool,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        """Check the finite float ``value`` (the argument ``name``) and keep it as
+        ``self.<name>``: a parameter in the factory dtype when ``learnable``, else a float64
+        buffer cast to the signal's dtype at use (see :meth:`_times`)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise V.bad_type(name, f"expected a float, got {type(value).__name__}")
+        if not math.isfinite(value):
+            raise V.bad_value(name, f"expected a finite value, got {value}")
+        if learnable:
+            setattr(self, name, nn.Parameter(_parameter(float(value), device, dtype)))
+        else:
+            fixed = torch.tensor(float(value), dtype=torch.float64, device=device)
+            self.register_buffer(name, fixed, persistent=False)
+
+    def _times(self, y: Tensor, factor: Tensor, learnable: bool) -> Tensor:
+        """``factor * y``, skipped for a fixed factor of 1 (the default: no extra pass)."""
+        if learnable or float(factor) != 1.0:
+            return y * factor.to(y.dtype)
+        return y
 
 
 class NormalizedOperator(DiffusionOperator):

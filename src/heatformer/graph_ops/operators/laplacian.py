@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from heatformer import checks as V
 from heatformer.graph_ops.laplacian import GraphLaplacian
-from heatformer.graph_ops.operators.base import NormalizedOperator, _parameter
+from heatformer.graph_ops.operators.base import NormalizedOperator
 from heatformer.graph_ops.protocol import Graph
 
 __all__ = ["Laplacian"]
@@ -55,24 +53,14 @@ class Laplacian(NormalizedOperator):
     ) -> None:
         super().__init__()
         self.normalization = V.check_normalization(normalization)
-        if isinstance(step, bool) or not isinstance(step, (int, float)):
-            raise V.bad_type("step", f"expected a float, got {type(step).__name__}")
-        if not math.isfinite(step):
-            raise V.bad_value("step", f"expected a finite value, got {step}")
         self.step: Tensor
         self.learnable = V.check_bool("learnable", learnable)
-        if learnable:
-            self.step = nn.Parameter(_parameter(float(step), device, dtype))
-        else:  # float64, cast to the signal's dtype at use
-            value = torch.tensor(float(step), dtype=torch.float64, device=device)
-            self.register_buffer("step", value, persistent=False)
+        self._register_factor("step", step, learnable, device, dtype)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
         y = GraphLaplacian(graph, self.normalization).laplacian(x)
-        if self.learnable or float(self.step) != 1.0:
-            y = y * self.step.to(y.dtype)
-        return y
+        return self._times(y, self.step, self.learnable)
 
     def frequency_response(self, lam: Tensor) -> Tensor:
         return self.step.to(lam.dtype) * lam

@@ -25,14 +25,13 @@ References:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from heatformer import checks as V
-from heatformer.graph_ops.operators.base import DiffusionOperator, _parameter
+from heatformer.graph_ops.operators.base import DiffusionOperator
 from heatformer.graph_ops.protocol import Graph, _fold, _numel, _safe_reciprocal
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
@@ -163,24 +162,13 @@ class MeanPooling(DiffusionOperator):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise V.bad_type("scale", f"expected a float, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise V.bad_value("scale", f"expected a finite value, got {scale}")
         self.learnable = V.check_bool("learnable", learnable)
         self.scale: Tensor
-        if learnable:
-            self.scale = nn.Parameter(_parameter(float(scale), device, dtype))
-        else:  # float64, cast to the signal's dtype at use
-            value = torch.tensor(float(scale), dtype=torch.float64, device=device)
-            self.register_buffer("scale", value, persistent=False)
+        self._register_factor("scale", scale, learnable, device, dtype)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
-        y = _uniform_propagate(graph, x)
-        if self.learnable or float(self.scale) != 1.0:
-            y = y * self.scale.to(y.dtype)
-        return y
+        return self._times(_uniform_propagate(graph, x), self.scale, self.learnable)
 
     def frequency_response(self, lam: Tensor) -> Tensor:
         return self.scale.to(lam.dtype) * (1.0 - lam)
