@@ -1,10 +1,12 @@
-"""Fixtures shared by every test folder: one torch thread, the device and the floating dtype."""
+"""Fixtures shared by every test folder: one torch thread, the device, the floating dtype and
+timm (skipped where it is not installed)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -48,3 +50,14 @@ def device(request: pytest.FixtureRequest) -> torch.device:
 def dtype(request: pytest.FixtureRequest) -> torch.dtype:
     """Both floating dtypes the library promises to support everywhere."""
     return request.param
+
+
+@pytest.fixture(scope="module")
+def timm() -> Iterator[Any]:
+    """The ``timm`` module (imported with the placeholder of ``timm_helpers``), or a skip."""
+    from timm_helpers import import_timm
+
+    with import_timm() as module:
+        if module is None:
+            pytest.skip("timm is not installed")
+        yield module

@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
 from heatformer.checks import ArgumentError
-from timm_helpers import import_timm
 
 SMALL = {"img_size": 32, "patch_size": 8, "num_classes": 5}
-
-
-@pytest.fixture(scope="module")
-def timm() -> Iterator[Any]:
-    with import_timm() as module:
-        if module is None:
-            pytest.skip("timm is not installed")
-        yield module
 
 
 @pytest.fixture(scope="module")

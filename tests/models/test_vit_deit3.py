@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heatformer.models import ViT, ViTConfig, load_model, save_model
-from timm_helpers import import_timm
 
 F64 = torch.float64
 DEIT3 = {
@@ -201,14 +199,6 @@ def test_bad_options_are_refused_when_the_config_is_made(
 
 
 # ---- timm -------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def timm() -> Iterator[Any]:
-    with import_timm() as module:
-        if module is None:
-            pytest.skip("timm is not installed")
-        yield module
 
 
 def _timm_state(ref: nn.Module, pool: str) -> dict[str, Tensor]:
