@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 import scipy.stats
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import graph_helpers as gh
 import heatformer.graph_ops.heat as heat_module
@@ -187,8 +190,8 @@ def _stored_and_recomputed(
 
 @pytest.mark.parametrize("t_value", [1.5, 11.0])  # one sub-step, and two (tau > 8)
 def test_large_series_terms_are_recomputed_in_backward(monkeypatch, t_value: float) -> None:
-    """Above CHECKPOINT_ELEMENTS the series is recomputed in backward in segments of about
-    sqrt(K) terms, with the same gradients (in q, k, x and a learnable t)."""
+    """Above CHECKPOINT_ELEMENTS the series is recomputed in backward in segments of at most
+    sqrt(2 K) terms, with the same gradients (in q, k, x and a learnable t)."""
     gen = torch.Generator().manual_seed(0)
     q, k, x = (torch.randn(2, 12, 3, generator=gen, dtype=torch.float64, requires_grad=True)
                for _ in range(3))  # fmt: skip
@@ -200,10 +203,28 @@ def test_large_series_terms_are_recomputed_in_backward(monkeypatch, t_value: flo
 
     stored, recomputed, calls = _stored_and_recomputed(monkeypatch, grads)
     order = heat_module._series_plan(float(t.detach().max()), 1e-10)[1]
-    segment = heat_module._segment_length(order, x)
-    assert 1 < segment < order and calls >= order // segment  # segments, not terms
+    segments = heat_module._segments(order, x)
+    assert 1 < len(segments) < order and calls >= len(segments)  # segments, not terms
     for a, b in zip(stored, recomputed, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+@given(st.integers(1, 400))
+def test_series_segments_cover_the_terms_and_bound_what_backward_holds(order: int) -> None:
+    """Segments tile ``1..order`` in order, shortest last; segment ``j``'s backward holds the
+    ``j`` earlier segment inputs and its own terms: at most ``m``, the smallest with
+    ``m (m + 1) / 2 >= order`` (no one-level schedule of checkpointed segments does better)."""
+    big = torch.zeros(heat_module.CHECKPOINT_ELEMENTS, requires_grad=True)
+    segments = heat_module._segments(order, big)
+    assert segments[0][0] == 1 and segments[-1][1] == order
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(segments))
+    lengths = [last - first + 1 for first, last in segments]
+    assert lengths == sorted(lengths, reverse=True)
+    m = max(j + length for j, length in enumerate(lengths))
+    assert m * (m + 1) // 2 >= order > (m - 1) * m // 2
+    assert heat_module._segments(order, big[:-1]) is None  # small: everything stored
+    with torch.no_grad():
+        assert heat_module._segments(order, big) is None  # no backward: nothing to keep
 
 
 def test_poisson_order_is_smallest_sufficient() -> None:

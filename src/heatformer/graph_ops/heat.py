@@ -73,8 +73,8 @@ SERIES_MAX_STEP = 8.0
 MATERIALIZE_BUDGET_BYTES = 1 << 28
 #: Terms of at least this many elements are recomputed in backward instead of stored
 #: (``torch.utils.checkpoint``): a heat series on a million tokens keeps one term per segment
-#: of about ``sqrt(K)`` propagations, not every intermediate of every propagation (PPR and
-#: polynomial series keep one term per propagation).
+#: of at most ``sqrt(2 K)`` propagations (see ``_segments``), not every intermediate of every
+#: propagation (PPR and polynomial series keep one term per propagation).
 CHECKPOINT_ELEMENTS = 1 << 24
 
 
@@ -128,19 +128,18 @@ def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol:
     s, order = _series_plan(tau_max, tol)
     step = (tau / s)[..., None, None]  # (..., 1, 1): per-graph weights, accumulation dtype
     y = x.to(step.dtype)
-    segment = _segment_length(order, x)
+    segments = _segments(order, x)
     for _ in range(s):
         weight = torch.exp(-step)  # e^{-tau} tau^k / k!, by recursion
         term = y.to(x.dtype)  # products with the graph in the signal's dtype
         acc = weight * y
-        if segment is None:  # everything kept for the backward (small signals)
+        if segments is None:  # everything kept for the backward (small signals)
             for k in range(1, order + 1):
                 term = gen.markov(term)
                 weight = weight * step / k
                 acc = torch.addcmul(acc, weight, term)  # acc + weight * term, one pass
         else:
-            for first in range(1, order + 1, segment):
-                last = min(order, first + segment - 1)
+            for first, last in segments:
                 term, part, weight = checkpoint(
                     _series_terms, gen.markov, term, weight, step, first, last,
                     use_reentrant=False,
@@ -150,14 +149,32 @@ def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol:
     return y.to(x.dtype)
 
 
-def _segment_length(order: int, x: Tensor) -> int | None:
-    """Terms per recomputed segment of a series: ``None`` (store everything) for small signals
-    or without gradients, else ``ceil(sqrt(order))``, so that the backward keeps about
-    ``2 sqrt(order)`` signals (one input per segment, and the terms of the one segment it
-    recomputes) instead of ``order``."""
+def _segments(order: int, x: Tensor) -> list[tuple[int, int]] | None:
+    """The recomputed segments ``(first, last)`` of a series of terms ``1..order``: ``None``
+    (store everything) for small signals or without gradients.
+
+    The backward of segment ``j`` (counted from 0) holds the inputs of the ``j`` segments
+    before it and the ``len_j`` terms it recomputes, so segments of decreasing length
+    ``m, m - 1, ...`` with ``m (m + 1) / 2 >= order`` keep at most ``m ~ sqrt(2 order)``
+    signals at once (4 for the 9 terms of t = 1, tol 1e-6), against ``2 sqrt(order)`` (6) for
+    equal segments of ``sqrt(order)``.
+
+    Example:
+        >>> _segments(9, torch.zeros(1 << 24, requires_grad=True))
+        [(1, 4), (5, 7), (8, 9)]
+    """
     if not (torch.is_grad_enabled() and x.numel() >= CHECKPOINT_ELEMENTS):
         return None
-    return max(1, math.isqrt(max(order - 1, 0)) + 1)
+    m = 1
+    while m * (m + 1) // 2 < order:
+        m += 1
+    segments, first = [], 1
+    for length in range(m, 0, -1):
+        if first > order:
+            break
+        segments.append((first, min(order, first + length - 1)))
+        first += length
+    return segments
 
 
 def _series_terms(
