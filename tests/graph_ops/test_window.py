@@ -226,3 +226,57 @@ def test_slabs_made_without_grad_do_not_serve_a_backward() -> None:
     b = torch.autograd.grad(dense.propagate(x).sum(), (q, k))
     for u, v in zip(a, b, strict=True):
         torch.testing.assert_close(u, v, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("causal", "g", "fused"), list(itertools.product([True, False], [0, 2], [True, False]))
+)
+def test_interior_runs_share_one_mask_and_equal_the_dense_graph(monkeypatch, causal, g, fused):
+    """Long enough for interior blocks (one shared mask pattern, expanded) and small runs (a
+    lowered SLAB_ELEMENTS): runs never straddle the interior's ends, interior masks take no
+    memory per block, and products, gradients and a heat series equal the dense graph's."""
+    from heatformer.graph_ops import _window_attention, window
+
+    monkeypatch.setattr(_window_attention, "FUSED_CPU", fused)
+    monkeypatch.setattr(window, "SLAB_ELEMENTS", 300)
+    n, w, rb = 61, 3, 4
+    gen = torch.Generator().manual_seed(7)
+    q, k, x = (torch.randn(2, 2, n, 3, generator=gen, dtype=F64, requires_grad=True)
+               for _ in range(3))  # fmt: skip
+    graph = WindowGraph(q, k, window=w, causal=causal, num_global=g, row_block=rb)
+    dense = SoftmaxGraph(q, k, mask=band_mask(n, w, causal, g, None, False))
+    lo, hi = graph._interior()
+    runs = graph._chunks(g + graph._slab())
+    assert 0 < lo < hi < graph._num_blocks() and len(runs) > 3
+    assert all(r.stop <= lo or lo <= r.start < r.stop <= hi or r.start >= hi for r in runs)
+    inside = [r for r in runs if lo <= r.start and r.stop <= hi]
+    storages = {graph._run_masks(r)[0].untyped_storage().data_ptr() for r in inside}
+    additive = {graph._sdpa_mask(r, F64).untyped_storage().data_ptr() for r in inside}
+    assert inside and len(storages) == len(additive) == 1  # one pattern, shared
+
+    def loss(G):
+        return (HeatKernel(t=1.0, tol=1e-12)(G, x) ** 2).sum() + (G.propagate(x) ** 3).sum()
+
+    torch.testing.assert_close(graph.propagate(x), dense.propagate(x), atol=1e-12, rtol=1e-10)
+    for a, b in zip(torch.autograd.grad(loss(graph), (q, k, x)),
+                    torch.autograd.grad(loss(dense), (q, k, x)), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)
+
+
+def test_gradients_in_q_and_k_are_summed_once_per_backward_pass() -> None:
+    """Every propagation of one graph adds its gradient in q and k into one buffer per backward
+    pass, handed over once: a pass that stops short of q and k (gradients in x only) leaves
+    nothing behind for a later one, and a retained graph's second pass starts from zero."""
+    window, dense, (q, k, x) = _make(23, 4, True, 2, False, False, 5)
+
+    def loss(G):
+        return (G.propagate(G.propagate(x)) ** 2).sum() + G.propagate_transpose(x).sum()
+
+    expected = torch.autograd.grad(loss(dense), (q, k, x))
+    y = loss(window)
+    (gx,) = torch.autograd.grad(y, (x,), retain_graph=True)  # not reaching q and k
+    torch.testing.assert_close(gx, expected[2], atol=1e-11, rtol=1e-9)
+    for _ in range(2):  # the same graph twice: each pass its own sums
+        got = torch.autograd.grad(y, (q, k, x), retain_graph=True)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)

@@ -19,15 +19,19 @@ the weights are recomputed from plain products, as flash attention does:
         - \mathrm{rowsum}(P \odot \mathrm{d}y\, x_{\text{slab}}^\top)),
 
 ``dq = s dS k_slab`` and ``dk_slab = s dS^T q`` (``s`` the scale), the slab gradients folded back
-onto positions. Memory is ``O(chunk)`` beyond the inputs and outputs (and one padded copy of
-``k`` and ``x`` during a call). A row with no allowed key gives 0. On the generic path,
-half-precision inputs are computed in float32 per chunk (the result is cast back), as the
-library's other softmax paths do.
+onto positions. Memory is ``O(run)`` beyond the inputs and outputs: each run of blocks pads
+and copies only its own rows, and an interior run's mask is one shared ``(b, g + L)`` pattern.
+The gradients in ``q`` and ``k`` of all the products of one graph (a heat series makes one per
+term) are summed in place into one buffer each (:class:`GradSink`), which autograd receives
+once, from the :func:`shared` node that every product's ``q`` and ``k`` come from: not one
+``q``-sized gradient per product plus autograd's running sums. A row with no allowed key gives
+0. On the generic path, half-precision inputs are computed in float32 per chunk (the result is
+cast back), as the library's other softmax paths do.
 
-Measured (``benchmarks/bench_long.py``, window(128) layer, H = 4, Dh = 64, N = 262144, fwd +
-bwd): peak 3.47 GB for Laplacian heads and 6.23 GB for heat heads, against 4.02 and 7.64 GB
-through autograd of the masked SDPA call; the same speed (0.94x-1.05x for ``propagate``
-forward + backward at N = 65536).
+Measured (``benchmarks/bench_long.py``, window(128) layer of heat heads, t = 1, tol 1e-6,
+H = 4, Dh = 64, N = 262144, fwd + bwd): peak 3.94 GB, against 5.07 GB with whole padded copies,
+per-product gradients and ``sqrt(K)`` equal series segments, and 7.64 GB through autograd of the
+masked SDPA call.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from heatformer.graph_ops.window import WindowGraph
 
-__all__ = ["WindowAttention", "window_attention"]
+__all__ = ["GradSink", "WindowAttention", "shared", "window_attention"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -51,35 +55,36 @@ def _work(t: Tensor) -> Tensor:
 
 
 class _Slabs:
-    """The padded ``q`` blocks, ``k`` and ``x`` of one call, made once and viewed per run of
-    blocks (in the working dtype: float32 for half-precision inputs)."""
+    """The query blocks, key and value slabs of one call, made per run of blocks from the
+    unpadded inputs (in the working dtype: float32 for half-precision inputs), so that no
+    padded copy of a whole input is ever made."""
 
     def __init__(self, graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor, work: bool) -> None:
         self.graph = graph
         self.q, self.k, self.x = (_work(q), _work(k), _work(x)) if work else (q, k, x)
-        self.q_blocks = graph._blocks_of(self.q)  # (Bf, nb, b, E)
-        self.k_pad = graph._pad_for_slabs(self.k)  # (Bf, P, E)
-        self.x_pad = graph._pad_for_slabs(self.x)  # (Bf, P, C)
+
+    def queries(self, blocks: slice) -> Tensor:
+        """``(Bf, nb', b, E)``, contiguous."""
+        return self.graph._block_rows(self.q, blocks).contiguous()
 
     def keys(self, blocks: slice) -> Tensor:
         """``(Bf, nb', g + L, E)``, contiguous (a product with the overlapping view would copy
         each block apart)."""
-        return self.graph._keys(self.k, blocks, self.k_pad).contiguous()
+        return self.graph._keys(self.k, blocks).contiguous()
 
     def values(self, blocks: slice) -> Tensor:
         """``(Bf, nb', g + L, C)``, contiguous."""
-        return self.graph._keys(self.x, blocks, self.x_pad).contiguous()
+        return self.graph._keys(self.x, blocks).contiguous()
 
-    def weights(self, blocks: slice, keys: Tensor) -> Tensor:
+    def weights(self, blocks: slice, queries: Tensor, keys: Tensor) -> Tensor:
         """``P`` of the blocks, ``(Bf, nb', b, g + L)`` (rows without keys: 0), from their
-        :meth:`keys`."""
-        disallowed, empty = self.graph._allowed_slabs()
-        s = self.q_blocks[:, blocks] @ keys.transpose(-1, -2)  # (Bf, nb', b, g + L)
-        s = s.mul_(self.graph.scale).masked_fill_(disallowed[:, blocks], float("-inf"))
+        :meth:`queries` and :meth:`keys`."""
+        _, disallowed, empty = self.graph._run_masks(blocks)
+        s = queries @ keys.transpose(-1, -2)  # (Bf, nb', b, g + L)
+        s = s.mul_(self.graph.scale).masked_fill_(disallowed, float("-inf"))
         if empty is None:
             return torch.softmax(s, dim=-1)
-        rows = empty[:, blocks]
-        return torch.softmax(s.masked_fill_(rows, 0.0), dim=-1).masked_fill_(rows, 0.0)
+        return torch.softmax(s.masked_fill_(empty, 0.0), dim=-1).masked_fill_(empty, 0.0)
 
 
 def _fold_add(out: Tensor, parts: Tensor, first_block: int, graph: WindowGraph) -> None:
@@ -106,47 +111,110 @@ def _fused(q: Tensor, x: Tensor) -> bool:
     return FUSED_CPU and q.device.type == "cpu" and x.shape[-1] == q.shape[-1]
 
 
-def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
-    """A bool mask as the additive float mask the fused kernels take: 0 or ``-inf``."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-        ~allowed, float("-inf")
-    )
+class GradSink:
+    """The gradients in ``q`` and ``k`` of every :class:`WindowAttention` of one graph, summed
+    in place per backward pass (one buffer each, instead of one per propagation plus autograd's
+    running sums: a heat series propagates the same ``q``, ``k`` once per term) and handed to
+    autograd once, by the :func:`shared` node they were made from, which runs after all of
+    them. Keyed by the backward pass (``torch._C._current_graph_task_id``), so that a pass that
+    does not reach ``q`` and ``k`` cannot leak into a later one."""
+
+    def __init__(self, graph: WindowGraph) -> None:
+        self.graph = graph
+        self._by_pass: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def buffers(self, q: Tensor, k: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``(dq (Bf, nb b, E), dk (Bf, rows, E))`` of the current backward pass, zeros at
+        first: ``dq`` by query row, ``dk`` by padded slab position (``rows >= P``, a multiple
+        of ``b``)."""
+        task = torch._C._current_graph_task_id()
+        if task not in self._by_pass:
+            graph, bf = self.graph, q.shape[0]
+            b, nb = graph.row_block, graph._num_blocks()
+            rows = (nb - 1 + -(-graph._slab() // b)) * b
+            self._by_pass[task] = (
+                q.new_zeros(bf, nb * b, q.shape[-1], dtype=dtype),
+                q.new_zeros(bf, rows, k.shape[-1], dtype=dtype),
+            )
+        return self._by_pass[task]
+
+    def pop(self) -> tuple[Tensor, Tensor] | None:
+        """The current pass's ``(dq, dk)`` as ``(Bf, N, E)`` (None if nothing was added)."""
+        found = self._by_pass.pop(torch._C._current_graph_task_id(), None)
+        if found is None:
+            return None
+        n, before = self.graph.num_nodes, self.graph._before()
+        return found[0][:, :n], found[1][:, before : before + n]
+
+
+class _Shared(torch.autograd.Function):
+    """Identity on ``q``, ``k``, whose backward adds what the sink collected."""
+
+    @staticmethod
+    def forward(ctx: Any, sink: GradSink, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        ctx.sink, ctx.dtypes = sink, (q.dtype, k.dtype)
+        ctx.set_materialize_grads(False)
+        return q.view_as(q), k.view_as(k)
+
+    @staticmethod
+    def backward(
+        ctx: Any, dq: Tensor | None, dk: Tensor | None
+    ) -> tuple[None, Tensor | None, Tensor | None]:
+        found = ctx.sink.pop()
+        if found is None:
+            return None, dq, dk
+        sq, sk = (t.to(dtype) for t, dtype in zip(found, ctx.dtypes, strict=True))
+        return None, sq if dq is None else dq + sq, sk if dk is None else dk + sk
+
+
+def shared(graph: WindowGraph, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, GradSink]:
+    """``q``, ``k`` for every product of ``graph`` in one forward pass, and the sink their
+    :class:`WindowAttention` gradients are summed in."""
+    sink = GradSink(graph)
+    qs, ks = _Shared.apply(sink, q, k)
+    return qs, ks, sink
 
 
 class WindowAttention(torch.autograd.Function):
     """``y = P x`` over a window graph's query blocks; see the module docstring."""
 
     @staticmethod
-    def forward(ctx: Any, graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor) -> Tensor:
-        """``q``, ``k`` ``(Bf, N, E)``, ``x`` ``(Bf, N, C)`` -> ``(Bf, nb, b, C)``."""
-        allowed, empty = graph._sdpa_mask()
-        q_blocks = graph._blocks_of(q)  # (Bf, nb, b, E)
-        k_pad, x_pad = graph._pad_for_slabs(k), graph._pad_for_slabs(x)
+    def forward(
+        ctx: Any, graph: WindowGraph, sink: GradSink | None, q: Tensor, k: Tensor, x: Tensor
+    ) -> Tensor:
+        """``q``, ``k`` ``(Bf, N, E)``, ``x`` ``(Bf, N, C)`` -> ``(Bf, nb, b, C)``; with a
+        ``sink`` (``q``, ``k`` from :func:`shared`), their gradients go there."""
         fused = _fused(q, x)
-        ys, lses = [], []
+        nb, b = graph._num_blocks(), graph.row_block
+        out = x.new_empty(x.shape[0], nb, b, x.shape[-1])  # (Bf, nb, b, C), filled per run
+        lse: Tensor | None = None  # (Bf, nb, b), in the kernel's dtype, made at the first run
         for blocks in graph._chunks(graph.num_global + graph._slab()):
-            qb, kb = q_blocks[:, blocks], graph._keys(k, blocks, k_pad)
-            xb = graph._keys(x, blocks, x_pad)
+            qb, kb = graph._block_rows(q, blocks), graph._keys(k, blocks)
+            xb = graph._keys(x, blocks)
+            empty = graph._run_masks(blocks)[2]
             if fused:  # (Bf, nb', b, C) and the log-sum-exp of each row (Bf, nb', b)
-                y, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    qb, kb, xb, attn_mask=_additive(allowed[:, blocks], q.dtype), scale=graph.scale
+                y, lse_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    qb, kb, xb, attn_mask=graph._sdpa_mask(blocks, q.dtype), scale=graph.scale
                 )
-                lses.append(lse)
+                if lse is None:
+                    lse = lse_b.new_empty(q.shape[0], nb, b)
+                lse[:, blocks] = lse_b
             else:
                 y = F.scaled_dot_product_attention(
-                    qb, kb, xb, attn_mask=allowed[:, blocks], scale=graph.scale
+                    qb, kb, xb, attn_mask=graph._sdpa_mask(blocks), scale=graph.scale
                 )
-            ys.append(y if empty is None else y.masked_fill_(empty[:, blocks], 0.0))
-        out = torch.cat(ys, dim=1)
-        ctx.graph, ctx.fused = graph, fused
+            out[:, blocks] = y if empty is None else y.masked_fill_(empty, 0.0)
+        ctx.graph, ctx.fused, ctx.sink = graph, fused, sink
         if fused:  # the kernel's backward needs the output (the next term's input in a series)
-            ctx.save_for_backward(q, k, x, out, torch.cat(lses, dim=1))
+            ctx.save_for_backward(q, k, x, out, lse)
         else:
             ctx.save_for_backward(q, k, x)
         return out
 
     @staticmethod
-    def backward(ctx: Any, dy: Tensor) -> tuple[None, Tensor | None, Tensor | None, Tensor | None]:
+    def backward(
+        ctx: Any, dy: Tensor
+    ) -> tuple[None, None, Tensor | None, Tensor | None, Tensor | None]:
         graph: WindowGraph = ctx.graph
         saved = ctx.saved_tensors  # unpacked once (a checkpointed caller allows no more)
         q, k, x = saved[:3]
@@ -154,48 +222,57 @@ class WindowAttention(torch.autograd.Function):
         bf, n = q.shape[0], graph.num_nodes
         g, before = graph.num_global, graph._before()
         b = graph.row_block
-        rows = (graph._num_blocks() - 1 + -(-graph._slab() // b)) * b  # >= P, a multiple of b
-        acc = torch.float32 if q.dtype in _HALF else q.dtype  # sums of blocks in float32
-        dk_pad = q.new_zeros(bf, rows, k.shape[-1], dtype=acc)
-        dx_pad = q.new_zeros(bf, rows, x.shape[-1], dtype=acc)
         nb = graph._num_blocks()
-        dq = q.new_empty(bf, nb, b, q.shape[-1], dtype=acc)  # (Bf, nb, b, E)
-        allowed, empty = graph._sdpa_mask()
+        acc = torch.float32 if q.dtype in _HALF else q.dtype  # sums of blocks in float32
+        sink: GradSink | None = ctx.sink
+        dq_rows, dk_pad = (sink or GradSink(graph)).buffers(q, k, acc)  # summed in place
+        dq = dq_rows.view(bf, nb, b, -1)  # (Bf, nb, b, E)
+        dx_pad = q.new_zeros(bf, dk_pad.shape[1], x.shape[-1], dtype=acc)
         for blocks in graph._chunks(g + graph._slab()):
-            kb = slabs.keys(blocks)  # (Bf, nb', g + L, E)
+            qb, kb = slabs.queries(blocks), slabs.keys(blocks)  # (Bf, nb', b or g + L, E)
             dyb = dy[:, blocks]  # (Bf, nb', b, C)
+            empty = graph._run_masks(blocks)[2]
             if empty is not None:  # rows set to 0 in the forward pass pass no gradient
-                dyb = dyb.masked_fill(empty[:, blocks], 0.0)
+                dyb = dyb.masked_fill(empty, 0.0)
             if ctx.fused:
                 out, lse = saved[3:]
                 dqb, dkb, dxb = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    dyb.contiguous(), slabs.q_blocks[:, blocks].contiguous(), kb,
+                    dyb.contiguous(), qb, kb,
                     slabs.values(blocks), out[:, blocks].contiguous(), lse[:, blocks].contiguous(),
-                    0.0, False, attn_mask=_additive(allowed[:, blocks], q.dtype),
+                    0.0, False, attn_mask=graph._sdpa_mask(blocks, q.dtype),
                     scale=graph.scale,
                 )  # fmt: skip
             else:
-                p = slabs.weights(blocks, kb)  # (Bf, nb', b, g + L), recomputed
+                p = slabs.weights(blocks, qb, kb)  # (Bf, nb', b, g + L), recomputed
                 dyb = _work(dyb)
                 dp = dyb @ slabs.values(blocks).transpose(-1, -2)  # (Bf, nb', b, g + L)
                 ds = torch.ops.aten._softmax_backward_data(dp, p, -1, p.dtype)  # P (dp - rowsum)
                 dqb = (ds @ kb).mul_(graph.scale)  # (Bf, nb', b, E)
-                dkb = (ds.transpose(-1, -2) @ slabs.q_blocks[:, blocks]).mul_(graph.scale)
+                dkb = (ds.transpose(-1, -2) @ qb).mul_(graph.scale)
                 dxb = p.transpose(-1, -2) @ dyb  # (Bf, nb', g + L, C)
-            dq[:, blocks] = dqb
+            dq[:, blocks] += dqb
             start = blocks.start or 0
             _fold_add(dk_pad, dkb[:, :, g:], start, graph)
             _fold_add(dx_pad, dxb[:, :, g:], start, graph)
             if g:  # the global keys: the first g positions, in every block's keys
                 dk_pad[:, before : before + g] += dkb[:, :, :g].sum(1)
                 dx_pad[:, before : before + g] += dxb[:, :, :g].sum(1)
-        dq_rows = dq.view(bf, nb * b, -1)[:, :n]
-        dk = dk_pad[:, before : before + n]
-        dx = dx_pad[:, before : before + n]
-        return None, dq_rows.to(q.dtype), dk.to(k.dtype), dx.to(x.dtype)
+        dx = dx_pad[:, before : before + n].to(x.dtype)
+        if sink is not None:  # q and k get theirs once, through shared()
+            return None, None, None, None, dx
+        return (
+            None,
+            None,
+            dq_rows[:, :n].to(q.dtype),
+            dk_pad[:, before : before + n].to(k.dtype),
+            dx,
+        )
 
 
-def window_attention(graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor) -> Tensor:
-    """``P x`` of ``graph`` by :class:`WindowAttention`: ``(Bf, N, ...)`` -> ``(Bf, nb, b, C)``."""
-    out: Tensor = WindowAttention.apply(graph, q, k, x)
+def window_attention(
+    graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor, sink: GradSink | None = None
+) -> Tensor:
+    """``P x`` of ``graph`` by :class:`WindowAttention`: ``(Bf, N, ...)`` -> ``(Bf, nb, b, C)``
+    (``sink``: ``q``, ``k`` came from :func:`shared`)."""
+    out: Tensor = WindowAttention.apply(graph, sink, q, k, x)
     return out

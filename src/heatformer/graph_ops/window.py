@@ -27,6 +27,7 @@ References:
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -35,7 +36,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
-from heatformer.graph_ops._window_attention import window_attention
+from heatformer.graph_ops._window_attention import GradSink, shared, window_attention
 from heatformer.graph_ops.protocol import SLAB_ELEMENTS, Graph, _fold, _numel
 from heatformer.graph_ops.sparse import SparseGraph
 
@@ -135,9 +136,11 @@ class WindowGraph(Graph):
         self.row_block = V.check_positive_int("row_block", b)
         self._rows_nonempty = key_mask is None  # a row always keeps its own key
         self._row_has_edge: Tensor | None = None
-        self._all_allowed: tuple[Tensor, Tensor | None] | None = None  # see _allowed_slabs
-        self._sdpa_allowed: Tensor | None = None  # see _sdpa_mask
-        self._flat_qk: tuple[bool, Tensor, Tensor] | None = None  # see _flat
+        self._pattern: tuple[Tensor, Tensor] | None = None  # see _run_masks
+        self._all_masks: tuple[Tensor, Tensor, Tensor | None] | None = None  # see _run_masks
+        self._end_masks: dict[tuple[int, int], tuple[Tensor, Tensor, Tensor | None]] = {}
+        self._additive: Tensor | None = None  # see _sdpa_mask
+        self._flat_qk: tuple[bool, Tensor, Tensor, GradSink | None] | None = None  # _flat
 
     # ---- geometry ----------------------------------------------------------------------------
 
@@ -220,12 +223,29 @@ class WindowGraph(Graph):
                 allowed = allowed & self._blocks_of(km)[:, blocks].unsqueeze(-1)
         return allowed
 
-    def _keys(self, t: Tensor, blocks: slice, padded: Tensor | None = None) -> Tensor:
-        """``(Bf, N, D)`` -> the keys (or values) of each block: ``(Bf, nb', g + L, D)``
-        (``padded``: ``t`` already through :meth:`_pad_for_slabs`)."""
-        if padded is None:
-            padded = self._pad_for_slabs(t)
-        slabs = self._slabs_of_padded(padded)[:, blocks]  # (Bf, nb', L, D)
+    def _block_rows(self, t: Tensor, blocks: slice) -> Tensor:
+        """Query rows of the blocks ``blocks`` of ``t`` ``(Bf, N, ...)``: ``(Bf, nb', b, ...)``,
+        zero-padded past ``N`` (a view unless the run reaches past ``N``)."""
+        start, stop, _ = blocks.indices(self._num_blocks())
+        b = self.row_block
+        rows = t[:, start * b : stop * b]
+        short = (stop - start) * b - rows.shape[1]
+        if short:
+            rows = F.pad(rows, [0, 0] * (t.dim() - 2) + [0, short])
+        return rows.reshape(t.shape[0], stop - start, b, *t.shape[2:])
+
+    def _keys(self, t: Tensor, blocks: slice) -> Tensor:
+        """``(Bf, N, D)`` -> the keys (or values) of each block of the run ``blocks``:
+        ``(Bf, nb', g + L, D)``, overlapping views of one padded copy of the run's own rows
+        (``O(run)`` memory, never a padded copy of all of ``t``)."""
+        start, stop, _ = blocks.indices(self._num_blocks())
+        b, n, slab = self.row_block, self.num_nodes, self._slab()
+        lo = start * b - self._before()  # first slab position of the run (may be < 0)
+        hi = (stop - 1) * b - self._before() + slab  # one past its last
+        piece = t[:, max(lo, 0) : min(hi, n)]
+        if lo < 0 or hi > n:
+            piece = F.pad(piece, [0, 0] * (t.dim() - 2) + [max(-lo, 0), max(hi - n, 0)])
+        slabs = self._slabs_of_padded(piece)  # (Bf, nb', L, D)
         if not self.num_global:
             return slabs
         glob = t[:, : self.num_global].unsqueeze(1).expand(-1, slabs.shape[1], -1, -1)
@@ -234,19 +254,39 @@ class WindowGraph(Graph):
     def _flat(self) -> tuple[Tensor, Tensor]:
         """``q``, ``k`` as ``(Bf, N, E)``: made once per grad mode (a copy when ``q`` is a
         strided view, e.g. of a fused projection) and shared by every product, so that a heat
-        series keeps one copy for its backward, not one per term."""
+        series keeps one copy for its backward, not one per term. With gradients they pass
+        through :func:`~heatformer.graph_ops._window_attention.shared`, so that every
+        propagation adds its gradient in ``q``, ``k`` into one buffer each (:attr:`_sink`)."""
         grad = torch.is_grad_enabled()
         if self._flat_qk is None or self._flat_qk[0] != grad:
             n, e = self.q.shape[-2:]
-            self._flat_qk = (grad, self.q.reshape(-1, n, e), self.k.reshape(-1, n, e))
+            q, k = self.q.reshape(-1, n, e), self.k.reshape(-1, n, e)
+            sink = None
+            if grad and (q.requires_grad or k.requires_grad):
+                q, k, sink = shared(self, q, k)
+            self._flat_qk = (grad, q, k, sink)
         return self._flat_qk[1], self._flat_qk[2]
 
+    @property
+    def _sink(self) -> GradSink | None:
+        """Where :class:`WindowAttention` sums the gradients of the current :meth:`_flat`."""
+        self._flat()
+        assert self._flat_qk is not None
+        return self._flat_qk[3]
+
     def _chunks(self, per_block: int) -> list[slice]:
-        """Runs of blocks whose ``(Bf, blocks, b, per_block)`` slab stays near SLAB_ELEMENTS."""
+        """Runs of blocks whose ``(Bf, blocks, b, per_block)`` slab stays near SLAB_ELEMENTS,
+        cut where the interior (one shared mask pattern, :meth:`_interior`) begins and ends."""
         rows = _numel(self.batch_shape) * self.row_block * max(1, per_block)
         step = max(1, SLAB_ELEMENTS // rows)
         nb = self._num_blocks()
-        return [slice(s, min(s + step, nb)) for s in range(0, nb, step)]
+        lo, hi = self._interior()
+        cuts = sorted({0, nb} | ({lo, hi} & set(range(1, nb)) if lo < hi else set()))
+        return [
+            slice(s, min(s + step, stop))
+            for start, stop in itertools.pairwise(cuts)
+            for s in range(start, stop, step)
+        ]
 
     def _global_allowed(self) -> Tensor:
         """Bool ``(Bf or 1, g, N)``: what the global rows may attend (every key, causal order)."""
@@ -267,7 +307,7 @@ class WindowGraph(Graph):
 
     def _block_weights(self, q: Tensor, k: Tensor, blocks: slice) -> Tensor:
         """Softmax weights ``(Bf, nb', b, g + L)`` of the blocks (rows of global tokens 0)."""
-        qb = self._blocks_of(q)[:, blocks]  # (Bf, nb', b, E)
+        qb = self._block_rows(q, blocks)  # (Bf, nb', b, E)
         s = (qb @ self._keys(k, blocks).transpose(-1, -2)) * self.scale
         allowed = self._allowed(blocks)
         s = s.masked_fill(~allowed, float("-inf"))
@@ -290,32 +330,78 @@ class WindowGraph(Graph):
 
     # ---- protocol ------------------------------------------------------------------------
 
-    def _allowed_slabs(self) -> tuple[Tensor, Tensor | None]:
-        """``(~allowed, ~has)`` of every block, made once per graph (a heat series propagates
-        one graph many times): the disallowed pairs, bool ``(Bf or 1, nb, b, g + L)``, and the
-        rows without any allowed key ``(Bf or 1, nb, b, 1)``, or ``None`` when there are none
-        (padding rows of the last block included)."""
-        if self._all_allowed is None:
-            allowed = self._allowed(slice(None))
-            empty = ~allowed.any(-1, keepdim=True)
-            self._all_allowed = (~allowed, empty if bool(empty.any()) else None)
-        return self._all_allowed
+    def _interior(self) -> tuple[int, int]:
+        """Blocks ``[lo, hi)`` that all share one allowed pattern: no key mask, every row a
+        real query past the global ones, the whole slab inside ``[g, N)``; ``lo >= hi`` when
+        there are none."""
+        if self._key_mask is not None:
+            return 0, 0
+        b, n, before = self.row_block, self.num_nodes, self._before()
+        lo = -(-(self.num_global + before) // b)  # m b - before >= g, so also m b >= g
+        last = n - self._slab() + before  # m b <= last: the slab ends inside N
+        hi = min(last // b + 1 if last >= 0 else 0, n // b)  # and every row is real
+        return lo, hi
 
-    def _sdpa_mask(self) -> tuple[Tensor, Tensor | None]:
-        """``(allowed, ~has)`` for the fused SDPA kernel: rows without keys attend everywhere
-        (their output is then set to 0), so that no row of the kernel is all ``-inf``."""
-        if self._sdpa_allowed is None:
-            disallowed, empty = self._allowed_slabs()
-            allowed = ~disallowed
-            self._sdpa_allowed = allowed if empty is None else allowed | empty
-        return self._sdpa_allowed, self._allowed_slabs()[1]
+    def _run_masks(self, blocks: slice) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(allowed, disallowed, empty)`` of a run of blocks: bool ``(Bf or 1, nb', b,
+        g + L)`` each, and the rows without any allowed key ``(Bf or 1, nb', b, 1)`` or None.
+
+        An interior run (:meth:`_interior`) gets one shared ``(b, g + L)`` pattern, expanded
+        (no memory per block); the runs at the ends (a few blocks) are made once each; with a
+        key mask every block differs, and the masks of all blocks are made once. All are kept
+        by the graph: a heat series propagates one graph many times."""
+        start, stop, _ = blocks.indices(self._num_blocks())
+        lo, hi = self._interior()
+        if lo <= start and stop <= hi:
+            if self._pattern is None:
+                allowed = self._allowed(slice(lo, lo + 1))  # (1, 1, b, g + L)
+                self._pattern = (allowed, ~allowed)
+            shape = (1, stop - start, *self._pattern[0].shape[2:])
+            return self._pattern[0].expand(shape), self._pattern[1].expand(shape), None
+        if self._key_mask is None:  # the ends: a few blocks, kept per run
+            if (start, stop) not in self._end_masks:
+                self._end_masks[start, stop] = self._masks_of(self._allowed(blocks))
+            return self._end_masks[start, stop]
+        if self._all_masks is None:
+            self._all_masks = self._masks_of(self._allowed(slice(None)))
+        allowed, disallowed, empty = self._all_masks
+        rows = None if empty is None else empty[:, blocks]
+        return allowed[:, blocks], disallowed[:, blocks], rows
+
+    @staticmethod
+    def _masks_of(allowed: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        empty = ~allowed.any(-1, keepdim=True)
+        return allowed, ~allowed, empty if bool(empty.any()) else None
+
+    def _sdpa_mask(self, blocks: slice, dtype: torch.dtype | None = None) -> Tensor:
+        """The mask of a run for the fused kernels: rows without keys attend everywhere (their
+        output is then set to 0), so that no row of the kernel is all ``-inf``; bool, or with
+        ``dtype`` the additive float mask (0 or ``-inf``; shared across an interior run)."""
+        allowed, disallowed, empty = self._run_masks(blocks)
+        if dtype is None:
+            return allowed if empty is None else allowed | empty
+        start, stop, _ = blocks.indices(self._num_blocks())
+        lo, hi = self._interior()
+        if lo <= start and stop <= hi:  # an interior run: one pattern
+            if self._additive is None or self._additive.dtype != dtype:
+                self._additive = torch.zeros(
+                    allowed.shape[2:], dtype=dtype, device=allowed.device
+                ).masked_fill_(disallowed[0, 0], float("-inf"))  # (b, g + L)
+            return self._additive.expand(allowed.shape)
+        if empty is not None:
+            disallowed = disallowed & ~empty
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+            disallowed, float("-inf")
+        )
 
     def propagate(self, x: Tensor) -> Tensor:
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
         q, k = self._flat()
         n = self.num_nodes
-        y = window_attention(self, q, k, xf)  # (Bf, nb, b, C); rows without edges are 0
-        y = y.reshape(q.shape[0], -1, xf.shape[-1])[:, :n]  # (Bf, N, C)
+        y = window_attention(self, q, k, xf, self._sink)  # (Bf, nb, b, C); rows w/o edges: 0
+        y = y.reshape(q.shape[0], -1, xf.shape[-1])  # (Bf, nb b, C)
+        if y.shape[1] != n:  # a slice's backward writes into a zero-filled copy: only if needed
+            y = y[:, :n]  # (Bf, N, C)
         if self.num_global:
             ga = self._global_allowed()
             g_has = ga.any(-1, keepdim=True)
@@ -337,11 +423,10 @@ class WindowGraph(Graph):
             out = p.transpose(-1, -2) @ xb  # (Bf, nb', g + L, C)
             return out[:, :, :g].sum(1), out[:, :, g:]  # (Bf, g, C), (Bf, nb', L, C)
 
-        xb_all = self._blocks_of(xf)  # (Bf, nb, b, C)
         to_global = xf.new_zeros(xf.shape[0], g, xf.shape[-1])
         slabs: list[Tensor] = []
         for blocks in self._chunks(g + slab):
-            args = (q, k, xb_all[:, blocks])
+            args = (q, k, self._block_rows(xf, blocks))
             fn = lambda q, k, xb, blocks=blocks: chunk(q, k, xb, blocks)  # noqa: E731
             tg, ts = checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
             to_global = to_global + tg
@@ -421,7 +506,7 @@ class WindowGraph(Graph):
         idx_parts, w_parts = [], []
         for blocks in self._chunks(g + self._slab()):
             with torch.no_grad():
-                s = self._blocks_of(q)[:, blocks] @ self._keys(k, blocks).transpose(-1, -2)
+                s = self._block_rows(q, blocks) @ self._keys(k, blocks).transpose(-1, -2)
                 s = (s * self.scale).masked_fill(~self._allowed(blocks), float("-inf"))
                 slot = _stable_topk(s, k_top)  # (Bf, nb', b, K) slots, ascending
             idx_parts.append(self._slot_columns(slot, blocks))
