@@ -280,3 +280,26 @@ def test_gradients_in_q_and_k_are_summed_once_per_backward_pass() -> None:
         got = torch.autograd.grad(y, (q, k, x), retain_graph=True)
         for a, b in zip(got, expected, strict=True):
             torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_a_checkpointed_window_layer_has_the_same_gradients(reentrant: bool) -> None:
+    """A layer recomputed by ``torch.utils.checkpoint`` (its own backward pass when reentrant,
+    a new graph object either way) still hands every gradient in q and k over exactly once."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    layer = DiffusionAttention(16, 2, "heat[t=1.0]:1,laplacian:1", graph="window[w=3]",
+                               causal=True, dtype=F64)  # fmt: skip
+    x = torch.randn(2, 37, 16, dtype=F64, requires_grad=True)
+
+    def grads(run) -> list[torch.Tensor]:  # .backward(): reentrant checkpoints refuse .grad()
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        (run(x) ** 2).sum().backward()
+        return [t.grad for t in (x, *layer.parameters())]
+
+    expected = grads(layer)
+    got = grads(lambda x: checkpoint(layer, x, use_reentrant=reentrant))
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
