@@ -11,7 +11,9 @@ Sections (all measured in one run; ratios are the point, absolute times are nois
    with a sliding-window block mask where it runs on this machine (reported either way).
 3. ``rate`` -- the window ``propagate`` against this machine's float32 matmul rate, measured
    in the same run: the flop count of the issue's target is ``2 N w Dh`` per head (one product
-   with ``w`` non-zeros per row), the full count ``4 N w Dh`` (scores and values).
+   with ``w`` non-zeros per row), the full count ``4 N w Dh`` (scores and values); and the
+   ceiling of that fraction from the rate of the batched 64-wide products it is made of, per
+   query block size, measured in the same run.
 4. ``heat`` -- the dense heat path at N=1024, H=4, Dh=64, t=1, tol 1e-6: the matrix-free
    series (one SDPA per term) and ``"series-dense"`` (``P`` formed once), each as a fraction
    of the SDPA route's flop ceiling (9 terms of ``4 N^2 Dh`` flops per head at the matmul rate).
@@ -188,6 +190,17 @@ def dense(n: int, repeats: int) -> None:
            t["dense SDPA + band mask"].median / base, 10.0)  # fmt: skip
 
 
+def bmm_rate(batch: int, m: int, k: int, n: int, calls: int = 5) -> float:
+    """Best float32 rate (flop/s) of a batched ``(m x k) @ (k x n)`` product, ``batch`` of them."""
+    a, b = torch.randn(batch, m, k), torch.randn(batch, k, n)
+    best = float("inf")
+    for _ in range(calls + 1):  # the first call warms up
+        start = time.perf_counter()
+        torch.bmm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * batch * m * k * n / best
+
+
 def rate(n: int, repeats: int) -> None:
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, n, DH, generator=gen) for _ in range(3))
@@ -201,6 +214,28 @@ def rate(n: int, repeats: int) -> None:
     print(f"rate for 2 N w Dh flops (the target's count): {issue / seconds / 1e9:.1f} GFLOP/s = "
           f"{issue / seconds / peak:.2f} of the matmul rate; for 4 N w Dh (scores and values): "
           f"{full / seconds / peak:.2f}")  # fmt: skip
+    # The ceiling: a block of b queries meets a slab of L = b + w - 1 keys, w of them allowed
+    # per row, in products Dh = 64 wide. Even with the weights stored (one product per call,
+    # no scores), the target's fraction is at most (w / L) x (the rate of those products) / peak
+    # (a kernel that skips fully masked tiles wastes less than w / L says, but no kernel beats
+    # the rate of its 64-wide products on the useful flops, twice over when it computes scores).
+    rows = []
+    for b in (16, 32, 64, 128, 256):
+        slab = b + W - 1
+        shaped = bmm_rate(max(1, H * n // b // 8), b, slab, DH) / peak
+        share = W / slab
+        rows.append([b, f"({b} x {slab}) @ ({slab} x {DH})", f"{shaped:.2f}", f"{share:.2f}",
+                     f"{shaped * share:.2f}", f"{shaped * share / 2:.2f}"])  # fmt: skip
+    title = "## ceiling of the target's fraction, per query block size (this run)"
+    header = ["block b", "product", "its rate / matmul rate", "allowed share w / L",
+              "ceiling, weights stored", "ceiling, scores per call"]  # fmt: skip
+    print_table(header, rows, title=title)
+    best = max(float(r[4]) for r in rows)
+    fastest = max(float(r[2]) for r in rows)
+    print(f"best block-product ceiling {best:.2f} (weights stored; this graph's blocks: b = "
+          f"{graph.row_block}). Without any waste: a propagate that computes its scores does "
+          f"at least 4 N w Dh flops in products {DH} wide, so at the fastest such rate measured "
+          f"here ({fastest:.2f}) the target's fraction is at most {fastest / 2:.2f}")  # fmt: skip
     target("window propagate: fraction of the matmul rate (2 N w Dh)", issue / seconds / peak, 0.5)
 
 
