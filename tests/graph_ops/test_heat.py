@@ -214,7 +214,7 @@ def test_series_segments_cover_the_terms_and_bound_what_backward_holds(order: in
     """Segments tile ``1..order`` in order, shortest last; segment ``j``'s backward holds the
     ``j`` earlier segment inputs and its own terms: at most ``m``, the smallest with
     ``m (m + 1) / 2 >= order`` (no one-level schedule of checkpointed segments does better)."""
-    big = torch.zeros(heat_module.CHECKPOINT_ELEMENTS, requires_grad=True)
+    big = torch.zeros(1).expand(heat_module.CHECKPOINT_ELEMENTS)  # its size, not its memory
     segments = heat_module._segments(order, big)
     assert segments[0][0] == 1 and segments[-1][1] == order
     assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(segments))

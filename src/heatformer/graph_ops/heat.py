@@ -160,7 +160,7 @@ def _segments(order: int, x: Tensor) -> list[tuple[int, int]] | None:
     equal segments of ``sqrt(order)``.
 
     Example:
-        >>> _segments(9, torch.zeros(1 << 24, requires_grad=True))
+        >>> _segments(9, torch.zeros(1).expand(1 << 24))  # a large signal
         [(1, 4), (5, 7), (8, 9)]
     """
     if not (torch.is_grad_enabled() and x.numel() >= CHECKPOINT_ELEMENTS):
