@@ -303,3 +303,21 @@ def test_a_checkpointed_window_layer_has_the_same_gradients(reentrant: bool) -> 
     got = grads(lambda x: checkpoint(layer, x, use_reentrant=reentrant))
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_a_window_graph_is_freed_by_reference_counting_after_its_backward() -> None:
+    """No reference cycle keeps a graph (and with it q, k and their projection) alive after a
+    training step until the next garbage collection."""
+    import gc
+    import weakref
+
+    _, _, (q, k, x) = _make(23, 4, True, 2, False, False, 5)
+    graph = WindowGraph(q, k, window=4, causal=True, num_global=2, row_block=5)
+    graph.propagate(graph.propagate(x)).sum().backward()
+    alive = weakref.ref(graph)
+    gc.disable()
+    try:
+        del graph
+        assert alive() is None
+    finally:
+        gc.enable()

@@ -120,7 +120,11 @@ class GradSink:
     does not reach ``q`` and ``k`` cannot leak into a later one."""
 
     def __init__(self, graph: WindowGraph) -> None:
-        self.graph = graph
+        # the geometry only: a reference to the graph would make a cycle (the graph keeps the
+        # sink), and the graph, with its q and k, would outlive the step until the next gc
+        b, nb = graph.row_block, graph._num_blocks()
+        self._rows = (nb * b, (nb - 1 + -(-graph._slab() // b)) * b)  # dq, dk (>= P) rows
+        self._n, self._before = graph.num_nodes, graph._before()
         self._by_pass: dict[int, tuple[Tensor, Tensor]] = {}
 
     def buffers(self, q: Tensor, k: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -129,12 +133,10 @@ class GradSink:
         of ``b``)."""
         task = torch._C._current_graph_task_id()
         if task not in self._by_pass:
-            graph, bf = self.graph, q.shape[0]
-            b, nb = graph.row_block, graph._num_blocks()
-            rows = (nb - 1 + -(-graph._slab() // b)) * b
+            bf, (q_rows, k_rows) = q.shape[0], self._rows
             self._by_pass[task] = (
-                q.new_zeros(bf, nb * b, q.shape[-1], dtype=dtype),
-                q.new_zeros(bf, rows, k.shape[-1], dtype=dtype),
+                q.new_zeros(bf, q_rows, q.shape[-1], dtype=dtype),
+                q.new_zeros(bf, k_rows, k.shape[-1], dtype=dtype),
             )
         return self._by_pass[task]
 
@@ -143,7 +145,7 @@ class GradSink:
         found = self._by_pass.pop(torch._C._current_graph_task_id(), None)
         if found is None:
             return None
-        n, before = self.graph.num_nodes, self.graph._before()
+        n, before = self._n, self._before
         return found[0][:, :n], found[1][:, before : before + n]
 
 

@@ -180,7 +180,8 @@ class WindowGraph(Graph):
 
     def _pad_for_slabs(self, t: Tensor, fill: float | bool = 0.0) -> Tensor:
         """``t`` ``(Bf, N, ...)`` padded to ``(Bf, (nb - 1) b + L, ...)``: row ``m b + l`` is
-        slab position ``l`` of block ``m`` (made once, then viewed per run of blocks)."""
+        slab position ``l`` of block ``m`` (for small per-key tensors such as the key mask;
+        signals are padded per run, by :meth:`_keys`)."""
         padded_len = (self._num_blocks() - 1) * self.row_block + self._slab()
         pad_front = self._before()
         pad_back = padded_len - pad_front - t.shape[1]
@@ -188,7 +189,8 @@ class WindowGraph(Graph):
         return F.pad(t, [*trailing, pad_front, pad_back], value=fill)  # (Bf, P, ...)
 
     def _slabs_of_padded(self, padded: Tensor) -> Tensor:
-        """The slabs ``(Bf, nb, L, ...)`` of :meth:`_pad_for_slabs`' output, as a view."""
+        """The slabs ``(Bf, nb, L, ...)`` of :meth:`_pad_for_slabs`' output (or of a run's
+        padded rows: ``nb`` of its blocks), as a view."""
         slabs = padded.unfold(1, self._slab(), self.row_block)  # (Bf, nb, ..., L)
         return slabs.movedim(-1, 2)  # (Bf, nb, L, ...)
 
@@ -342,6 +344,12 @@ class WindowGraph(Graph):
         hi = min(last // b + 1 if last >= 0 else 0, n // b)  # and every row is real
         return lo, hi
 
+    def _in_interior(self, blocks: slice) -> bool:
+        """Whether the run ``blocks`` lies inside :meth:`_interior`."""
+        start, stop, _ = blocks.indices(self._num_blocks())
+        lo, hi = self._interior()
+        return lo <= start and stop <= hi
+
     def _run_masks(self, blocks: slice) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(allowed, disallowed, empty)`` of a run of blocks: bool ``(Bf or 1, nb', b,
         g + L)`` each, and the rows without any allowed key ``(Bf or 1, nb', b, 1)`` or None.
@@ -351,10 +359,9 @@ class WindowGraph(Graph):
         key mask every block differs, and the masks of all blocks are made once. All are kept
         by the graph: a heat series propagates one graph many times."""
         start, stop, _ = blocks.indices(self._num_blocks())
-        lo, hi = self._interior()
-        if lo <= start and stop <= hi:
-            if self._pattern is None:
-                allowed = self._allowed(slice(lo, lo + 1))  # (1, 1, b, g + L)
+        if self._in_interior(blocks):
+            if self._pattern is None:  # any interior block's: they are all the same
+                allowed = self._allowed(slice(start, start + 1))  # (1, 1, b, g + L)
                 self._pattern = (allowed, ~allowed)
             shape = (1, stop - start, *self._pattern[0].shape[2:])
             return self._pattern[0].expand(shape), self._pattern[1].expand(shape), None
@@ -380,9 +387,7 @@ class WindowGraph(Graph):
         allowed, disallowed, empty = self._run_masks(blocks)
         if dtype is None:
             return allowed if empty is None else allowed | empty
-        start, stop, _ = blocks.indices(self._num_blocks())
-        lo, hi = self._interior()
-        if lo <= start and stop <= hi:  # an interior run: one pattern
+        if self._in_interior(blocks):  # one pattern
             if self._additive is None or self._additive.dtype != dtype:
                 self._additive = torch.zeros(
                     allowed.shape[2:], dtype=dtype, device=allowed.device
