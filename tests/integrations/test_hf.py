@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import math
+import os
+import shutil
+import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 
 from heatformer.integrations import hf  # noqa: E402
 from heatformer.integrations._heads import HeadOperators  # noqa: E402
-from hf_helpers import CAUSAL, FAMILIES, VOCAB, model_inputs, output_of  # noqa: E402
+from hf_helpers import CAUSAL, FAMILIES, VOCAB, configs, model_inputs, output_of  # noqa: E402
 
 MakeModel = Callable[..., Any]
 
@@ -372,9 +377,227 @@ def test_bad_arguments_name_themselves(make_model: MakeModel) -> None:
     hf.convert(model, "attention")
     for _, module in hf.attention_modules(model):
         del module.heatformer
+    with pytest.raises(ValueError, match="without the heads its config records") as err:
+        model(**model_inputs("gpt2"))
+    assert err.value.argument == "model"  # type: ignore[attr-defined]
+    del model.config.heatformer  # no record either: a model switched by hand
     with pytest.raises(ValueError, match="was not converted") as err:
         model(**model_inputs("gpt2"))
     assert err.value.argument == "model"  # type: ignore[attr-defined]
+
+
+# ---- saving and loading a converted model ------------------------------------------------------
+
+#: family -> (the Auto class that loads it, head schedule, graph kinds)
+SAVED = {
+    "gpt2": ("AutoModelForCausalLM", "attention:2,heat[t=0.5;learnable=true]:2", "softmax"),
+    "llama": ("AutoModelForCausalLM", "attention:2,laplacian:2", "topk[k=3];softmax"),
+    "bert": ("AutoModel", "attention:4;attention:1,laplacian:1,heat[t=0.3;learnable=true]:2",
+             "softmax"),
+}  # fmt: skip
+
+#: loads every folder in a fresh process: first with transformers alone, then with
+#: heatformer; writes what it saw to results.pt
+RELOAD = """
+import sys, torch, transformers
+torch.set_num_threads(1)
+folder = sys.argv[1]
+inputs = torch.load(folder + "/inputs.pt")
+autos = {"gpt2": "AutoModelForCausalLM", "llama": "AutoModelForCausalLM", "bert": "AutoModel"}
+results = {}
+for family, auto in autos.items():  # heatformer not imported: nothing registered
+    try:
+        getattr(transformers, auto).from_pretrained(f"{folder}/{family}")
+        results[family] = {"plain": None}
+    except ValueError as err:
+        results[family] = {"plain": str(err)}
+from heatformer.integrations import hf
+for family, auto in autos.items():
+    model = hf.from_pretrained(getattr(transformers, auto), f"{folder}/{family}")
+    with torch.no_grad():
+        out = model(**inputs[family])
+    results[family].update(
+        cls=type(model).__name__, state=model.state_dict(),
+        output=out.logits if hasattr(out, "logits") else out.last_hidden_state,
+    )
+    plain = getattr(transformers, auto).from_pretrained(f"{folder}/{family}")  # registered now
+    try:
+        plain(**inputs[family])
+        results[family]["forward"] = None
+    except ValueError as err:
+        results[family]["forward"] = str(err)
+torch.save(results, folder + "/results.pt")
+"""
+
+
+def _train_step(family: str, model: Any) -> None:
+    """One Adam step (every parameter moves by about the learning rate, the learnable times
+    off their spec's values)."""
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    out = output_of(family, model(**model_inputs(family)))
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2))).sum().backward()
+    optimizer.step()
+    model.zero_grad()
+    model.eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """Every family of :data:`SAVED` converted, trained one step and saved; what it computes."""
+    folder = tmp_path_factory.mktemp("converted")
+    expected: dict[str, dict[str, Any]] = {}
+    inputs = {}
+    for family, (_, spec, graph) in SAVED.items():
+        cls, config = configs()[family]
+        torch.manual_seed(0)
+        model = hf.convert(cls(config), spec, graph=graph)
+        _train_step(family, model)
+        model.save_pretrained(folder / family)
+        inputs[family] = model_inputs(family)
+        with torch.no_grad():
+            out = output_of(family, model(**inputs[family]))
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        expected[family] = {"output": out, "state": state}
+    torch.save(inputs, folder / "inputs.pt")
+    return folder, expected
+
+
+@pytest.fixture(scope="module")
+def reloaded(saved: tuple[Path, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    folder, _ = saved
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", RELOAD, str(folder)], env=env, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    results: dict[str, dict[str, Any]] = torch.load(folder / "results.pt")
+    return results
+
+
+@pytest.mark.parametrize("family", list(SAVED))
+def test_a_saved_converted_model_loads_converted_in_a_fresh_process(
+    saved: tuple[Path, dict[str, Any]], reloaded: dict[str, dict[str, Any]], family: str
+) -> None:
+    expected, got = saved[1][family], reloaded[family]
+    assert got["cls"] == configs()[family][0].__name__
+    assert torch.equal(got["output"], expected["output"])  # to the last bit
+    assert list(got["state"]) == list(expected["state"])
+    for key, value in expected["state"].items():
+        assert torch.equal(got["state"][key], value), key
+    learned = [k for k in expected["state"] if k.endswith("log_t")]
+    assert len(learned) == {"gpt2": 2, "llama": 0, "bert": 1}[family]
+    for key in learned:  # trained off the spec's t (0.5, 0.3): the loaded value is the learned
+        spec_t = 0.5 if family == "gpt2" else 0.3
+        assert abs(float(expected["state"][key].exp()) - spec_t) > 1e-3, key
+
+
+@pytest.mark.parametrize("family", list(SAVED))
+def test_plain_from_pretrained_of_a_converted_folder_fails_loudly(
+    reloaded: dict[str, dict[str, Any]], family: str
+) -> None:
+    """Without heatformer, transformers refuses the recorded implementation; with it
+    registered, the model loaded without heads refuses to run and names the call."""
+    assert 'attn_implementation="heatformer"' in str(reloaded[family]["plain"])
+    assert "heatformer.integrations.hf.from_pretrained(" in str(reloaded[family]["forward"])
+
+
+def test_the_config_records_the_conversion_and_revert_drops_it(
+    make_model: MakeModel, tmp_path: Path
+) -> None:
+    model = hf.convert(make_model("llama"), "attention:2,laplacian:2;laplacian:4",
+                       graph="topk[k=3];softmax")  # fmt: skip
+    model.save_pretrained(tmp_path / "converted")
+    config = json.loads((tmp_path / "converted" / "config.json").read_text())
+    assert config["attn_implementation"] == "heatformer"
+    assert config["heatformer"]["format"] == 1
+    assert config["heatformer"]["modules"] == {
+        "model.layers.0.self_attn": {"heads": "attention:2,laplacian:2", "graph": "topk[k=3]",
+                                     "num_heads": 4},
+        "model.layers.1.self_attn": {"heads": "laplacian:4", "graph": "softmax", "num_heads": 4},
+    }  # fmt: skip
+    hf.revert(model)
+    model.save_pretrained(tmp_path / "reverted")
+    config = json.loads((tmp_path / "reverted" / "config.json").read_text())
+    assert "heatformer" not in config and "attn_implementation" not in config
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "reverted")
+    assert again.config._attn_implementation == "sdpa"
+
+
+def test_converting_again_with_the_same_spec_keeps_learned_parameters(
+    make_model: MakeModel,
+) -> None:
+    spec = "attention:2,heat[t=0.5;learnable=true]:2"
+    model = hf.convert(make_model("gpt2"), spec)
+    layer = hf.attention_modules(model)[1][1]
+    heads = layer.heatformer
+    with torch.no_grad():
+        heads.operators[1].log_t.fill_(-0.25)  # as if trained
+    hf.convert(model, spec)
+    assert layer.heatformer is heads and float(heads.operators[1].log_t.detach()) == -0.25
+    hf.convert(model, spec, graph="topk[k=3]")  # another graph kind: new heads, t from the spec
+    assert layer.heatformer is not heads
+    assert float(layer.heatformer.operators[1].t.detach()) == pytest.approx(0.5)
+
+
+def test_from_pretrained_loads_a_head_model_as_its_base_model(
+    make_model: MakeModel, tmp_path: Path
+) -> None:
+    model = hf.convert(make_model("gpt2"), "attention:2,heat[t=0.5;learnable=true]:2")
+    _train_step("gpt2", model)
+    model.save_pretrained(tmp_path)
+    base = hf.from_pretrained(transformers.AutoModel, tmp_path)
+    assert type(base) is transformers.GPT2Model
+    inputs = model_inputs("gpt2")
+    with torch.no_grad():
+        expected = model.transformer(**inputs).last_hidden_state
+        assert torch.equal(base(**inputs).last_hidden_state, expected)
+    modules = base.config.heatformer["modules"]  # the base model's own names, to save again
+    assert list(modules) == ["h.0.attn", "h.1.attn"]
+
+
+def test_from_pretrained_refuses_what_it_cannot_restore(
+    make_model: MakeModel, tmp_path: Path
+) -> None:
+    make_model("gpt2").save_pretrained(tmp_path / "plain")
+    model = hf.convert(make_model("gpt2"), "attention:2,heat[t=0.5;learnable=true]:2")
+    model.save_pretrained(tmp_path / "converted")
+    from safetensors.torch import load_file, save_file
+
+    weights = tmp_path / "converted" / "model.safetensors"
+    state = load_file(weights)
+    (tmp_path / "lost").mkdir()
+    shutil.copy(tmp_path / "converted" / "config.json", tmp_path / "lost")
+    save_file(
+        {k: v for k, v in state.items() if "log_t" not in k}, tmp_path / "lost" / weights.name,
+        metadata={"format": "pt"},
+    )  # fmt: skip
+    auto = transformers.AutoModelForCausalLM
+    cases: list[tuple[Callable[[], object], str, str]] = [
+        (lambda: hf.from_pretrained(auto, tmp_path / "plain"), "path",
+         r"records no heatformer conversion.*AutoModelForCausalLM.from_pretrained\(path\)"),
+        (lambda: hf.from_pretrained(auto, tmp_path / "lost"), "path", "the weights lack"),
+        (lambda: hf.from_pretrained(auto, tmp_path / "converted", attn_implementation="sdpa"),
+         "attn_implementation", "expected 'heatformer'"),
+        (lambda: hf.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path / "converted"),
+         "model_class", "has no model for GPT2Config"),
+        (lambda: hf.from_pretrained("gpt2", tmp_path / "converted"), "model_class",
+         "expected a transformers model class"),
+    ]  # fmt: skip
+    for call, argument, message in cases:
+        with pytest.raises((TypeError, ValueError), match=message) as err:
+            call()
+        assert isinstance(err.value, ArgumentError) and err.value.argument == argument
+    # loaded as plain sdpa by request: converting it would silently drop the learned t
+    plain = auto.from_pretrained(tmp_path / "converted", attn_implementation="sdpa")
+    inputs = model_inputs("gpt2")
+    assert len(hf.attention_graphs(plain, **inputs)) == 2  # reading its graphs is fine
+    with pytest.raises(ValueError, match=r"loaded without them.*hf.from_pretrained\(") as err:
+        hf.convert(plain, "attention")
+    assert err.value.argument == "model"  # type: ignore[attr-defined]
+    hf.revert(plain)  # drops the record: the model as it is may be converted
+    assert hf.convert(plain, "attention").config.heatformer["modules"]
 
 
 @pytest.mark.slow

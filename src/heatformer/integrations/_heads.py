@@ -131,7 +131,11 @@ class HeadOperators(nn.Module):
         checks.check_positive_int("num_heads", num_heads)
         head_ops = parse_heads(heads, num_heads, device=device, dtype=dtype)
         self.num_heads = num_heads
+        #: a short summary (``"attention:2,heat:2"``, no operator parameters), for reprs
         self.spec = format_heads(head_ops)
+        #: the head spec the heads were built from, parameters included (None when built
+        #: from operator instances); what :mod:`~heatformer.integrations._record` records
+        self.source: str | None = heads.strip() if isinstance(heads, str) else None
         self.graph_kind = resolve_graph(graph)
         self._groups = group_heads(head_ops)
         self.operators = nn.ModuleList([op for op, _ in self._groups])  # registers parameters

@@ -48,6 +48,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,10 +59,16 @@ from heatformer import checks
 from heatformer.analysis.hooks import LayerSnapshot
 from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
 from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
+from heatformer.integrations._record import (
+    ModuleRecord,
+    model_record,
+    read_model_record,
+    unchanged,
+)
 from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 
 try:
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, AutoConfig, PreTrainedModel
     from transformers.masking_utils import (
         AttentionMaskInterface,
         bidirectional_mask_function,
@@ -80,6 +87,7 @@ __all__ = [
     "attention_modules",
     "attention_snapshots",
     "convert",
+    "from_pretrained",
     "revert",
 ]
 
@@ -87,6 +95,8 @@ __all__ = [
 IMPLEMENTATION = "heatformer"
 #: the attribute of a converted attention module that holds its heads
 HEADS_ATTRIBUTE = "heatformer"
+#: the config attribute (a ``config.json`` entry) that records a conversion
+CONFIG_ENTRY = "heatformer"
 
 
 # ---- the two functions transformers calls ----------------------------------------------------
@@ -186,6 +196,15 @@ def heatformer_attention(
     ``(B, Nq, H, Dh)`` and no weights (use :func:`attention_graphs` for those)."""
     heads = getattr(module, HEADS_ATTRIBUTE, None)
     if not isinstance(heads, HeadOperators):
+        restore = _restore_call(getattr(module, "config", None))
+        if restore is not None:
+            raise checks.bad_value(
+                "model",
+                f"{type(module).__name__} runs with attn_implementation={IMPLEMENTATION!r} "
+                "without the heads its config records: the model was loaded without them "
+                "(their learned parameters were not loaded) or they were removed; load it with "
+                f"{restore}",
+            )
         raise checks.bad_value(
             "model",
             f"{type(module).__name__} runs with attn_implementation={IMPLEMENTATION!r} but was "
@@ -268,6 +287,69 @@ def _is_converted(model: nn.Module) -> bool:
     return getattr(config, "_attn_implementation", None) == IMPLEMENTATION
 
 
+def _restore_call(config: object) -> str | None:
+    """The call that loads a saved converted model, when ``config`` records a conversion."""
+    entry = getattr(config, CONFIG_ENTRY, None)
+    if entry is None:
+        return None
+    restore = entry.get("restore") if isinstance(entry, dict) else None
+    return str(restore or "heatformer.integrations.hf.from_pretrained(model_class, path)")
+
+
+def _new_heads(name: str, module: nn.Module, spec: str, kind: str) -> HeadOperators:
+    """Heads for one attention module, in the dtype and on the device of its weights."""
+    param = next(module.parameters(), None)
+    device = None if param is None else param.device
+    dtype = param.dtype if param is not None and param.is_floating_point() else None
+    try:
+        return HeadOperators(spec, _num_heads(module), graph=kind, device=device, dtype=dtype)
+    except ValueError as err:
+        raise in_module(name, err) from None
+
+
+def _attach(
+    model: nn.Module, modules: Sequence[tuple[str, nn.Module]], made: Sequence[HeadOperators]
+) -> None:
+    """Give every attention module its heads and switch the model to :data:`IMPLEMENTATION`."""
+    for (_, module), layer_heads in zip(modules, made, strict=True):
+        setattr(module, HEADS_ATTRIBUTE, layer_heads)
+    _register()
+    hf_model: Any = model  # a PreTrainedModel: config, set_attn_implementation
+    if not _is_converted(model):
+        hf_model._heatformer_previous = getattr(hf_model.config, "_attn_implementation", "sdpa")
+        hf_model.set_attn_implementation(IMPLEMENTATION)
+    if not _is_converted(model):
+        raise checks.bad_value(
+            "model",
+            f"{type(model).__name__} did not switch to attn_implementation={IMPLEMENTATION!r} "
+            "(transformers refuses models that do not use the AttentionInterface)",
+        )
+
+
+def _detach(model: nn.Module) -> None:
+    """Remove the heads and restore the previous attention implementation."""
+    for _, module in attention_modules(model):
+        if isinstance(getattr(module, HEADS_ATTRIBUTE, None), HeadOperators):
+            delattr(module, HEADS_ATTRIBUTE)
+    if _is_converted(model):
+        hf_model: Any = model
+        previous = getattr(hf_model, "_heatformer_previous", "sdpa")
+        hf_model.set_attn_implementation(previous if previous != IMPLEMENTATION else "sdpa")
+
+
+def _write_record(model: nn.Module, modules: Sequence[tuple[str, nn.Module]]) -> None:
+    """Record the heads in the config, as ``save_pretrained`` writes it to ``config.json``:
+    ``"attn_implementation": "heatformer"`` (so that ``from_pretrained`` does not build the
+    model with another attention) and the ``"heatformer"`` entry."""
+    config: Any = model.config
+    records = {name: ModuleRecord.of(getattr(m, HEADS_ATTRIBUTE)) for name, m in modules}
+    restore = (
+        f"heatformer.integrations.hf.from_pretrained(transformers.{type(model).__name__}, path)"
+    )
+    setattr(config, CONFIG_ENTRY, model_record(records, restore))
+    config.attn_implementation = IMPLEMENTATION  # read back by the config's __init__
+
+
 def convert(
     model: nn.Module,
     heads: str | Sequence[str],
@@ -278,7 +360,14 @@ def convert(
 
     Every attention module keeps its projections and weights; its heads apply the operators
     of ``heads`` to its own ``q``, ``k``, ``v`` (see :mod:`heatformer.models.heads`). Learnable
-    operator parameters become parameters of the model. Calling it again replaces the heads.
+    operator parameters become parameters of the model. Calling it again replaces the heads
+    of every layer whose spec or graph kind changes (new parameters, as the spec sets them);
+    a layer given the spec and graph kind it has keeps its heads, learned parameters included.
+
+    The conversion is recorded in ``model.config`` (``attn_implementation`` and a
+    ``heatformer`` entry: every layer's head spec, graph kind and head count), so that
+    ``model.save_pretrained(path)`` writes it to ``config.json`` and :func:`from_pretrained`
+    loads the model converted.
 
     Args:
         model: a ``transformers`` ``PreTrainedModel`` (GPT-2, Llama-family, BERT, ViT, ...).
@@ -293,7 +382,8 @@ def convert(
     Raises:
         ValueError: no attention module that calls the ``AttentionInterface``; a head spec
             that does not fit a layer's head count; a model that cannot switch its attention
-            implementation.
+            implementation; a model saved converted and loaded without its heads (their
+            learned parameters would be lost: use :func:`from_pretrained`).
     """
     modules = attention_modules(model)
     if not modules:
@@ -302,57 +392,206 @@ def convert(
             f"found no attention module in {type(model).__name__} that calls transformers' "
             "AttentionInterface (models written for transformers >= 5 do)",
         )
+    restore = _restore_call(getattr(model, "config", None))
+    if restore is not None and not all(hasattr(m, HEADS_ATTRIBUTE) for _, m in modules):
+        raise checks.bad_value(
+            "model",
+            f"{type(model).__name__} was saved converted (its config records heatformer heads) "
+            "and loaded without them, so their learned parameters were not loaded; load it "
+            f"with {restore}, or call heatformer.integrations.hf.revert(model) first to drop "
+            "the record and convert the model as it is",
+        )
     specs = parse_layer_heads(heads, len(modules))
     kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
                                len(modules))  # fmt: skip
     made = []
     for (name, module), spec, kind in zip(modules, specs, kinds, strict=True):
-        param = next(module.parameters(), None)
-        device = None if param is None else param.device
-        dtype = param.dtype if param is not None and param.is_floating_point() else None
-        try:
-            made.append(
-                HeadOperators(spec, _num_heads(module), graph=kind, device=device, dtype=dtype)
-            )
-        except ValueError as err:
-            raise in_module(name, err) from None
-    for (_, module), layer_heads in zip(modules, made, strict=True):
-        setattr(module, HEADS_ATTRIBUTE, layer_heads)
-    _register()
-    hf_model: Any = model  # a PreTrainedModel: config, set_attn_implementation
-    if not _is_converted(model):
-        hf_model._heatformer_previous = getattr(hf_model.config, "_attn_implementation", "sdpa")
-        hf_model.set_attn_implementation(IMPLEMENTATION)
-    if not _is_converted(model):
-        raise checks.bad_value(
-            "model",
-            f"{type(model).__name__} did not switch to attn_implementation={IMPLEMENTATION!r} "
-            "(transformers refuses models that do not use the AttentionInterface)",
-        )
+        current = getattr(module, HEADS_ATTRIBUTE, None)
+        if isinstance(current, HeadOperators) and unchanged(current, spec, kind):
+            made.append(current)
+        else:
+            made.append(_new_heads(name, module, spec, kind))
+    _attach(model, modules, made)
+    _write_record(model, modules)
     return model
 
 
 def revert(model: nn.Module) -> nn.Module:
-    """Undo :func:`convert`: remove the heads and restore the previous attention
-    implementation (``"sdpa"`` if unknown); returns ``model``."""
-    for _, module in attention_modules(model):
-        if isinstance(getattr(module, HEADS_ATTRIBUTE, None), HeadOperators):
-            delattr(module, HEADS_ATTRIBUTE)
-    if _is_converted(model):
-        hf_model: Any = model
-        previous = getattr(hf_model, "_heatformer_previous", "sdpa")
-        hf_model.set_attn_implementation(previous if previous != IMPLEMENTATION else "sdpa")
+    """Undo :func:`convert`: remove the heads and their record in the config, and restore the
+    previous attention implementation (``"sdpa"`` if unknown); returns ``model``."""
+    _detach(model)
+    config = getattr(model, "config", None)
+    for attr in (CONFIG_ENTRY, "attn_implementation"):
+        if config is not None and attr in vars(config):
+            delattr(config, attr)
     return model
+
+
+# ---- saved converted models ------------------------------------------------------------------
+
+#: ``from_pretrained`` arguments that say where ``config.json`` is
+_HUB_KWARGS = (
+    "cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder",
+    "token", "trust_remote_code",
+)  # fmt: skip
+
+
+def _model_class(model_class: Any, config: Any) -> type[PreTrainedModel]:
+    """The model class that ``model_class`` (a model class or an Auto class) loads
+    ``config`` with, as the Auto classes choose it."""
+    mapping = getattr(model_class, "_model_mapping", None)
+    if mapping is not None:  # an Auto class
+        try:
+            found = mapping[type(config)]
+        except KeyError:
+            raise checks.bad_value(
+                "model_class",
+                f"{model_class.__name__} has no model for {type(config).__name__}",
+            ) from None
+        if isinstance(found, (list, tuple)):
+            named = {cls.__name__: cls for cls in found}
+            found = next(
+                (named[a] for a in getattr(config, "architectures", None) or [] if a in named),
+                found[0],
+            )
+        return found
+    if isinstance(model_class, type) and issubclass(model_class, PreTrainedModel):
+        return model_class
+    raise checks.bad_type(
+        "model_class",
+        f"expected a transformers model class or Auto class, got {model_class!r}",
+    )
+
+
+def _matched(
+    model: nn.Module, records: dict[str, ModuleRecord], where: str
+) -> list[tuple[str, nn.Module, ModuleRecord]]:
+    """Every attention module of ``model`` with the record of its saved counterpart (the
+    names may differ by the base model's prefix: a head model loaded as its base model)."""
+    modules = attention_modules(model)
+    prefix = str(getattr(model, "base_model_prefix", "") or "")
+
+    def bare(name: str) -> str:
+        return name.removeprefix(prefix + ".") if prefix else name
+
+    saved = list(records)
+    if len(saved) != len(modules) or any(
+        bare(name) != bare(other) for (name, _), other in zip(modules, saved, strict=False)
+    ):
+        raise checks.bad_value(
+            "path",
+            f"{where} records heads for the attention modules {saved}; "
+            f"{type(model).__name__} has {[name for name, _ in modules]}",
+        )
+    return [(name, module, records[other]) for (name, module), other in zip(modules, saved)]
+
+
+def _with_heads(cls: type[PreTrainedModel], records: dict[str, ModuleRecord], where: str) -> Any:
+    """``cls`` whose ``__init__`` ends by giving every attention module the heads of its
+    record: ``from_pretrained`` then finds the heads' parameters in the model and loads them
+    from the checkpoint as any other weight."""
+
+    def __init__(self: PreTrainedModel, config: Any, *args: Any, **kwargs: Any) -> None:
+        cls.__init__(self, config, *args, **kwargs)
+        for name, module, record in _matched(self, records, where):
+            setattr(module, HEADS_ATTRIBUTE, record.build(name))
+
+    namespace = {"__init__": __init__, "__module__": cls.__module__, "__doc__": cls.__doc__,
+                 "__qualname__": cls.__qualname__}  # fmt: skip
+    return type(cls.__name__, (cls,), namespace)
+
+
+def from_pretrained(
+    model_class: Any, path: str | os.PathLike[str], *model_args: Any, **kwargs: Any
+) -> Any:
+    """Load a converted model saved with ``save_pretrained``, converted as it was saved.
+
+    :func:`convert` records the conversion in the config, which ``save_pretrained`` writes
+    to ``config.json``: ``"attn_implementation": "heatformer"`` and a ``"heatformer"`` entry
+    with every attention module's head spec, graph kind and head count. This call builds the
+    model with those heads in place, so that transformers loads their learned parameters
+    (a learnable time ``log_t``) from the checkpoint with every other weight: the model equals
+    the one saved to the last bit. ::
+
+        hf.convert(model, "attention:2,heat[t=0.5;learnable=true]:2")
+        ...                                           # train
+        model.save_pretrained(path)
+        model = hf.from_pretrained(AutoModelForCausalLM, path)    # in any process
+
+    A plain ``AutoModelForCausalLM.from_pretrained(path)`` refuses the folder: transformers
+    does not know ``attn_implementation="heatformer"`` until heatformer registers it; after
+    that (in a process that converted a model), it builds the model without its heads, and
+    its first forward pass raises, naming this call.
+
+    Args:
+        model_class: what would load the unconverted model: an Auto class
+            (``AutoModelForCausalLM``) or a model class (``GPT2LMHeadModel``); the base model
+            of a saved head model (``AutoModel`` for a saved ``GPT2LMHeadModel``) works too.
+        path: the folder written by ``save_pretrained`` (or a Hub id).
+        *model_args, **kwargs: passed on to ``model_class.from_pretrained`` (``dtype``,
+            ``device_map``, ``output_loading_info``, ...).
+
+    Returns:
+        The converted model (with ``output_loading_info=True``, also the loading info).
+
+    Raises:
+        ValueError: ``config.json`` records no conversion (load the model with
+            ``model_class.from_pretrained(path)``), or attention modules other than the
+            recorded ones; weights without the heads' parameters; an ``attn_implementation``
+            other than ``"heatformer"``.
+    """
+    implementation = kwargs.pop("attn_implementation", IMPLEMENTATION)
+    if implementation != IMPLEMENTATION:
+        raise checks.bad_value(
+            "attn_implementation",
+            f"expected {IMPLEMENTATION!r} (the saved model's heads), got {implementation!r}",
+        )
+    with_info = bool(kwargs.pop("output_loading_info", False))
+    config = kwargs.pop("config", None)
+    if config is None:
+        hub = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
+        config = AutoConfig.from_pretrained(path, **hub)
+    where = f"{os.fspath(path)}/config.json"
+    if getattr(config, CONFIG_ENTRY, None) is None:
+        name = getattr(model_class, "__name__", "model_class")
+        raise checks.bad_value(
+            "path",
+            f"{where} records no heatformer conversion (no 'heatformer' entry): the model was "
+            f"saved unconverted; load it with {name}.from_pretrained(path)",
+        )
+    records = read_model_record(getattr(config, CONFIG_ENTRY), where)
+    cls = _model_class(model_class, config)
+    _register()
+    model, info = _with_heads(cls, records, where).from_pretrained(
+        path, *model_args, config=config, attn_implementation=IMPLEMENTATION,
+        output_loading_info=True, **kwargs,
+    )  # fmt: skip
+    model.__class__ = cls
+    lost = sorted(key for key in info["missing_keys"] if f".{HEADS_ATTRIBUTE}." in key)
+    if lost:
+        raise checks.bad_value(
+            "path", f"{os.fspath(path)}: the weights lack {lost}, which the heads it records own"
+        )
+    modules = attention_modules(model)
+    for name, module in modules:  # fresh heads on the loaded weights' device, loaded values
+        loaded: HeadOperators = getattr(module, HEADS_ATTRIBUTE)
+        fresh = _new_heads(name, module, str(loaded.source), loaded.graph_kind.spec)
+        fresh.load_state_dict(loaded.state_dict())
+        setattr(module, HEADS_ATTRIBUTE, fresh)
+    _write_record(model, modules)
+    return (model, info) if with_info else model
 
 
 def _capture(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[Graph, Tensor, HeadOperators]]:
     """One forward pass (no gradients, eval mode; the training flag restored) that collects
     ``(graph, values, heads)`` of every attention module that ran, in module order; a model
-    that was not converted runs with all-attention heads and is reverted afterwards."""
+    that was not converted runs with all-attention heads, removed afterwards (its config is
+    left as it was)."""
     converted = _is_converted(model)
+    modules = attention_modules(model)
     if not converted:
-        convert(model, "attention")
-    layers = [getattr(m, HEADS_ATTRIBUTE) for _, m in attention_modules(model)]
+        _attach(model, modules, [_new_heads(n, m, "attention", "softmax") for n, m in modules])
+    layers = [getattr(m, HEADS_ATTRIBUTE) for _, m in modules]
     captured: list[list[tuple[Graph, Tensor]]] = [[] for _ in layers]
     was_training = model.training
     try:
@@ -366,7 +605,7 @@ def _capture(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[Graph, Tens
             layer._capture = None
         model.train(was_training)
         if not converted:
-            revert(model)
+            _detach(model)
     return [(g, v, layer) for layer, store in zip(layers, captured, strict=True) for g, v in store]
 
 
