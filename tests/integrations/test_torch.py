@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import math
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 from heatformer.checks import ArgumentError
-from heatformer.integrations.torch import MultiheadDiffusionAttention, convert
+from heatformer.integrations.torch import MultiheadDiffusionAttention, convert, load_state_dict
 
 E, H = 16, 4
 
@@ -198,3 +199,105 @@ def test_bad_arguments_name_themselves() -> None:
     with pytest.raises(ValueError, match="read W\\^T"):
         sym(x, x, x, attn_mask=causal)
     assert sym(x, x, x)[0].shape == x.shape  # bidirectional: fine
+
+
+# ---- saving and loading a converted module ---------------------------------------------------
+
+LAYERS = ["attention:2,heat[t=0.5;learnable=true]:2", "attention:1,laplacian:3"]
+SCHEDULE = ";".join(LAYERS)
+
+
+def _trained(encoder: nn.Module) -> nn.Module:
+    """One Adam step (every parameter moves by about the learning rate, the times too)."""
+    optimizer = torch.optim.Adam(encoder.parameters(), lr=0.05)
+    out = encoder(torch.randn(2, 6, E, generator=torch.Generator().manual_seed(3)))
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(4))).sum().backward()
+    optimizer.step()
+    encoder.zero_grad()
+    return encoder.eval()
+
+
+def _through_bytes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded: dict[str, torch.Tensor] = torch.load(buffer, weights_only=True)
+    return loaded
+
+
+def test_a_converted_encoder_state_dict_loads_back_converted_to_the_last_bit() -> None:
+    from safetensors.torch import load, save
+
+    model = _trained(convert(_encoder(True), SCHEDULE, graph="topk[k=3];softmax"))
+    state = model.state_dict()
+    assert [k for k in state if "heatformer_record" in k or "log_t" in k] == [
+        "layers.0.self_attn.heatformer_record", "layers.0.self_attn.heads.operators.1.log_t",
+        "layers.1.self_attn.heatformer_record",
+    ]  # fmt: skip
+    assert abs(float(model.layers[0].self_attn.heads.operators[1].t.detach()) - 0.5) > 1e-3
+    x = torch.randn(3, 7, E)
+    pad = _masks(7, 3, "padding", False)
+    with torch.no_grad():
+        expected = model(x, **pad)
+    for saved in (_through_bytes(state), load(save(state))):  # torch.save, safetensors
+        fresh = load_state_dict(_encoder(True, seed=5).eval(), saved)
+        assert [layer.self_attn.heads.source for layer in fresh.layers] == LAYERS
+        assert [layer.self_attn.heads.graph_kind.spec for layer in fresh.layers] == [
+            "topk[k=3]", "softmax",
+        ]  # fmt: skip
+        with torch.no_grad():
+            assert torch.equal(fresh(x, **pad), expected)
+        for key, value in state.items():
+            assert torch.equal(fresh.state_dict()[key], value), key
+    mha = convert(nn.MultiheadAttention(E, H), "laplacian:4")  # the module itself
+    back = load_state_dict(nn.MultiheadAttention(E, H), mha.state_dict())
+    assert isinstance(back, MultiheadDiffusionAttention) and back.heads.source == "laplacian:4"
+
+
+def test_a_converted_state_dict_refuses_a_module_with_other_heads() -> None:
+    converted = convert(_encoder(True), "attention:2,laplacian:2")  # no parameter of its own
+    state = converted.state_dict()
+    with pytest.raises(RuntimeError, match=r'Unexpected key\(s\).*"layers.0.self_attn.heatformer_'):
+        _encoder(True).load_state_dict(state)  # unconverted: the record is an unexpected key
+    other = convert(_encoder(True), "attention:2,laplacian[step=0.5]:2")
+    with pytest.raises(ValueError, match=r"heatformer.integrations.torch.load_state_dict\(") as err:
+        other.load_state_dict(state, strict=False)  # other heads: refused, strict or not
+    assert err.value.argument == "state_dict"  # type: ignore[attr-defined]
+    plain = convert(_encoder(True), "attention")  # computes what nn.MultiheadAttention does ...
+    assert list(plain.state_dict()) == list(_encoder(True).state_dict())  # ... with its keys
+    other.load_state_dict(_encoder(True, seed=3).state_dict())  # unconverted weights: heads kept
+    assert other.layers[0].self_attn.heads.source == "attention:2,laplacian[step=0.5]:2"
+
+
+def test_converting_again_with_the_same_spec_keeps_learned_parameters() -> None:
+    model = _trained(convert(_encoder(True), SCHEDULE))
+    heads = model.layers[0].self_attn.heads
+    learned = heads.operators[1].log_t.detach().clone()
+    convert(model, SCHEDULE)
+    assert model.layers[0].self_attn.heads is heads
+    assert torch.equal(heads.operators[1].log_t.detach(), learned)
+    convert(model, "attention:2,heat[t=0.5;learnable=true]:2")  # another spec in layer 1 only
+    assert model.layers[0].self_attn.heads is heads
+
+
+def test_state_dict_records_that_cannot_be_applied_are_refused() -> None:
+    state = convert(_encoder(True), "laplacian:4").state_dict()
+    record = state["layers.0.self_attn.heatformer_record"]
+    cases: list[tuple[dict[str, torch.Tensor], str]] = [
+        ({**state, "layers.5.self_attn.heatformer_record": record}, "does not have"),
+        ({**state, "layers.0.self_attn.heatformer_record": record.float()}, "uint8 vector"),
+        ({**state, "layers.0.self_attn.heatformer_record": record[:-1]}, "not a heatformer rec"),
+        ({**state, "layers.0.self_attn.heatformer_record": torch.tensor(list(b'{"format": 9}'),
+          dtype=torch.uint8)}, "format 1"),
+        ({**state, "layers.0.self_attn.heatformer_record": torch.tensor(list(
+          b'{"format": 1, "heads": "laplacian:4", "graph": "softmax", "num_heads": 0}'),
+          dtype=torch.uint8)}, "positive int"),
+    ]  # fmt: skip
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message) as err:
+            load_state_dict(_encoder(True), bad)
+        assert isinstance(err.value, ArgumentError) and err.value.argument == "state_dict"
+    built = MultiheadDiffusionAttention(E, H, heads=["laplacian"] * H)  # operator names only
+    with pytest.raises(ValueError, match="built from operator instances") as err:
+        load_state_dict(nn.MultiheadAttention(E, H), built.state_dict())
+    assert err.value.argument == "state_dict"  # type: ignore[attr-defined]

@@ -3,9 +3,16 @@ r"""A drop-in for :class:`torch.nn.MultiheadAttention` with one diffusion operat
 :func:`convert` replaces every :class:`~torch.nn.MultiheadAttention` inside a module
 (``nn.TransformerEncoder``, ``nn.TransformerDecoderLayer``, your own model) by a
 :class:`MultiheadDiffusionAttention` with the same constructor attributes, forward signature
-and weights (its state dict has ``nn.MultiheadAttention``'s keys, so checkpoints load either
-way). With every head ``"attention"`` it computes what ``nn.MultiheadAttention`` computes,
-forward and backward, with padding and causal masks.
+and weights. With every head ``"attention"`` it computes what ``nn.MultiheadAttention``
+computes, forward and backward, with padding and causal masks.
+
+State dicts: a converted module has ``nn.MultiheadAttention``'s keys, so an unconverted
+checkpoint loads into it (its heads are kept), plus -- unless every head is plain attention on
+the ``"softmax"`` graph -- ``<name>.heatformer_record``, the record of its heads (see
+:mod:`heatformer.integrations._record`). An unconverted module refuses that key in
+``strict`` loading, and a converted one with other heads refuses the record;
+:func:`load_state_dict` converts a module as a state dict records and loads it, learned head
+parameters included.
 
 Masks follow ``nn.MultiheadAttention``: ``key_padding_mask`` ``(B, S)`` and ``attn_mask``
 ``(L, S)`` or ``(B * H, L, S)``, boolean (``True`` = *not* allowed) or additive float of
@@ -31,7 +38,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,13 +48,19 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
 from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
+from heatformer.integrations._record import (
+    RecordedHeads,
+    rebuild_plan,
+    records_in_state_dict,
+    unchanged,
+)
 from heatformer.models.attention import check_multihead_attention
 from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 
-__all__ = ["MultiheadDiffusionAttention", "convert"]
+__all__ = ["MultiheadDiffusionAttention", "convert", "load_state_dict"]
 
 
-class MultiheadDiffusionAttention(nn.Module):
+class MultiheadDiffusionAttention(RecordedHeads):
     r""":class:`torch.nn.MultiheadAttention` with one diffusion operator per head.
 
     Args:
@@ -72,6 +85,7 @@ class MultiheadDiffusionAttention(nn.Module):
     #: ``in_proj_weight`` when ``self_attn._qkv_same_embed_dim`` is true; False keeps them
     #: calling this module (the projection is still packed as in ``nn.MultiheadAttention``).
     _qkv_same_embed_dim = False
+    restore = "heatformer.integrations.torch.load_state_dict(module, state_dict)"
 
     def __init__(
         self,
@@ -297,6 +311,63 @@ def _blocked(name: str, mask: Tensor) -> Tensor:
     raise checks.bad_type(name, f"expected a bool or float mask, got {mask.dtype}")
 
 
+def _attention_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every ``nn.MultiheadAttention`` inside ``module``, converted or
+    not (``""``: ``module`` itself)."""
+    if not isinstance(module, nn.Module):
+        raise checks.bad_type("module", f"expected an nn.Module, got {type(module).__name__}")
+    found: list[tuple[str, nn.Module]] = [
+        (n, m)
+        for n, m in module.named_modules()
+        if isinstance(m, (nn.MultiheadAttention, MultiheadDiffusionAttention))
+    ]
+    if not found:
+        raise checks.bad_value(
+            "module", f"found no nn.MultiheadAttention inside {type(module).__name__}"
+        )
+    return found
+
+
+def _converted(name: str, mha: nn.Module, spec: str, kind: str) -> nn.Module:
+    """A :class:`MultiheadDiffusionAttention` for an ``nn.MultiheadAttention``; for a converted
+    one, the :class:`HeadOperators` to give it (its own when built from ``spec`` and
+    ``kind``)."""
+    try:
+        if isinstance(mha, MultiheadDiffusionAttention):
+            if unchanged(mha.heads, spec, kind):
+                return mha.heads
+            w = mha.in_proj_weight
+            return HeadOperators(spec, mha.num_heads, graph=kind, device=w.device, dtype=w.dtype)
+        if not isinstance(mha, nn.MultiheadAttention):  # pragma: no cover - found by type
+            raise checks.bad_type("module", f"expected an nn.MultiheadAttention, got {mha!r}")
+        return MultiheadDiffusionAttention.from_mha(mha, spec, graph=kind)
+    except ValueError as err:
+        raise in_module(name or type(mha).__name__, err) from None
+
+
+def _install(
+    module: nn.Module, found: Sequence[tuple[str, nn.Module]], made: Sequence[nn.Module]
+) -> nn.Module:
+    """Put the converted modules in place; returns ``module``, or its replacement when it is
+    an attention module itself."""
+    if not made:
+        return module
+    root = module
+    for (name, old), new in zip(found, made, strict=True):
+        if isinstance(new, HeadOperators):
+            old.heads = new
+        elif not name:
+            root = new
+        else:
+            parent_name, _, child = name.rpartition(".")
+            parent = module.get_submodule(parent_name) if parent_name else module
+            setattr(parent, child, new)
+    for sub in root.modules():
+        if isinstance(sub, nn.TransformerEncoder):
+            sub.use_nested_tensor = False
+    return root
+
+
 def convert(
     module: nn.Module,
     heads: str | Sequence[str],
@@ -305,7 +376,8 @@ def convert(
 ) -> nn.Module:
     """Replace every :class:`torch.nn.MultiheadAttention` inside ``module`` (in place).
 
-    Modules converted before keep their weights and get the new heads.
+    Modules converted before keep their weights and get the new heads; a module whose heads
+    were built from the same spec and graph kind keeps them, learned parameters included.
 
     Args:
         module: any module; an ``nn.MultiheadAttention`` itself is returned converted.
@@ -322,43 +394,48 @@ def convert(
     Raises:
         ValueError: no ``nn.MultiheadAttention`` inside ``module``; a spec that does not fit.
     """
-    if not isinstance(module, nn.Module):
-        raise checks.bad_type("module", f"expected an nn.Module, got {type(module).__name__}")
-    found: list[tuple[str, nn.Module]] = [
-        (n, m)
-        for n, m in module.named_modules()
-        if isinstance(m, (nn.MultiheadAttention, MultiheadDiffusionAttention))
-    ]
-    if not found:
-        raise checks.bad_value(
-            "module", f"found no nn.MultiheadAttention inside {type(module).__name__}"
-        )
+    found = _attention_modules(module)
     specs = parse_layer_heads(heads, len(found))
     kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
                                len(found))  # fmt: skip
-    replaced: dict[str, MultiheadDiffusionAttention] = {}
-    new_heads: dict[str, HeadOperators] = {}  # modules converted before: new heads only
-    for (name, mha), spec, kind in zip(found, specs, kinds, strict=True):
-        try:
-            if isinstance(mha, MultiheadDiffusionAttention):
-                w = mha.in_proj_weight
-                new_heads[name] = HeadOperators(
-                    spec, mha.num_heads, graph=kind, device=w.device, dtype=w.dtype
-                )
-            elif isinstance(mha, nn.MultiheadAttention):
-                replaced[name] = MultiheadDiffusionAttention.from_mha(mha, spec, graph=kind)
-        except ValueError as err:
-            raise in_module(name or type(mha).__name__, err) from None
-    for name, layer_heads in new_heads.items():
-        target = module.get_submodule(name) if name else module
-        target.heads = layer_heads
-    if "" in replaced:
-        return replaced[""]
-    for name, new in replaced.items():
-        parent_name, _, child = name.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, child, new)
-    for sub in module.modules():
-        if isinstance(sub, nn.TransformerEncoder):
-            sub.use_nested_tensor = False
+    made = [
+        _converted(name, mha, spec, kind)
+        for (name, mha), spec, kind in zip(found, specs, kinds, strict=True)
+    ]
+    return _install(module, found, made)
+
+
+def load_state_dict(
+    module: nn.Module, state_dict: Mapping[str, Any], *, strict: bool = True
+) -> nn.Module:
+    """Load a converted module's state dict, converting ``module`` as it records.
+
+    Every attention module the state dict records (``<name>.heatformer_record``) is
+    converted to the recorded heads and graph kind first; then ``load_state_dict(state_dict,
+    strict=strict)`` loads every weight, learned head parameters included, so the module
+    equals the one saved to the last bit::
+
+        torch.save(converted.state_dict(), "encoder.pt")
+        encoder = nn.TransformerEncoder(layer, num_layers=2)   # the same architecture
+        encoder = load_state_dict(encoder, torch.load("encoder.pt"))
+
+    Args:
+        module: a module of the saved architecture, converted or not.
+        state_dict: from ``converted.state_dict()``; without records it loads as into an
+            unconverted module.
+        strict: as in :meth:`torch.nn.Module.load_state_dict`.
+
+    Returns:
+        ``module``, or its replacement when it is a recorded ``nn.MultiheadAttention`` itself.
+
+    Raises:
+        ValueError: a recorded module that ``module`` does not have, or one that cannot be
+            rebuilt from its record.
+    """
+    found = _attention_modules(module)
+    plan = rebuild_plan(records_in_state_dict(state_dict), [name for name, _ in found])
+    targets = [(name, mha) for name, mha in found if name in plan]
+    made = [_converted(name, mha, *plan[name]) for name, mha in targets]
+    module = _install(module, targets, made)
+    module.load_state_dict(state_dict, strict=strict)
     return module
