@@ -14,6 +14,9 @@ The command line is parsed before torch is imported: this package and the module
 define the options (:mod:`heatformer.cli._experiments`, :mod:`heatformer.cli._demo`,
 :mod:`heatformer.cli._ops`) import torch, the models and the data only inside the ``run``
 functions, so ``heatformer --help`` and a mistyped flag answer at once.
+
+A process that another one keeps out of its run folder
+(:class:`~heatformer._atomic.FolderInUse`) prints that line and exits with status 2.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import heatformer
+from heatformer._atomic import FolderInUse
 from heatformer.cli import _demo, _experiments, _ops
 from heatformer.cli._options import OptionParser
 
@@ -133,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return COMMANDS[args.command][2](args)
-    except (ValueError, TypeError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError, FolderInUse) as err:
         message = _name_the_option(err, subparsers[args.command].option_of)
         print(f"heatformer {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -4,10 +4,13 @@ Each subcommand is an ``(add_arguments, run)`` pair registered in
 :data:`heatformer.cli.COMMANDS`. ``run`` prints (this is the command line, not the
 library) and returns the exit code; bad input raises ``ValueError`` /
 ``FileNotFoundError``, which :func:`heatformer.cli.main` turns into one line on stderr
-and exit status 2. A stop saves a checkpoint and prints how to resume: Ctrl-C and SIGTERM
-exit with status 130, a planned stop (``--stop-at-step``) with status 0 (so ``torchrun``
-does not report it as a failure). A run resumed with another number of processes gets a
-note on stderr (:class:`~heatformer.experiments.trainer.WorldSizeChanged`).
+and exit status 2. ``--resume DIR`` and ``analyze DIR`` take the folder's lock
+(:class:`~heatformer._atomic.FolderLock`) before torch is imported, so a second process on the
+folder is refused at once, with exit status 2 and a line naming the holder's pid and host.
+A stop saves a checkpoint and prints how to resume: Ctrl-C and SIGTERM exit with status
+130, a planned stop (``--stop-at-step``) with status 0 (so ``torchrun`` does not report it
+as a failure). A run resumed with another number of processes gets a note on stderr
+(:class:`~heatformer.experiments.trainer.WorldSizeChanged`).
 
 Defining the options needs only :mod:`heatformer.experiments.spec` and
 :mod:`heatformer.experiments.tasks`, which import no torch; the runner, the data and the
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
 import time
 import warnings
@@ -28,9 +32,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from heatformer._atomic import FolderLock
 from heatformer.cli._options import OptionGroup, OptionParser
 from heatformer.experiments._checks import bad_value, check_positive_int
-from heatformer.experiments.spec import PRESETS, CompareSpec, parse_seeds
+from heatformer.experiments.spec import PRESETS, SPEC_NAME, CompareSpec, parse_seeds
 from heatformer.experiments.tasks import TASKS, options_by_name
 
 __all__ = [
@@ -331,7 +336,30 @@ def _default_out(spec: Any, ctx: Any) -> Path:
     return Path("runs") / f"{label}-{stamp}"
 
 
+def _writer_of(folder: Path | None) -> contextlib.AbstractContextManager[object]:
+    """The lock of the comparison folder ``folder``, taken before torch is imported.
+
+    A second process on a folder is refused at once (:class:`~heatformer._atomic.FolderInUse`,
+    exit status 2), not after loading torch and the data, and the lock is held for the whole
+    command; the runner, which takes it too, finds it held. Nothing is locked here for a
+    folder that holds no ``spec.json`` (the runner refuses it without leaving a lock file)
+    or under ``torchrun`` (rank 0 takes the lock in the runner, when every rank can hear of a
+    refusal).
+    """
+    if folder is None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return contextlib.nullcontext()
+    if not (folder / SPEC_NAME).is_file():
+        return contextlib.nullcontext()
+    return FolderLock(folder)
+
+
 def _execute(args: argparse.Namespace, command: str) -> int:
+    resume_dir = _resume_dir(args)
+    with _writer_of(resume_dir):  # first: the checks below import torch
+        return _execute_in(args, command, resume_dir)
+
+
+def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None) -> int:
     from heatformer.experiments.compare import load_spec, run_compare, validate_spec
     from heatformer.experiments.distributed import setup_distributed
     from heatformer.experiments.report import format_table
@@ -345,7 +373,6 @@ def _execute(args: argparse.Namespace, command: str) -> int:
     for dest in ("threads", "stop_at_step"):
         if getattr(args, dest) is not None:
             check_positive_int(dest, getattr(args, dest))
-    resume_dir = _resume_dir(args)
     if resume_dir is not None:
         extra = sorted(set(_given(args)) - {"device"})
         if command == "compare" and (args.heads or args.sweep or args.seeds or args.preset):
@@ -492,9 +519,10 @@ def run_compare_command(args: argparse.Namespace) -> int:
 
 def run_analyze(args: argparse.Namespace) -> int:
     """``heatformer analyze RUN_DIR``: recompute the per-layer analysis from checkpoints."""
-    from heatformer.experiments.compare import analyze
-    from heatformer.experiments.report import format_table
+    with _writer_of(Path(args.run_dir)):
+        from heatformer.experiments.compare import analyze
+        from heatformer.experiments.report import format_table
 
-    report = analyze(args.run_dir, device=args.device, progress=not args.no_progress)
-    _print_report(report, format_table)
+        report = analyze(args.run_dir, device=args.device, progress=not args.no_progress)
+        _print_report(report, format_table)
     return 0

@@ -4,7 +4,13 @@ Every file is written to a temporary name in the same folder (``.NAME.tmp-PID``)
 to disk, then moved over the final name with :func:`os.replace`, which is atomic on POSIX
 and Windows. A crash or Ctrl-C at any moment therefore leaves either the previous
 complete file or the new complete file, plus at worst a leftover temporary file, which
-readers never look at (:func:`remove_stale_temporaries` tidies them up).
+readers never look at.
+
+One process writes a run folder at a time: :func:`hold_folder` takes the folder's lock
+(:class:`heatformer._atomic.FolderLock`, on rank 0 under DDP) for a ``with`` block, and the
+process that takes it removes the temporaries left in the folder
+(:func:`remove_stale_temporaries`, the same function as
+:func:`heatformer._atomic.remove_temporaries`), which no other process can be writing then.
 
 The checkpoint of a run is one ``torch.save`` dict (see :func:`save_checkpoint`) read
 back with ``weights_only=True``: tensors, numbers, strings, lists and dicts only.
@@ -12,21 +18,33 @@ back with ``weights_only=True``: tensors, numbers, strings, lists and dicts only
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from heatformer._atomic import atomic_write, atomic_write_text
+from heatformer._atomic import (
+    FolderInUse,
+    FolderLock,
+    atomic_write,
+    atomic_write_text,
+    holds_lock,
+)
+from heatformer._atomic import remove_temporaries as remove_stale_temporaries
+from heatformer.checks import bad_value
+from heatformer.experiments.distributed import DistContext
 
 __all__ = [
     "CHECKPOINT_FORMAT",
     "atomic_write_json",
     "atomic_write_text",
+    "hold_folder",
     "load_checkpoint",
     "read_json",
     "remove_stale_temporaries",
@@ -131,21 +149,53 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return state
 
 
-def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
-    """Delete temporary files left in ``folder`` by interrupted atomic writes.
+@contextlib.contextmanager
+def hold_folder(
+    folder: str | os.PathLike[str],
+    ctx: DistContext | None = None,
+    *,
+    create: bool = False,
+    argument: str = "out_dir",
+) -> Iterator[None]:
+    """Be the one writer of ``folder`` for a ``with`` block: hold its lock, tidy it up first.
+
+    Rank 0 takes the :class:`~heatformer._atomic.FolderLock` of ``folder`` (which removes
+    the temporaries left in it), unless it already holds the lock of ``folder`` or of a folder
+    above it (then nothing is done: a run folder inside the comparison folder this process
+    writes, or a folder the command line locked before torch was imported). Every rank
+    raises if rank 0 could not take the lock (call it on every rank).
 
     Args:
-        folder: a run folder.
+        folder: the folder.
+        ctx: the DDP context; default one process.
+        create: create ``folder`` (and its parents) first.
+        argument: the name a folder that cannot be written is refused under.
 
-    Returns:
-        The removed paths.
+    Raises:
+        FolderInUse: another process holds the lock (the message names its pid and host).
+        ValueError: ``folder`` cannot be created, or the lock file cannot be written.
     """
-    removed: list[Path] = []
-    base = Path(folder)
-    if not base.is_dir():
-        return removed
-    for candidate in base.glob(".*.tmp-*"):
-        if candidate.is_file():
-            candidate.unlink(missing_ok=True)
-            removed.append(candidate)
-    return removed
+    target = Path(folder)
+    ctx = ctx or DistContext()
+    lock: FolderLock | None = None
+    failure: Exception | None = None
+    if ctx.is_main and not holds_lock(target):
+        try:
+            if create:
+                target.mkdir(parents=True, exist_ok=True)
+            lock = FolderLock(target).acquire()
+        except FolderInUse as err:
+            failure = err
+        except OSError as err:
+            failure = bad_value(
+                argument,
+                f"expected a folder that can be created and written, got {target} "
+                f"({err.strerror or err})",
+            )
+    if ctx.any(failure is not None):  # every rank raises, none waits for the others
+        raise failure or FolderInUse(target)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()

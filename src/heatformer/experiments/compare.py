@@ -24,6 +24,16 @@ folder, the stopped and interrupted ones too: the sum of the ``elapsed_s`` recor
 or writes the report; a killed process loses the time since its last record).
 ``environment`` is that of the training invocation that wrote the report; :func:`analyze`
 keeps it and adds its own as ``analysis_environment``.
+
+One process writes a comparison folder at a time: :func:`run_compare` and :func:`analyze`
+hold its lock (``OUT/.lock``, :func:`~heatformer.experiments.checkpoint.hold_folder`) from
+before ``spec.json`` is written (or read, when resuming) until the report is written; another
+process that comes for the folder meanwhile is refused with
+:class:`~heatformer._atomic.FolderInUse` ("OUT is in use by pid N on HOST") before it writes
+anything. The holder removes the temporaries that killed writers left in the folder. A start
+killed before ``spec.json`` was in place leaves a folder with no spec (at most the lock file
+and a ``.spec.json.tmp-PID``): nothing was trained there, so it is taken as a new ``--out``
+and refused by ``--resume`` with a message that says so.
 """
 
 from __future__ import annotations
@@ -35,9 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heatformer._atomic import LOCK_NAME, is_temporary
 from heatformer._progress import Progress
 from heatformer.experiments._checks import bad_value
-from heatformer.experiments.checkpoint import atomic_write_json, load_checkpoint, read_json
+from heatformer.experiments.checkpoint import (
+    atomic_write_json,
+    hold_folder,
+    load_checkpoint,
+    read_json,
+)
 from heatformer.experiments.distributed import DistContext, resolve_device
 from heatformer.experiments.report import (
     add_paired,
@@ -46,7 +62,7 @@ from heatformer.experiments.report import (
     plot_report,
     write_csv,
 )
-from heatformer.experiments.spec import CompareSpec, run_name
+from heatformer.experiments.spec import SPEC_NAME, CompareSpec, run_name
 from heatformer.experiments.sweep import baseline_heads, find_sweeps
 from heatformer.experiments.tasks import Task, resolve_task
 from heatformer.experiments.trainer import (
@@ -72,7 +88,6 @@ __all__ = [
     "validate_spec",
 ]
 
-SPEC_NAME = "spec.json"
 RESULTS_NAME = "results.json"
 INVOCATIONS_NAME = "invocations.json"
 
@@ -100,18 +115,6 @@ class CompareReport:
         """Per-configuration mean ± std (see :func:`~heatformer.experiments.report.aggregate`)."""
         summary: list[dict[str, Any]] = self.results["summary"]
         return summary
-
-
-def _agree(flag: bool, ctx: DistContext) -> bool:
-    """``flag`` of any rank (every rank must take the same branch)."""
-    if not ctx.distributed:
-        return flag
-    import torch
-    import torch.distributed as dist
-
-    box = torch.tensor(float(flag), device=ctx.device)
-    dist.all_reduce(box)
-    return bool(box > 0)
 
 
 def _runs(spec: CompareSpec) -> Iterator[tuple[str, int, str]]:
@@ -169,14 +172,34 @@ def load_spec(out_dir: str | Path) -> CompareSpec:
         The spec it was started with.
 
     Raises:
-        FileNotFoundError: no ``spec.json`` (not a comparison folder).
+        FileNotFoundError: no ``spec.json`` (not a comparison folder, or one whose start was
+            killed before it wrote ``spec.json``: the message says what to do).
     """
     path = Path(out_dir) / SPEC_NAME
     if not path.is_file():
+        left = _leftovers(Path(out_dir))
+        if left:
+            raise FileNotFoundError(
+                f"{out_dir}: expected a comparison folder holding {SPEC_NAME}, found only what "
+                f"a start killed before it wrote {SPEC_NAME} left ({', '.join(left)}); nothing "
+                f"was trained there, so there is nothing to resume: start the comparison again "
+                f"with its flags and --out {out_dir} (the leftovers are removed then), or delete "
+                f"{out_dir}"
+            )
         raise FileNotFoundError(
             f"{out_dir}: expected a comparison folder holding {SPEC_NAME}, found none"
         )
     return CompareSpec.from_dict(read_json(path)["spec"])
+
+
+def _leftovers(out_dir: Path) -> list[str]:
+    """The names in ``out_dir`` if it holds only what a start killed before it wrote
+    ``spec.json`` can leave (the lock file, temporaries); else (or if empty) ``[]``."""
+    if not out_dir.is_dir():
+        return []
+    names = sorted(p.name for p in out_dir.iterdir())
+    spare = all(name == LOCK_NAME or is_temporary(out_dir / name) for name in names)
+    return names if spare else []
 
 
 def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistContext) -> None:
@@ -188,13 +211,40 @@ def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistC
         resume: continue the comparison already in ``out_dir``.
         ctx: DDP context (rank 0 writes).
 
+    A folder that holds only what a killed start left (the lock file, temporaries: see
+    :func:`load_spec`) counts as empty. The caller holds the folder's lock
+    (:func:`run_compare` does) or knows that no other process writes it.
+
     Raises:
         ValueError: ``out_dir`` already holds a comparison (without ``resume``) or a
             different one (with ``resume``), is a non-empty folder of something else,
             or cannot be created or written.
         FileNotFoundError: ``resume`` and ``out_dir`` holds no comparison.
     """
-    spec_path = out_dir / SPEC_NAME
+    _check_output(spec, out_dir, resume=resume)
+    if resume:
+        return
+    ctx.barrier()  # every rank checked before rank 0 creates anything
+    reason = ""
+    if ctx.is_main:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(
+                out_dir / SPEC_NAME,
+                {"spec": spec.to_dict(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
+            )
+        except OSError as err:  # before any training, so nothing is lost
+            reason = err.strerror or str(err)
+    if ctx.any(bool(reason)):  # every rank raises, none waits for the others
+        raise bad_value(
+            "out_dir",
+            f"expected a folder that can be created and written, got {out_dir}"
+            + (f" ({reason})" if reason else ""),
+        )
+
+
+def _check_output(spec: CompareSpec, out_dir: Path, *, resume: bool) -> None:
+    """The checks of :func:`prepare_output`, which write nothing."""
     if resume:
         saved = load_spec(out_dir)
         if (
@@ -207,30 +257,16 @@ def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistC
                 "different one; resume with `--resume DIR` alone",
             )
         return
-    if spec_path.exists():
+    if (out_dir / SPEC_NAME).exists():
         raise ValueError(
             f"{out_dir}: already holds a comparison; continue it with --resume {out_dir} "
             "or choose another --out",
         )
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    if out_dir.exists() and (
+        not out_dir.is_dir() or (any(out_dir.iterdir()) and not _leftovers(out_dir))
+    ):
         raise ValueError(
             f"{out_dir}: expected a new or empty folder for --out, got a non-empty one"
-        )
-    ctx.barrier()  # every rank checked before rank 0 creates anything
-    reason = ""
-    if ctx.is_main:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(
-                spec_path, {"spec": spec.to_dict(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            )
-        except OSError as err:  # before any training, so nothing is lost
-            reason = err.strerror or str(err)
-    if _agree(bool(reason), ctx):  # every rank raises, none waits for the others
-        raise bad_value(
-            "out_dir",
-            f"expected a folder that can be created and written, got {out_dir}"
-            + (f" ({reason})" if reason else ""),
         )
 
 
@@ -382,6 +418,8 @@ def run_compare(
 
     Raises:
         TrainingInterrupted: a stop was requested; the current run's checkpoint is saved.
+        FolderInUse: another process writes ``out_dir`` (nothing written; see the module
+            docstring).
         ValueError, FileNotFoundError: bad spec, data or output folder (nothing written),
             or, when resuming, a checkpoint that cannot be read or belongs to another
             configuration (checked before any training).
@@ -392,8 +430,29 @@ def run_compare(
     ctx = ctx or DistContext(device=resolve_device(spec.device))
     task, data = _task_or_data(task, data)
     task = task or validate_spec(spec, data)
-    prepare_output(spec, out, resume=resume, ctx=ctx)
-    stop = stop or StopSignal()
+    _check_output(spec, out, resume=resume)  # a folder that is refused gets no lock file
+    with hold_folder(out, ctx, create=not resume):  # checked again under the lock
+        prepare_output(spec, out, resume=resume, ctx=ctx)
+        return _run_plan(
+            spec, task, out, started, ctx=ctx, resume=resume, stop=stop or StopSignal(),
+            stop_at_step=stop_at_step, progress=progress, model_factory=model_factory,
+        )  # fmt: skip
+
+
+def _run_plan(
+    spec: CompareSpec,
+    task: Task,
+    out: Path,
+    started: float,
+    *,
+    ctx: DistContext,
+    resume: bool,
+    stop: StopSignal,
+    stop_at_step: int | None,
+    progress: bool,
+    model_factory: ModelFactory | None,
+) -> CompareReport:
+    """The runs of :func:`run_compare` and the report, in a folder this process writes."""
     plan = list(_runs(spec))
     if resume:  # a bad checkpoint is refused before any training, not after the runs before it
         for heads, seed, name in plan:
@@ -412,7 +471,7 @@ def run_compare(
             for heads, seed, name in plan:
                 run_dir = out / "runs" / name
                 finished = is_finished(run_dir)
-                if not finished and _agree(stop.requested, ctx):  # e.g. Ctrl-C during analysis
+                if not finished and ctx.any(stop.requested):  # e.g. Ctrl-C during analysis
                     raise TrainingInterrupted(run_dir, 0, spec.steps)
                 record = train_run(
                     task,
@@ -481,6 +540,7 @@ def analyze(
 
     Raises:
         FileNotFoundError: ``out_dir`` holds no comparison.
+        FolderInUse: another process writes ``out_dir``.
         ValueError: no run has finished yet, or a checkpoint does not match its run.
     """
     started = time.perf_counter()
@@ -489,38 +549,39 @@ def analyze(
     given, data = _task_or_data(task, data)
     task = given or resolve_task(spec.task)(spec, data)
     ctx = DistContext(device=resolve_device(device))
-    factory = model_factory or (lambda t, heads: t.build_model(heads))
-    records = []
-    plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[2])]
-    if not plan:
-        raise ValueError(f"{out}: expected at least one finished run to analyze, got none")
-    with Progress(len(plan), f"analyze {out.name}", unit="run", enabled=progress) as bar:
-        for heads, _seed, name in plan:
-            run_dir = out / "runs" / name
-            record = read_json(run_dir / RESULT_NAME)
-            saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
-            if saved is None or int(saved["step"]) != spec.steps:
-                raise ValueError(
-                    f"{run_dir}: expected the final checkpoint of a finished run, found none"
-                )
-            model = factory(task, heads)
-            model.load_state_dict(saved["model"])
-            model.to(ctx.device)
-            record["analysis"] = task.layer_metrics(model, ctx.device)
-            atomic_write_json(run_dir / RESULT_NAME, record)
-            records.append(record)
-            bar.update(1)
-    previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}
-    invocations = _read_invocations(out)
-    trained = previous.get("environment") or (
-        invocations[-1].get("environment") if invocations else None
-    )  # the training environment, not this one
-    wall = _total_time(invocations) if invocations else float(previous.get("wall_time_s") or 0)
-    extra = {
-        "analysis_environment": environment(1, str(ctx.device)),
-        "analysis_time_s": time.perf_counter() - started,
-    }
-    return _finish(
-        spec, task, out, records, ctx, wall_time_s=lambda: wall, environment=trained,
-        extra=extra,
-    )  # fmt: skip
+    with hold_folder(out, ctx):  # it rewrites the run records and the report
+        factory = model_factory or (lambda t, heads: t.build_model(heads))
+        records = []
+        plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[2])]
+        if not plan:
+            raise ValueError(f"{out}: expected at least one finished run to analyze, got none")
+        with Progress(len(plan), f"analyze {out.name}", unit="run", enabled=progress) as bar:
+            for heads, _seed, name in plan:
+                run_dir = out / "runs" / name
+                record = read_json(run_dir / RESULT_NAME)
+                saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
+                if saved is None or int(saved["step"]) != spec.steps:
+                    raise ValueError(
+                        f"{run_dir}: expected the final checkpoint of a finished run, found none"
+                    )
+                model = factory(task, heads)
+                model.load_state_dict(saved["model"])
+                model.to(ctx.device)
+                record["analysis"] = task.layer_metrics(model, ctx.device)
+                atomic_write_json(run_dir / RESULT_NAME, record)
+                records.append(record)
+                bar.update(1)
+        previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}
+        invocations = _read_invocations(out)
+        trained = previous.get("environment") or (
+            invocations[-1].get("environment") if invocations else None
+        )  # the training environment, not this one
+        wall = _total_time(invocations) if invocations else float(previous.get("wall_time_s") or 0)
+        extra = {
+            "analysis_environment": environment(1, str(ctx.device)),
+            "analysis_time_s": time.perf_counter() - started,
+        }
+        return _finish(
+            spec, task, out, records, ctx, wall_time_s=lambda: wall, environment=trained,
+            extra=extra,
+        )  # fmt: skip

@@ -56,6 +56,15 @@ class DistContext:
         if self.distributed:
             dist.barrier()
 
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (every rank gets the same answer, so every rank
+        can take the same branch; ``flag`` itself without DDP)."""
+        if not self.distributed:
+            return flag
+        box = torch.tensor(float(flag), device=self.device)
+        dist.all_reduce(box)
+        return bool(box > 0)
+
     def close(self) -> None:
         """Destroy the process group if this context created it."""
         if self.owns_group and dist.is_initialized():

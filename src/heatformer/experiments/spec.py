@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PRESETS",
+    "SPEC_NAME",
     "CompareSpec",
     "check_heads",
     "infer_num_heads",
@@ -59,6 +60,9 @@ __all__ = [
     "run_name",
     "split_layers",
 ]
+
+#: The file of a comparison folder that holds its :class:`CompareSpec` (``OUT/spec.json``).
+SPEC_NAME = "spec.json"
 
 #: Heads per layer when the schedule gives no counts (a bare ``"attention"``).
 _DEFAULT_NUM_HEADS = 4

@@ -43,9 +43,9 @@ from heatformer._progress import Progress
 from heatformer.experiments._checks import bad_value
 from heatformer.experiments.checkpoint import (
     atomic_write_json,
+    hold_folder,
     load_checkpoint,
     read_json,
-    remove_stale_temporaries,
     save_checkpoint,
 )
 from heatformer.experiments.distributed import DistContext
@@ -279,12 +279,15 @@ def train_run(
     """Train (or resume, or just read back) one run and return its record.
 
     If ``run_dir/result.json`` exists the run is finished and its record is returned
-    as is. Otherwise the run starts from ``run_dir/checkpoint.pt`` if there is one
-    (made by the same spec, head schedule and seed -- else ``ValueError``), or from
-    scratch, trains to ``spec.steps``, evaluates every ``eval_every`` steps and at the
-    end, computes the per-layer analysis (if ``spec.analysis``), and writes
-    ``result.json`` last. ``eval_every``, ``ckpt_every`` and the warm-up are those of
-    :meth:`CompareSpec.resolved` (the one place for their defaults).
+    as is. Otherwise this process becomes the one writer of ``run_dir`` (it holds its lock,
+    :func:`~heatformer.experiments.checkpoint.hold_folder`, unless it holds the lock of a
+    folder above it, as :func:`~heatformer.experiments.run_compare` does) and the run
+    starts from ``run_dir/checkpoint.pt`` if there is one (made by the same spec, head
+    schedule and seed -- else ``ValueError``), or from scratch, trains to ``spec.steps``,
+    evaluates every ``eval_every`` steps and at the end, computes the per-layer analysis
+    (if ``spec.analysis``), and writes ``result.json`` last. ``eval_every``, ``ckpt_every``
+    and the warm-up are those of :meth:`CompareSpec.resolved` (the one place for their
+    defaults).
 
     Args:
         task: the task (holds the spec and the data).
@@ -311,6 +314,7 @@ def train_run(
     Raises:
         TrainingInterrupted: a stop was requested; the checkpoint is saved.
         TrainingDiverged: the training loss became NaN or infinite (a ``ValueError``).
+        FolderInUse: another process writes ``run_dir``.
         ValueError: the checkpoint belongs to another configuration.
 
     Warns:
@@ -325,11 +329,27 @@ def train_run(
     if is_finished(run_dir):
         record: dict[str, Any] = read_json(run_dir / RESULT_NAME)
         return record
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(run_dir)
-    ctx.barrier()
+    with hold_folder(run_dir, ctx, create=True, argument="run_dir"):
+        if ctx.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)  # under a comparison's lock
+        ctx.barrier()
+        return _train(task, heads, seed, run_dir, spec, ctx, stop, stop_at_step, progress,
+                      model_factory)  # fmt: skip
 
+
+def _train(
+    task: Task,
+    heads: str,
+    seed: int,
+    run_dir: Path,
+    spec: CompareSpec,
+    ctx: DistContext,
+    stop: StopSignal,
+    stop_at_step: int | None,
+    progress: bool,
+    model_factory: ModelFactory | None,
+) -> dict[str, Any]:
+    """The training of :func:`train_run`, in a run folder this process writes."""
     key = _run_key(task, heads, seed)
     device = ctx.device
     torch.manual_seed(seed)  # initial weights
