@@ -7,6 +7,7 @@ tests/timm_helpers.py); the models and attention modules tested are timm's own.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from typing import Any
 
@@ -101,9 +102,14 @@ def test_masks_dropout_and_errors(timm: Any, ht: Any) -> None:
     tokens = torch.randn(2, 17, 192)
     keys = torch.ones(2, 1, 1, 17, dtype=torch.bool)
     keys[1, ..., 12:] = False
+    takes = inspect.signature(attn_ref.forward).parameters  # timm < 1.0.17: no masks
     for mask in (keys, torch.zeros(2, 1, 1, 17).masked_fill(~keys, -math.inf)):
-        torch.testing.assert_close(attn(tokens, attn_mask=mask), attn_ref(tokens, attn_mask=mask))
-    torch.testing.assert_close(attn(tokens, is_causal=True), attn_ref(tokens, is_causal=True))
+        if "attn_mask" in takes:
+            torch.testing.assert_close(
+                attn(tokens, attn_mask=mask), attn_ref(tokens, attn_mask=mask)
+            )
+    if "is_causal" in takes:  # newer timm (1.0.31; not 1.0.25)
+        torch.testing.assert_close(attn(tokens, is_causal=True), attn_ref(tokens, is_causal=True))
     with pytest.raises(ValueError, match="an attention bias") as err:
         attn(tokens, attn_mask=torch.full((17, 17), 0.5))
     assert err.value.argument == "attn_mask"  # type: ignore[attr-defined]
@@ -117,3 +123,119 @@ def test_masks_dropout_and_errors(timm: Any, ht: Any) -> None:
         with pytest.raises(ValueError) as err:
             call()
         assert isinstance(err.value, ArgumentError) and err.value.argument == argument
+
+
+# ---- timm versions: Attention with and without norm and gate, fused or not ------------------
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
+@pytest.mark.parametrize("missing", [("gate",), ("gate", "norm")], ids=["no-gate", "no-norm"])
+def test_attention_of_every_timm_version_converts_as_it_computes(
+    timm: Any, ht: Any, fused: bool, missing: tuple[str, ...]
+) -> None:
+    """timm's ``Attention`` has no ``gate`` before its newest releases and neither ``norm``
+    nor ``gate`` before 1.0.17 (the attributes are deleted here to build such modules); timm's
+    own forward is the reference, with its SDPA call (``fused_attn``) or its explicit
+    softmax."""
+    ref = _model(timm, "deit3_small_patch16_224", depth=2)
+    for block in ref.blocks:
+        block.attn.fused_attn = fused
+    older = copy.deepcopy(ref)
+    for block in older.blocks:
+        for name in missing:
+            if hasattr(block.attn, name):
+                delattr(block.attn, name)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    expected = ref(x)
+    model = ht.convert(older, "attention")
+    torch.testing.assert_close(model(x), expected, atol=2e-5, rtol=1e-4)
+    laplacian = ht.convert(copy.deepcopy(ref), "attention:3,laplacian:3")
+    torch.testing.assert_close(ht.convert(model, "attention:3,laplacian:3")(x), laplacian(x))
+
+
+def test_the_output_gate_of_newer_timm_is_applied(timm: Any, ht: Any) -> None:
+    attention = timm.layers.Attention if hasattr(timm.layers, "Attention") else None
+    if attention is None or "gated" not in inspect.signature(attention).parameters:
+        pytest.skip(f"timm {timm.__version__}'s Attention has no output gate")
+    torch.manual_seed(2)
+    gated = attention(48, num_heads=4, qkv_bias=True, gated=True).eval()
+    torch.nn.init.normal_(gated.gate.weight)
+    tokens = torch.randn(2, 9, 48)
+    ours = ht.TimmDiffusionAttention(gated, "attention")
+    assert ours.gate is gated.gate
+    for fused in (True, False):
+        gated.fused_attn = fused
+        torch.testing.assert_close(ours(tokens), gated(tokens), atol=2e-6, rtol=1e-5)
+
+
+# ---- saving and loading a converted model ----------------------------------------------------
+
+NAME = "deit3_small_patch16_224"
+TWO = {"depth": 2}  # two blocks are enough here
+
+
+def _trained(model: Any) -> Any:
+    """One Adam step (every parameter moves by about the learning rate, the times too)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    out = model(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)))
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(4))).sum().backward()
+    optimizer.step()
+    model.zero_grad()
+    return model.eval()
+
+
+def test_a_converted_vit_state_dict_loads_back_converted_to_the_last_bit(
+    timm: Any, ht: Any, tmp_path: Any
+) -> None:
+    from safetensors.torch import save_file
+
+    spec = "attention:2,heat[t=0.5;learnable=true]:2,laplacian:2"
+    model = _trained(ht.convert(_model(timm, NAME, **TWO), spec, graph="topk[k=4]"))
+    state = model.state_dict()
+    learned = model.blocks[1].attn.heads.operators[1].t.detach()
+    assert abs(float(learned) - 0.5) > 1e-3
+    torch.save(state, tmp_path / "vit.pt")
+    save_file(state, tmp_path / "vit.safetensors")
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(x)
+    for file in ("vit.pt", "vit.safetensors"):
+        saved = timm.models.load_state_dict(str(tmp_path / file))  # timm's own reader
+        fresh = ht.load_state_dict(_model(timm, NAME, seed=5, **TWO), saved)
+        assert all(b.attn.heads.source == spec for b in fresh.blocks)
+        assert all(b.attn.heads.graph_kind.spec == "topk[k=4]" for b in fresh.blocks)
+        with torch.no_grad():
+            assert torch.equal(fresh(x), expected)
+        for key, value in state.items():
+            assert torch.equal(fresh.state_dict()[key], value), key
+
+
+def test_a_converted_state_dict_refuses_a_model_with_other_heads(
+    timm: Any, ht: Any, tmp_path: Any
+) -> None:
+    # Laplacian heads have no parameters of their own: only the record tells
+    converted = ht.convert(_model(timm, NAME, **TWO), "attention:3,laplacian:3")
+    torch.save(converted.state_dict(), tmp_path / "vit.pt")
+    with pytest.raises(RuntimeError, match=r'Unexpected key\(s\).*"blocks.0.attn.heatformer_rec'):
+        timm.create_model(NAME, pretrained=False, checkpoint_path=str(tmp_path / "vit.pt"),
+                          **SMALL, **TWO)  # fmt: skip
+    other = ht.convert(_model(timm, NAME, **TWO), "attention:3,heat:3")
+    with pytest.raises(ValueError, match=r"heatformer.integrations.timm.load_state_dict\(") as err:
+        other.load_state_dict(converted.state_dict(), strict=False)
+    assert err.value.argument == "state_dict"  # type: ignore[attr-defined]
+    plain = ht.convert(_model(timm, NAME, **TWO), "attention")
+    assert list(plain.state_dict()) == list(_model(timm, NAME, **TWO).state_dict())  # timm's keys
+    other.load_state_dict(_model(timm, NAME, seed=3, **TWO).state_dict())  # timm's: heads kept
+    assert other.blocks[0].attn.heads.source == "attention:3,heat:3"
+
+
+def test_converting_again_with_the_same_spec_keeps_learned_parameters(timm: Any, ht: Any) -> None:
+    spec = "attention:3,heat[t=0.5;learnable=true]:3"
+    model = _trained(ht.convert(_model(timm, NAME, **TWO), spec))
+    heads = model.blocks[0].attn.heads
+    learned = heads.operators[1].log_t.detach().clone()
+    ht.convert(model, spec)
+    assert model.blocks[0].attn.heads is heads
+    assert torch.equal(heads.operators[1].log_t.detach(), learned)
+    ht.convert(model, spec, graph="topk[k=4]")  # another graph kind: new heads
+    assert model.blocks[0].attn.heads is not heads

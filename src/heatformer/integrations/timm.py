@@ -1,15 +1,26 @@
 r"""timm vision transformers with heatformer's diffusion heads.
 
-:func:`convert` replaces every ``timm.layers.Attention`` of a timm model (``vit_*``,
-``deit3_*``, ... created with ``pretrained=False``, or loaded) by a
-:class:`TimmDiffusionAttention` that keeps the original module's own layers -- ``qkv``,
-``q_norm``/``k_norm`` (QK-norm), ``norm``, ``gate``, ``proj`` -- so the weights are the same
-tensors under the same state-dict keys, and applies one diffusion operator per head where timm
-calls :func:`~torch.nn.functional.scaled_dot_product_attention`. Attention and ``"rw"``
-Laplacian heads keep the fused path (one SDPA call, attention dropout inside it). With every
-head ``"attention"`` the model computes what it computed before; ``"attention:3,laplacian:3"``
-on a 6-head model makes the trailing three heads Laplacian heads, as the "kL" models of
+:func:`convert` replaces every timm ``Attention`` of a timm model (``vit_*``, ``deit3_*``, ...
+created with ``pretrained=False``, or loaded) by a :class:`TimmDiffusionAttention` that keeps
+the original module's own layers -- ``qkv``, ``q_norm``/``k_norm`` (QK-norm), ``norm`` and
+``gate`` where the timm version has them, ``proj`` -- so the weights are the same tensors under
+the same state-dict keys, and applies one diffusion operator per head where timm calls
+:func:`~torch.nn.functional.scaled_dot_product_attention`. Attention and ``"rw"`` Laplacian
+heads keep the fused path (one SDPA call, attention dropout inside it). With every head
+``"attention"`` the model computes what it computed before; ``"attention:3,laplacian:3"`` on
+a 6-head model makes the trailing three heads Laplacian heads, as the "kL" models of
 Zhang & Papyan (2026) do.
+
+timm's ``Attention`` is ``timm.layers.Attention`` from timm 1.0.17 on and
+``timm.models.vision_transformer.Attention`` before (the same class where both exist); the
+scale norm ``norm`` came in 1.0.17 and the output ``gate`` later: a module without them is
+converted as it computes (no norm, no gate). ``fused_attn`` (timm's switch between its SDPA
+call and its explicit softmax) does not matter: the heads compute the same either way.
+
+Saving and loading: a converted model's state dict records each converted module's heads
+under ``<module>.heatformer_record`` (see :mod:`heatformer.integrations._record`), so it
+does not load into an unconverted model (``strict`` loading refuses the unexpected key);
+:func:`load_state_dict` converts a model as a state dict records and loads it.
 
 timm imports torchvision at import time; install a torchvision that matches your torch
 (``docs/integrations/timm.md`` says what the project's CI covers).
@@ -20,7 +31,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,18 +40,24 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
 from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
+from heatformer.integrations._record import (
+    RecordedHeads,
+    rebuild_plan,
+    records_in_state_dict,
+    unchanged,
+)
 from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 
-__all__ = ["TimmDiffusionAttention", "convert"]
+__all__ = ["TimmDiffusionAttention", "convert", "load_state_dict"]
 
 
-class TimmDiffusionAttention(nn.Module):
+class TimmDiffusionAttention(RecordedHeads):
     r"""A timm ``Attention`` module with diffusion heads, with timm's forward signature.
 
     Args:
-        attn: the ``timm.layers.Attention`` to replace; its ``qkv``, ``q_norm``, ``k_norm``,
-            ``attn_drop``, ``norm``, ``gate``, ``proj`` and ``proj_drop`` are reused as they
-            are.
+        attn: the timm ``Attention`` to replace; its ``qkv``, ``q_norm``, ``k_norm``,
+            ``attn_drop``, ``norm`` and ``gate`` (where it has them), ``proj`` and
+            ``proj_drop`` are reused as they are.
         heads: a head spec or one operator per head.
         graph: the graph kind.
 
@@ -54,6 +71,8 @@ class TimmDiffusionAttention(nn.Module):
 
         y[:, h] = op_h(P_h, v[:, h])        # P_h = softmax(q_h k_h^T / sqrt(Dh), masked)
     """
+
+    restore = "heatformer.integrations.timm.load_state_dict(model, state_dict)"
 
     def __init__(
         self,
@@ -74,8 +93,9 @@ class TimmDiffusionAttention(nn.Module):
         self.q_norm: nn.Module = timm_attn.q_norm
         self.k_norm: nn.Module = timm_attn.k_norm
         self.attn_drop: nn.Dropout = timm_attn.attn_drop
-        self.norm: nn.Module = timm_attn.norm
-        self.gate: nn.Module | None = timm_attn.gate
+        norm = getattr(timm_attn, "norm", None)  # timm >= 1.0.17
+        self.norm: nn.Module = nn.Identity() if norm is None else norm
+        self.gate: nn.Module | None = getattr(timm_attn, "gate", None)  # newer timm only
         self.proj: nn.Module = timm_attn.proj
         self.proj_drop: nn.Module = timm_attn.proj_drop
         w = qkv.weight
@@ -143,15 +163,77 @@ class TimmDiffusionAttention(nn.Module):
         return f"num_heads={self.num_heads}, heads={self.spec!r}"
 
 
+def _attention_classes() -> tuple[type[nn.Module], ...]:
+    """timm's self-attention classes: ``timm.layers.Attention`` (timm >= 1.0.17) and
+    ``timm.models.vision_transformer.Attention`` (the same class from 1.0.17 on, its own
+    before)."""
+    from timm.models import vision_transformer
+
+    found = [getattr(vision_transformer, "Attention", None)]
+    try:
+        from timm.layers import Attention
+
+        found.append(Attention)
+    except ImportError:  # timm < 1.0.17
+        pass
+    return tuple({cls for cls in found if isinstance(cls, type)})
+
+
+def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every timm ``Attention`` of ``model``, converted or not."""
+    if not isinstance(model, nn.Module):
+        raise checks.bad_type("model", f"expected a timm model, got {type(model).__name__}")
+    classes = _attention_classes()
+    found = [
+        (n, m)
+        for n, m in model.named_modules()
+        if type(m) in classes or isinstance(m, TimmDiffusionAttention)
+    ]
+    if not found:
+        raise checks.bad_value(
+            "model",
+            f"found no timm Attention (timm.layers.Attention) inside {type(model).__name__}",
+        )
+    return found
+
+
+def _converted(name: str, attn: nn.Module, spec: str, kind: str) -> nn.Module:
+    """The converted module for ``attn`` (a converted one gets new heads, or keeps its own
+    when they were built from ``spec`` and ``kind``): a :class:`TimmDiffusionAttention`, or
+    the :class:`HeadOperators` to give a converted one."""
+    try:
+        if isinstance(attn, TimmDiffusionAttention):
+            if unchanged(attn.heads, spec, kind):
+                return attn.heads
+            w = next(attn.qkv.parameters())
+            return HeadOperators(spec, attn.num_heads, graph=kind, device=w.device, dtype=w.dtype)
+        return TimmDiffusionAttention(attn, spec, graph=kind)
+    except ValueError as err:
+        raise in_module(name, err) from None
+
+
+def _install(
+    model: nn.Module, found: Sequence[tuple[str, nn.Module]], made: list[nn.Module]
+) -> None:
+    for (name, attn), new in zip(found, made, strict=True):
+        if isinstance(new, HeadOperators):
+            attn.heads = new
+            continue
+        new.train(attn.training)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
 def convert(
     model: nn.Module,
     heads: str | Sequence[str],
     *,
     graph: str | GraphBuilder | Sequence[str] = "softmax",
 ) -> nn.Module:
-    """Replace every ``timm.layers.Attention`` of ``model`` (in place); returns ``model``.
+    """Replace every timm ``Attention`` of ``model`` (in place); returns ``model``.
 
-    Blocks converted before keep their layers and get the new heads.
+    Blocks converted before keep their layers and get the new heads; a block whose heads
+    were built from the same spec and graph kind keeps them, learned parameters included.
 
     Args:
         model: a timm model (``timm.create_model("deit3_small_patch16_224")``, ...).
@@ -161,39 +243,50 @@ def convert(
     Raises:
         ValueError: no timm ``Attention`` inside ``model``; a spec that does not fit a block.
     """
-    from timm.layers import Attention
-
-    if not isinstance(model, nn.Module):
-        raise checks.bad_type("model", f"expected a timm model, got {type(model).__name__}")
-    found = [
-        (n, m)
-        for n, m in model.named_modules()
-        if type(m) is Attention or isinstance(m, TimmDiffusionAttention)
-    ]
-    if not found:
-        raise checks.bad_value(
-            "model", f"found no timm.layers.Attention inside {type(model).__name__}"
-        )
+    found = _attention_modules(model)
     specs = parse_layer_heads(heads, len(found))
     kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
                                len(found))  # fmt: skip
-    made: list[nn.Module] = []
-    for (name, attn), spec, kind in zip(found, specs, kinds, strict=True):
-        try:
-            if isinstance(attn, TimmDiffusionAttention):  # converted before: new heads only
-                w = next(attn.qkv.parameters())
-                made.append(
-                    HeadOperators(spec, attn.num_heads, graph=kind, device=w.device, dtype=w.dtype)
-                )
-            else:
-                made.append(TimmDiffusionAttention(attn, spec, graph=kind))
-        except ValueError as err:
-            raise in_module(name, err) from None
-    for (name, attn), new in zip(found, made, strict=True):
-        if isinstance(new, HeadOperators):
-            attn.heads = new
-            continue
-        new.train(attn.training)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    made = [
+        _converted(name, attn, spec, kind)
+        for (name, attn), spec, kind in zip(found, specs, kinds, strict=True)
+    ]
+    _install(model, found, made)
+    return model
+
+
+def load_state_dict(
+    model: nn.Module, state_dict: Mapping[str, Any], *, strict: bool = True
+) -> nn.Module:
+    """Load a converted timm model's state dict, converting ``model`` as it records.
+
+    Every block the state dict records (``blocks.<i>.attn.heatformer_record``) is converted
+    to the recorded heads and graph kind first; then ``model.load_state_dict(state_dict,
+    strict=strict)`` loads every weight, learned head parameters included, so the model
+    equals the one saved to the last bit::
+
+        torch.save(converted.state_dict(), "vit.pt")
+        model = timm.create_model("deit3_small_patch16_224", pretrained=False, ...)
+        load_state_dict(model, torch.load("vit.pt"))      # converted as saved
+
+    Args:
+        model: a timm model of the saved architecture, converted or not.
+        state_dict: from ``converted.state_dict()`` (``torch.load``, safetensors'
+            ``load_file``); without records it loads as into an unconverted model.
+        strict: as in :meth:`torch.nn.Module.load_state_dict`.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ValueError: a recorded module that ``model`` does not have, or one that cannot be
+            rebuilt from its record.
+    """
+    found = _attention_modules(model)
+    records = records_in_state_dict(state_dict)
+    plan = rebuild_plan(records, [name for name, _ in found])
+    targets = [(name, attn) for name, attn in found if name in plan]
+    made = [_converted(name, attn, *plan[name]) for name, attn in targets]
+    _install(model, targets, made)
+    model.load_state_dict(state_dict, strict=strict)
     return model
