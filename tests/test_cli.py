@@ -436,6 +436,36 @@ def test_sigterm_stops_with_a_checkpoint_and_exit_130(text: Path, tmp_path: Path
     )
 
 
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (``SigCgt`` of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_sigterm_before_training_exits_130_with_a_line(text: Path, tmp_path: Path) -> None:
+    """SIGTERM as soon as the command can catch it, while torch is still loading: it used to
+    kill the process silently (-15) for the first ~1.5 s."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "heatformer", "train", *tiny(text, out)]
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        while not _catches(process.pid, signal.SIGTERM):
+            assert process.poll() is None and time.monotonic() < started + 60
+            time.sleep(0.001)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    assert err.decode().splitlines() == ["heatformer train: terminated (SIGTERM)"]
+    assert not out.exists()  # stopped before anything was written
+
+
 def test_resume_with_another_world_size_is_noted_and_recorded(
     text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -17,14 +17,22 @@ functions, so ``heatformer --help`` and a mistyped flag answer at once.
 
 A process that another one keeps out of its run folder
 (:class:`~heatformer._atomic.FolderInUse`) prints that line and exits with status 2.
+SIGTERM is turned into an interrupt from the first line of :func:`main` on, before torch
+is imported: while a run trains it stops the run with a checkpoint (the runner's own
+handler), at any other moment it ends the command with one line and status 130, as Ctrl-C
+does.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import FrameType
 
 import heatformer
 from heatformer._atomic import FolderInUse
@@ -125,8 +133,58 @@ def _unrecognized(extras: Sequence[str], parser: OptionParser) -> str:
     return message
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as an interrupt in the running command (see :class:`_Sigterm`)."""
+
+
+class _Sigterm:
+    """The SIGTERM handler of :func:`main`, installed before anything else happens.
+
+    Until :meth:`arm` (while the command line is parsed) a SIGTERM is kept for later; from
+    :meth:`arm` on, one raises :class:`Terminated` where the command is, so that the command's
+    ``except KeyboardInterrupt`` reports it; after :meth:`disarm` it is kept again (the
+    command is over; the process exits with the command's status).
+    """
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.pending = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.pending = True
+        if self.armed:
+            raise Terminated("terminated (SIGTERM)")
+
+    def arm(self) -> None:
+        """Raise from now on; at once for a SIGTERM that came before."""
+        self.armed = True
+        if self.pending:
+            raise Terminated("terminated (SIGTERM)")
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """This handler for SIGTERM inside the block (in the main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGTERM, self)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``heatformer`` console script."""
+    sigterm = _Sigterm()
+    with sigterm.installed():  # first: a SIGTERM while torch loads is no silent -15
+        return _main(argv, sigterm)
+
+
+def _main(argv: Sequence[str] | None, sigterm: _Sigterm) -> int:
     parser, subparsers = _build_parsers()
     args, extras = parser.parse_known_args(argv)
     if extras:  # reported by the subcommand, whose usage line lists the options it has
@@ -136,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        sigterm.arm()
         return COMMANDS[args.command][2](args)
     except (ValueError, TypeError, FileNotFoundError, FolderInUse) as err:
         message = _name_the_option(err, subparsers[args.command].option_of)
@@ -144,9 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # the file system refused (disk full, permissions): no traceback
         print(f"heatformer {args.command}: error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"heatformer {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated) outside a run
+        print(f"heatformer {args.command}: {err or 'interrupted'}", file=sys.stderr)
         return 130
+    finally:
+        sigterm.disarm()
 
 
 if __name__ == "__main__":  # pragma: no cover
