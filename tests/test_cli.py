@@ -466,6 +466,31 @@ def test_sigterm_before_training_exits_130_with_a_line(text: Path, tmp_path: Pat
     assert not out.exists()  # stopped before anything was written
 
 
+@pytest.mark.parametrize("link", ["dangling", "loop"])
+def test_a_broken_checkpoint_symlink_is_refused_not_restarted(
+    link: str, text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint.pt that is a link to nothing (or to itself) used to restart its run from
+    step 0 without a word."""
+    out = tmp_path / "out"
+    assert main(["train", *tiny(text, out), "--stop-at-step", "2", "--no-analysis"]) == 0
+    run_dir = out / "runs" / "c00-attention-s0"
+    path = run_dir / "checkpoint.pt"
+    path.unlink()
+    target = tmp_path / "moved-away.pt" if link == "dangling" else path
+    path.symlink_to(target)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"heatformer train: error: {path}: expected a heatformer checkpoint, got a symbolic link "
+        f"to {str(target)!r}, which does not lead to a file (missing, or a loop); point it at "
+        f"the checkpoint, or delete the run folder {run_dir} and continue the comparison with "
+        "--resume: that run starts again from step 0, the finished runs are kept\n"
+    )
+    assert path.is_symlink() and sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt"]
+
+
 def test_resume_with_another_world_size_is_noted_and_recorded(
     text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

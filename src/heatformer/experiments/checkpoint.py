@@ -126,12 +126,23 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any] | None:
             with ``weights_only=False``, is not for files that this module wrote).
     """
     target = Path(path)
-    if not target.is_file():
-        return None
     restart = (
         f"delete the run folder {target.parent} and continue the comparison with --resume: "
         "that run starts again from step 0, the finished runs are kept"
     )
+    if not target.is_file():
+        if target.is_symlink():  # dangling or looping: not "no checkpoint yet"
+            raise ValueError(
+                f"{target}: expected a heatformer checkpoint, got a symbolic link to "
+                f"{os.readlink(target)!r}, which does not lead to a file (missing, or a loop); "
+                f"point it at the checkpoint, or {restart}"
+            )
+        if target.exists():
+            raise ValueError(
+                f"{target}: expected a heatformer checkpoint, got something that is not a "
+                f"file; {restart}"
+            )
+        return None
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4" for a foreign file
             warnings.simplefilter("ignore")
