@@ -236,8 +236,24 @@ def check_demo_arguments(*, text: str, layer: int, steps: int) -> None:
 HEAT_TIMES = (0.0, 0.5, 1.0, 2.0, 4.0)
 ANIMATION_TIMES = tuple(torch.linspace(0.0, 6.0, 25).tolist())
 
-#: The values of ``k`` of the top-k picture (``None``: the full graph).
+#: The values of ``k`` of the top-k picture (``None``: the full graph); those below the
+#: number of tokens are drawn (see :func:`topk_ks`).
 TOPK_KS = (None, 4, 2)
+
+
+def topk_ks(num_nodes: int) -> tuple[int | None, ...]:
+    """The ``k`` of the top-k picture for ``num_nodes`` tokens: the full graph, then each ``k``
+    of :data:`TOPK_KS` that prunes (``k < N``; top-``N`` is the full graph), or ``N − 1``
+    when none does (2 tokens; one token: the full graph alone).
+
+    Example:
+        >>> topk_ks(27), topk_ks(4), topk_ks(2), topk_ks(1)
+        ((None, 4, 2), (None, 2), (None, 1), (None,))
+    """
+    ks = tuple(k for k in TOPK_KS if k is not None and k < num_nodes)
+    if not ks and num_nodes > 1:
+        ks = (num_nodes - 1,)
+    return (None, *ks)
 
 
 def mass_frames(graph: DenseGraph, source: int, times: Sequence[float]) -> Tensor:
@@ -333,7 +349,7 @@ def demo_from_snapshots(
     heat_times, animation_times = _times(HEAT_TIMES), _times(ANIMATION_TIMES)
     topk = {
         _topk_title(k): (head if k is None else single_graph(head.topk(k), None)).to_dense()
-        for k in TOPK_KS
+        for k in topk_ks(n)
     }
     return DemoData(
         text=text,
