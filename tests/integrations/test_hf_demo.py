@@ -126,6 +126,30 @@ def test_cli_refuses_bad_input(
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text", ["heat flows", "heat flows along"])
+def test_two_or_three_tokens_give_the_page(text: str, checkpoint: Path) -> None:
+    """Issue 21: 2 or 3 tokens (the least the text check allows) used to fail in the top-k
+    picture with ``k_top: expected 1 <= k_top <= 2, got 4``."""
+    data = compute_hf_demo(checkpoint, text=text)
+    n = len(text.split())
+    assert data.attention.shape[-1] == n
+    assert list(data.topk) == ["full attention", f"top-{n - 1}"]
+    kept = data.topk[f"top-{n - 1}"]  # causal: query i keeps min(N - 1, i + 1) keys
+    assert (kept > 0).sum(-1).tolist() == [min(n - 1, i + 1) for i in range(n)]
+
+
+def test_a_broken_config_json_is_named_not_the_tokenizer(checkpoint: Path, capsys: Any) -> None:
+    (checkpoint / "config.json").write_text('{"model_type": "gpt2", "n_layer": ')
+    argv = ["demo", "--hf-model", str(checkpoint), "--no-gif", "--no-progress"]
+    assert main([*argv, "--out", str(checkpoint.parent / "page")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"heatformer demo: error: --hf-model: expected a config.json that transformers can "
+        f"read, got {str(checkpoint / 'config.json')!r} ("
+    )
+    assert "tokenizer" not in err[0]
+
+
 def test_attention_snapshots_refuse_a_batch(checkpoint: Path) -> None:
     model = transformers.AutoModel.from_pretrained(checkpoint).eval()
     ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(0))

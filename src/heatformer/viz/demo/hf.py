@@ -49,11 +49,12 @@ def load_checkpoint_folder(model_dir: str | os.PathLike[str]) -> tuple[Any, Any]
     ``GPT2LMHeadModel`` folder), in float32 with transformers' ``"sdpa"`` attention.
 
     Raises:
-        ValueError: ``model_dir`` is not a folder, has no ``config.json``, or has no tokenizer.
+        ValueError: ``model_dir`` is not a folder, has no ``config.json`` or one transformers
+            cannot read (the message names it), or has no tokenizer.
         ImportError: transformers is not installed.
     """
     importlib.import_module("heatformer.integrations.hf")  # its ImportError names the extra
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     folder = Path(model_dir)
     if not (folder / "config.json").is_file():
@@ -61,6 +62,13 @@ def load_checkpoint_folder(model_dir: str | os.PathLike[str]) -> tuple[Any, Any]
             "hf_model",
             f"expected a transformers checkpoint folder with a config.json, got {str(folder)!r}",
         )
+    try:  # first: the tokenizer reads config.json too, and would be blamed for it
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        where = str(folder / "config.json")
+        raise bad_value(
+            "hf_model", f"expected a config.json that transformers can read, got {where!r} ({err})"
+        ) from err
     no_tokenizer = (
         f"expected a folder with a tokenizer ({', '.join(TOKENIZER_FILES)}) to turn the text into "
         f"tokens, got none in {str(folder)!r}; for an image model, read its attention with "
@@ -69,12 +77,13 @@ def load_checkpoint_folder(model_dir: str | os.PathLike[str]) -> tuple[Any, Any]
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise bad_value("hf_model", no_tokenizer)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, config=config, local_files_only=True)
     except (OSError, ValueError, TypeError) as err:
         raise bad_value("hf_model", f"{no_tokenizer} ({err})") from err
     model = AutoModel.from_pretrained(
-        folder, local_files_only=True, attn_implementation="sdpa", dtype=torch.float32
-    )
+        folder, config=config, local_files_only=True, attn_implementation="sdpa",
+        dtype=torch.float32,
+    )  # fmt: skip
     return model.eval(), tokenizer
 
 
