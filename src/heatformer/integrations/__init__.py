@@ -3,16 +3,20 @@
 One module per library, each imported on its own (its library is an optional extra):
 
 - :mod:`heatformer.integrations.hf` -- Hugging Face ``transformers`` models (GPT-2,
-  Llama-family, BERT, ViT): ``convert(model, heads)``, ``attention_graphs(model, **inputs)``
-  (``pip install 'heatformer[hf]'``);
+  Llama-family, BERT, ViT): ``convert(model, heads)``, ``from_pretrained(model_class, path)``,
+  ``attention_graphs(model, **inputs)`` (``pip install 'heatformer[hf]'``);
 - :mod:`heatformer.integrations.timm` -- timm vision transformers (``vit_*``, ``deit3_*``):
-  ``convert(model, heads)`` (``pip install 'heatformer[timm]'``);
+  ``convert(model, heads)``, ``load_state_dict(model, state_dict)``
+  (``pip install 'heatformer[timm]'``);
 - :mod:`heatformer.integrations.torch` -- every :class:`torch.nn.MultiheadAttention` inside a
   module (``nn.TransformerEncoder``, ``nn.TransformerDecoderLayer``...): ``convert(module,
-  heads)`` (no extra).
+  heads)``, ``load_state_dict(module, state_dict)`` (no extra).
 
 The adapters share :class:`~heatformer.integrations._heads.HeadOperators`, which applies one
-operator per head to the host layer's own queries, keys and values.
+operator per head to the host layer's own queries, keys and values, and the conversion record
+of :mod:`heatformer.integrations._record`, which a saved converted model carries (in
+``config.json`` for transformers, in the state dict for timm and ``torch.nn``) so that it
+loads as what it is.
 """
 
 __all__: list[str] = []
