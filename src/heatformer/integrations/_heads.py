@@ -40,9 +40,15 @@ from heatformer.graph_ops import (
     SoftmaxGraph,
     resolve_graph,
 )
-from heatformer.models.heads import format_heads, group_heads, parse_heads
+from heatformer.models.heads import (
+    format_heads,
+    group_heads,
+    parse_heads,
+    parse_layer_graphs,
+    parse_layer_heads,
+)
 
-__all__ = ["AttentionMask", "HeadOperators", "in_module"]
+__all__ = ["AttentionMask", "HeadOperators", "in_module", "layer_specs"]
 
 
 def in_module(name: str, err: ValueError) -> checks.ArgumentValueError:
@@ -51,6 +57,16 @@ def in_module(name: str, err: ValueError) -> checks.ArgumentValueError:
     argument = err.argument if isinstance(err, checks.ArgumentError) else "heads"
     detail = err.detail if isinstance(err, checks.ArgumentError) else str(err)
     return checks.bad_value(argument, f"module {name!r}: {detail}")
+
+
+def layer_specs(
+    heads: str | Sequence[str], graph: str | GraphBuilder | Sequence[str], n_layer: int
+) -> list[tuple[str, str]]:
+    """``(head spec, graph kind)`` of each of ``n_layer`` attention modules, from a
+    ``convert`` call's ``heads`` and ``graph`` (one for every module, or one per module)."""
+    specs = parse_layer_heads(heads, n_layer)
+    kinds = parse_layer_graphs(graph.spec if isinstance(graph, GraphBuilder) else graph, n_layer)
+    return list(zip(specs, kinds, strict=True))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ __all__ = [
     "RecordedHeads",
     "model_record",
     "read_model_record",
-    "rebuild_plan",
+    "recorded",
     "records_in_state_dict",
     "unchanged",
 ]
@@ -213,24 +213,31 @@ def records_in_state_dict(state_dict: Mapping[str, object]) -> dict[str, ModuleR
     return found
 
 
-def rebuild_plan(
-    records: Mapping[str, ModuleRecord], names: Sequence[str]
-) -> dict[str, tuple[str, str]]:
-    """``{name: (head spec, graph kind)}`` to convert each recorded module of a model whose
-    convertible modules are ``names`` (what a state dict's records ask of the model).
+def recorded(
+    found: Sequence[tuple[str, nn.Module]], state_dict: Mapping[str, object]
+) -> list[tuple[str, nn.Module, str, str]]:
+    """``(name, module, head spec, graph kind)`` of every module in ``found`` (a model's
+    convertible modules) that ``state_dict`` records: how to convert the model before the
+    state dict loads.
 
     Raises:
         ValueError: a record of a module the model does not have, or of heads built from
             operator instances.
     """
+    records = records_in_state_dict(state_dict)
+    names = [name for name, _ in found]
     unknown = [name for name in records if name not in names]
     if unknown:
         raise checks.bad_value(
             "state_dict",
             f"records converted modules {unknown} that this model does not have (its "
-            f"attention modules: {list(names)}); expected the state dict of this architecture",
+            f"attention modules: {names}); expected the state dict of this architecture",
         )
-    return {name: (r.spec(name, "state_dict"), r.graph) for name, r in records.items()}
+    return [
+        (name, module, records[name].spec(name, "state_dict"), records[name].graph)
+        for name, module in found
+        if name in records
+    ]
 
 
 class RecordedHeads(nn.Module):

@@ -58,14 +58,13 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.analysis.hooks import LayerSnapshot
 from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
-from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
+from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
 from heatformer.integrations._record import (
     ModuleRecord,
     model_record,
     read_model_record,
     unchanged,
 )
-from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 
 try:
     from transformers import AttentionInterface, AutoConfig, PreTrainedModel
@@ -401,11 +400,10 @@ def convert(
             f"with {restore}, or call heatformer.integrations.hf.revert(model) first to drop "
             "the record and convert the model as it is",
         )
-    specs = parse_layer_heads(heads, len(modules))
-    kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
-                               len(modules))  # fmt: skip
     made = []
-    for (name, module), spec, kind in zip(modules, specs, kinds, strict=True):
+    for (name, module), (spec, kind) in zip(
+        modules, layer_specs(heads, graph, len(modules)), strict=True
+    ):
         current = getattr(module, HEADS_ATTRIBUTE, None)
         if isinstance(current, HeadOperators) and unchanged(current, spec, kind):
             made.append(current)

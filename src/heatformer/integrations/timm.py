@@ -39,14 +39,12 @@ from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
-from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
+from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
 from heatformer.integrations._record import (
     RecordedHeads,
-    rebuild_plan,
-    records_in_state_dict,
+    recorded,
     unchanged,
 )
-from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 
 __all__ = ["TimmDiffusionAttention", "convert", "load_state_dict"]
 
@@ -244,13 +242,8 @@ def convert(
         ValueError: no timm ``Attention`` inside ``model``; a spec that does not fit a block.
     """
     found = _attention_modules(model)
-    specs = parse_layer_heads(heads, len(found))
-    kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
-                               len(found))  # fmt: skip
-    made = [
-        _converted(name, attn, spec, kind)
-        for (name, attn), spec, kind in zip(found, specs, kinds, strict=True)
-    ]
+    plan = layer_specs(heads, graph, len(found))
+    made = [_converted(name, attn, *specs) for (name, attn), specs in zip(found, plan, strict=True)]
     _install(model, found, made)
     return model
 
@@ -282,11 +275,7 @@ def load_state_dict(
         ValueError: a recorded module that ``model`` does not have, or one that cannot be
             rebuilt from its record.
     """
-    found = _attention_modules(model)
-    records = records_in_state_dict(state_dict)
-    plan = rebuild_plan(records, [name for name, _ in found])
-    targets = [(name, attn) for name, attn in found if name in plan]
-    made = [_converted(name, attn, *plan[name]) for name, attn in targets]
-    _install(model, targets, made)
+    targets = recorded(_attention_modules(model), state_dict)
+    _install(model, [(n, m) for n, m, _, _ in targets], [_converted(*t) for t in targets])
     model.load_state_dict(state_dict, strict=strict)
     return model

@@ -47,15 +47,13 @@ from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
-from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module
+from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
 from heatformer.integrations._record import (
     RecordedHeads,
-    rebuild_plan,
-    records_in_state_dict,
+    recorded,
     unchanged,
 )
 from heatformer.models.attention import check_multihead_attention
-from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 
 __all__ = ["MultiheadDiffusionAttention", "convert", "load_state_dict"]
 
@@ -395,13 +393,8 @@ def convert(
         ValueError: no ``nn.MultiheadAttention`` inside ``module``; a spec that does not fit.
     """
     found = _attention_modules(module)
-    specs = parse_layer_heads(heads, len(found))
-    kinds = parse_layer_graphs(graph if not isinstance(graph, GraphBuilder) else graph.spec,
-                               len(found))  # fmt: skip
-    made = [
-        _converted(name, mha, spec, kind)
-        for (name, mha), spec, kind in zip(found, specs, kinds, strict=True)
-    ]
+    plan = layer_specs(heads, graph, len(found))
+    made = [_converted(name, mha, *specs) for (name, mha), specs in zip(found, plan, strict=True)]
     return _install(module, found, made)
 
 
@@ -432,10 +425,7 @@ def load_state_dict(
         ValueError: a recorded module that ``module`` does not have, or one that cannot be
             rebuilt from its record.
     """
-    found = _attention_modules(module)
-    plan = rebuild_plan(records_in_state_dict(state_dict), [name for name, _ in found])
-    targets = [(name, mha) for name, mha in found if name in plan]
-    made = [_converted(name, mha, *plan[name]) for name, mha in targets]
-    module = _install(module, targets, made)
+    targets = recorded(_attention_modules(module), state_dict)
+    module = _install(module, [(n, m) for n, m, _, _ in targets], [_converted(*t) for t in targets])
     module.load_state_dict(state_dict, strict=strict)
     return module
