@@ -573,11 +573,26 @@ def test_from_pretrained_refuses_what_it_cannot_restore(
         {k: v for k, v in state.items() if "log_t" not in k}, tmp_path / "lost" / weights.name,
         metadata={"format": "pt"},
     )  # fmt: skip
+    config = json.loads((tmp_path / "converted" / "config.json").read_text())
+    one = {"heads": "attention", "graph": "softmax", "num_heads": 4}
+    edits = {
+        "future": {"format": 9},  # written by another heatformer version
+        "renamed": {"modules": {"h.7.attn": one}},  # not this model's modules
+        "broken": {"modules": {"h.0.attn": {"heads": "attention"}}},
+    }
+    for name, change in edits.items():
+        shutil.copytree(tmp_path / "converted", tmp_path / name)
+        edited = {**config, "heatformer": {**config["heatformer"], **change}}
+        (tmp_path / name / "config.json").write_text(json.dumps(edited))
     auto = transformers.AutoModelForCausalLM
     cases: list[tuple[Callable[[], object], str, str]] = [
         (lambda: hf.from_pretrained(auto, tmp_path / "plain"), "path",
          r"records no heatformer conversion.*AutoModelForCausalLM.from_pretrained\(path\)"),
         (lambda: hf.from_pretrained(auto, tmp_path / "lost"), "path", "the weights lack"),
+        (lambda: hf.from_pretrained(auto, tmp_path / "future"), "path", "format 1, got format 9"),
+        (lambda: hf.from_pretrained(auto, tmp_path / "renamed"), "path",
+         r"records heads for the attention modules \['h.7.attn'\]"),
+        (lambda: hf.from_pretrained(auto, tmp_path / "broken"), "path", "expected a heatformer"),
         (lambda: hf.from_pretrained(auto, tmp_path / "converted", attn_implementation="sdpa"),
          "attn_implementation", "expected 'heatformer'"),
         (lambda: hf.from_pretrained(transformers.AutoModelForMaskedLM, tmp_path / "converted"),
