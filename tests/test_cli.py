@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -415,25 +416,32 @@ def test_planned_stop_exits_0_then_resume_finishes(
 def test_sigterm_stops_with_a_checkpoint_and_exit_130(text: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = tiny(text, out, "--steps", "100000", "--ckpt-every", "1", "--eval-every", "100000")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "heatformer", "train", *argv]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while not list(out.glob("runs/*/checkpoint.pt")):  # training, the handler installed
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 130
-    message = err.decode().strip().splitlines()[-1]
+    # training, the handler installed
+    code, err = _sigterm_when(["train", *argv], lambda _: any(out.glob("runs/*/checkpoint.pt")))
+    assert code == 130
+    message = err.strip().splitlines()[-1]
     assert re.fullmatch(
         r"heatformer train: SIGTERM: run c00-attention-s0 stopped at step \d+/100000, checkpoint "
         rf"saved; resume with: heatformer train --resume {re.escape(str(out))}",
         message,
     )
+
+
+def _sigterm_when(argv: list[str], ready: Callable[[int], bool]) -> tuple[int, str]:
+    """``(exit status, stderr)`` of ``heatformer ARGV`` sent SIGTERM once ``ready(pid)``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "heatformer", *argv]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready(process.pid):
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.001)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    return process.returncode, err.decode()
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -449,20 +457,10 @@ def test_sigterm_before_training_exits_130_with_a_line(text: Path, tmp_path: Pat
     """SIGTERM as soon as the command can catch it, while torch is still loading: it used to
     kill the process silently (-15) for the first ~1.5 s."""
     out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "heatformer", "train", *tiny(text, out)]
-    started = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
-        while not _catches(process.pid, signal.SIGTERM):
-            assert process.poll() is None and time.monotonic() < started + 60
-            time.sleep(0.001)
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 130
-    assert err.decode().splitlines() == ["heatformer train: terminated (SIGTERM)"]
+    handled = lambda pid: _catches(pid, signal.SIGTERM)  # noqa: E731
+    code, err = _sigterm_when(["train", *tiny(text, out)], handled)
+    assert code == 130
+    assert err.splitlines() == ["heatformer train: terminated (SIGTERM)"]
     assert not out.exists()  # stopped before anything was written
 
 
