@@ -168,3 +168,100 @@ def test_nan_query_gives_nan_rows_in_every_layout(layout: str, masked: bool, cau
 
 def _future(causal: bool) -> torch.Tensor:
     return torch.ones(6, 6, dtype=torch.bool).triu(1) if causal else torch.zeros(6, 6, dtype=bool)
+
+
+# ---- large logits in half precision (issue 21) ----------------------------------------------
+
+
+def _large(dtype: torch.dtype, scale: float = 100.0) -> tuple[torch.Tensor, ...]:
+    """The issue's inputs: ``q, k`` of size ``scale`` (the float16 products overflow)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 40, 16, generator=gen) * scale for _ in "qk")
+    v = torch.randn(1, 2, 40, 16, generator=gen)
+    return tuple(t.to(dtype) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "topk"])
+def test_large_logits_heat_and_topk_are_finite_and_right(dtype: torch.dtype, sparse: bool) -> None:
+    """``HeatKernel()(SoftmaxGraph(q, k, causal=True), v)`` with ``|q|, |k| ~ 100`` was all NaN
+    in float16 (the scores overflowed in the materialized graph of the dense series), and so
+    was every operator on its top-k graph; forward and backward now agree with float64 on the
+    same rounded inputs."""
+    q, k, v = (t.requires_grad_(True) for t in _large(dtype))
+    assert bool((q.detach() @ k.detach().transpose(-1, -2)).isinf().any()) == (
+        dtype == torch.float16
+    )
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        graph = SoftmaxGraph(q, k, causal=True)
+        y = HeatKernel()(graph.topk(4) if sparse else graph, v)
+        y.double().square().sum().backward()
+        return y
+
+    y, y64 = run(q, k, v), run(q64, k64, v64)
+    assert y.dtype == dtype
+    tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    for actual, expected in ((y, y64), (v.grad, v64.grad), (q.grad, q64.grad), (k.grad, k64.grad)):
+        assert actual is not None and expected is not None and bool(actual.isfinite().all())
+        err = (actual.double() - expected).abs().max()
+        assert err <= tol * (expected.abs().max() + 1)
+
+
+@pytest.mark.parametrize("heads", ["attention:1,heat:1", "laplacian:1,ppr:1"])
+@pytest.mark.parametrize("topk", [None, 4])
+def test_large_logits_half_layer_is_finite(heads: str, topk: int | None) -> None:
+    """``DiffusionAttention(..., topk=4).half()`` on inputs of size 300 (projected logits past
+    65504) was NaN forward and backward; finite now, in every parameter's gradient."""
+    from heatformer.models import DiffusionAttention
+
+    torch.manual_seed(0)
+    layer = DiffusionAttention(32, 2, heads, causal=True, topk=topk).half()
+    x = (torch.randn(2, 40, 32) * 300).half().requires_grad_(True)
+    with torch.no_grad():
+        q, k, _ = layer.project_qkv(x)
+        assert bool((q @ k.transpose(-1, -2)).isinf().any())  # the regime: float16 overflows
+    y = layer(x)
+    y.float().sum().backward()  # a linear loss: the true gradients stay in float16's range
+    assert y.dtype == torch.float16 and bool(y.isfinite().all())
+    grads = [x.grad] + [p.grad for p in layer.parameters() if p.requires_grad]
+    assert all(g is not None and bool(g.isfinite().all()) for g in grads)
+
+
+@pytest.mark.parametrize("scale", [100.0, 1e3, 1e4])
+@pytest.mark.parametrize("variant", ["plain", "causal", "mask"])
+def test_sdpa_computes_half_precision_logits_in_float32_on_the_cpu(
+    scale: float, variant: str
+) -> None:
+    """What ``SoftmaxGraph.propagate`` relies on: torch's CPU ``scaled_dot_product_attention``
+    takes float16 ``q``, ``k`` whose products overflow float16 and stays finite and right
+    (it accumulates the logits in float32), forward and backward."""
+    q, k, v = (t.requires_grad_(True) for t in _large(torch.float16, scale))
+    mask = torch.rand(40, 40, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[:, 0] = True
+    kwargs = {"plain": {}, "causal": {"is_causal": True}, "mask": {"attn_mask": mask}}[variant]
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    y64 = F.scaled_dot_product_attention(q64, k64, v64, **kwargs)
+    (y.double() * y64.detach()).sum().backward()
+    (y64 * y64.detach()).sum().backward()
+    for actual, expected in ((y, y64), (v.grad, v64.grad), (q.grad, q64.grad)):
+        assert actual is not None and expected is not None and bool(actual.isfinite().all())
+        assert (actual.double() - expected).abs().max() <= 1e-2 * (expected.abs().max() + 1)
+
+
+def test_attention_scores_cannot_overflow_in_half_precision() -> None:
+    """The largest finite float16 ``q``, ``k``: ``65504^2 E`` in float32; bfloat16 logits
+    exact to float32's rounding instead of bfloat16's (up to 256 off at 65536)."""
+    from heatformer.graph_ops._precision import attention_scores
+
+    big = torch.full((1, 16), 65504.0, dtype=torch.float16)
+    s = attention_scores(big, -big, 1.0)
+    assert s.dtype == torch.float32 and float(s) == -(65504.0**2) * 16
+    q = torch.tensor([[256.0, 1.0]], dtype=torch.bfloat16)
+    k = torch.tensor([[256.0, 1.0]], dtype=torch.bfloat16)
+    assert float(attention_scores(q, k, 1.0)) == 65537.0
+    assert float(q @ k.T) == 65536.0  # what bfloat16 itself gives
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast is off inside
+        assert attention_scores(q.float(), k.float(), 1.0).dtype == torch.float32

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer.graph_ops._precision import accumulation_dtype
 from heatformer.graph_ops.protocol import Graph
 
 if TYPE_CHECKING:
@@ -65,10 +66,14 @@ class DenseGraph(Graph):
         return self.weight.transpose(-1, -2) @ self._check_x(x)
 
     def out_degree(self) -> Tensor:
-        return self.weight.sum(-1)
+        return self._degree(-1)
 
     def in_degree(self) -> Tensor:
-        return self.weight.sum(-2)
+        return self._degree(-2)
+
+    def _degree(self, dim: int) -> Tensor:
+        """Row (``dim=-1``) or column sums, in float32 for half weights, rounded once."""
+        return self.weight.sum(dim, dtype=accumulation_dtype(self.dtype)).to(self.dtype)
 
     def _weight_rows(self, start: int, stop: int) -> Tensor:
         n = self.num_nodes

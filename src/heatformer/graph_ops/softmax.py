@@ -11,6 +11,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
+from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import Graph, _fold, _numel
 
 __all__ = ["SoftmaxGraph"]
@@ -162,7 +163,7 @@ class SoftmaxGraph(Graph):
 
     def _score_rows(self, start: int, stop: int) -> Tensor:
         q, k = self._flat()
-        s = (q[:, start:stop] @ k.transpose(-1, -2)) * self.scale  # (Bf, rows, N)
+        s = attention_scores(q[:, start:stop], k, self.scale)  # (Bf, rows, N), float32 for half
         allowed = self._allowed_rows(start, stop)
         return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
 
@@ -170,9 +171,10 @@ class SoftmaxGraph(Graph):
         return self._weight_rows_from(*self._flat(), start, stop)
 
     def _weight_rows_from(self, q: Tensor, k: Tensor, start: int, stop: int) -> Tensor:
-        """Rows ``start:stop`` of ``P`` from ``q``, ``k`` ``(Bf, N, E)``: ``(Bf, rows, N)``."""
-        s = (q[:, start:stop] @ k.transpose(-1, -2)) * self.scale  # (Bf, rows, N)
-        return self._masked_softmax(s, self._allowed_rows(start, stop))
+        """Rows ``start:stop`` of ``P`` from ``q``, ``k`` ``(Bf, N, E)``: ``(Bf, rows, N)``,
+        scores and softmax in float32 for half inputs, rounded to the graph's dtype once."""
+        s = attention_scores(q[:, start:stop], k, self.scale)  # (Bf, rows, N)
+        return self._masked_softmax(s, self._allowed_rows(start, stop)).to(q.dtype)
 
     def _masked_softmax(
         self, s: Tensor, allowed: Tensor | None, *, cut_gradient: bool = False
@@ -198,13 +200,13 @@ class SoftmaxGraph(Graph):
         def kept(q: Tensor, k: Tensor) -> Tensor:
             bf = torch.arange(k.shape[0], device=k.device)[:, None, None]
             k_sel = k[bf, idx]  # (Bf, rows, kk, E)
-            s = torch.einsum("bre,brke->brk", q[:, start:stop], k_sel) * self.scale
+            s = attention_scores(q[:, start:stop, None], k_sel, self.scale).squeeze(-2)
             allowed = self._allowed_rows(start, stop)
             if allowed is not None:
                 allowed = allowed.expand(k.shape[0], -1, -1).gather(-1, idx)
             # a kept entry that is not allowed (a row with fewer than k keys) stays a
             # structural zero: no gradient flows through it
-            p = self._masked_softmax(s, allowed, cut_gradient=True)
+            p = self._masked_softmax(s, allowed, cut_gradient=True).to(q.dtype)
             # a kept allowed key keeps a positive weight where its softmax underflows (at least
             # the dtype's smallest subnormal, below its rounding), so that the positive entries
             # of a top-k graph are its edges in every dtype (what mean pooling reads)
@@ -264,12 +266,12 @@ class SoftmaxGraph(Graph):
             return f
 
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or xf.requires_grad)
-        out = torch.zeros_like(xf)
+        out = torch.zeros_like(xf, dtype=accumulation_dtype(xf.dtype))  # sums of blocks: float32
         for s, e in self._blocks(None):
             fn = block(s, e)
             xb = xf[:, s:e]
             out = out + (checkpoint(fn, q, k, xb, use_reentrant=False) if grad else fn(q, k, xb))
-        return unfold(out)
+        return unfold(out.to(xf.dtype))
 
     def row_has_edge(self) -> Tensor:
         """Bool ``(..., N)``: which rows have at least one allowed key."""
