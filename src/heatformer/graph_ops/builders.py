@@ -34,6 +34,7 @@ from heatformer import checks as V
 from heatformer.graph_ops._spec import format_entry, parse_entry
 from heatformer.graph_ops.protocol import Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
+from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import _stable_topk_indices
 from heatformer.graph_ops.window import WindowGraph
 
@@ -226,6 +227,9 @@ class TopkBuilder(GraphBuilder):
         row_block: int | None = None,
     ) -> Graph:
         graph = _softmax_graph(q, k, key_mask, drop_masked_queries, causal, row_block)
+        if not graph.num_nodes:  # no keys to rank (topk refuses k_top = 0): no edges
+            empty = q.new_zeros(*graph.batch_shape, 0, 0)  # (..., N = 0, k = 0)
+            return SparseGraph._from_ell(empty.long(), empty)
         return graph.topk(min(self.k, graph.num_nodes), row_block=row_block)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:

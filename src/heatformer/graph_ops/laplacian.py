@@ -111,7 +111,8 @@ class GraphLaplacian:
         else:
             d = graph.out_degree()
             self._deg = d.unsqueeze(-1)  # (..., N, 1)
-            dmax = d.amax(-1)  # not detached: PPR's A = I - L/c depends on c
+            # not detached: PPR's A = I - L/c depends on c; no nodes: 0 (no max to take)
+            dmax = d.amax(-1) if graph.num_nodes else d.sum(-1)
             self.scale = torch.where(dmax > 0, dmax, ones)
 
     def adjacency(self, x: Tensor) -> Tensor:

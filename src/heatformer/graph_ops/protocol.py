@@ -203,7 +203,8 @@ class Graph(ABC):
         b = row_block
         V.check_positive_int("row_block", b)
         n = self.num_nodes
-        return [(s, min(s + b, n)) for s in range(0, n, b)]
+        # no nodes: one empty block, so that every blockwise method returns its empty result
+        return [(s, min(s + b, n)) for s in range(0, n, b)] or [(0, 0)]
 
     def to_dense(self) -> Tensor:
         """Materialize ``W`` as a dense ``(..., N, N)`` tensor (differentiable).

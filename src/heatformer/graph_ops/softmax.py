@@ -146,7 +146,8 @@ class SoftmaxGraph(Graph):
 
     def _flat(self) -> tuple[Tensor, Tensor]:
         n, e = self.q.shape[-2:]
-        return self.q.reshape(-1, n, e), self.k.reshape(-1, n, e)  # (Bf, N, E) each
+        bf = _numel(self.batch_shape)  # not -1: N may be 0
+        return self.q.reshape(bf, n, e), self.k.reshape(bf, n, e)  # (Bf, N, E) each
 
     def _allowed_rows(self, start: int, stop: int) -> Tensor | None:
         """Bool ``(Bf or 1, rows, N)`` of allowed edges in rows ``start:stop``; None = all."""
@@ -154,7 +155,7 @@ class SoftmaxGraph(Graph):
         allowed: Tensor | None = None
         if self.mask is not None:
             m = self.mask.expand(*self.batch_shape, n, n)[..., start:stop, :]
-            allowed = m.reshape(-1, stop - start, n)  # (Bf, rows, N)
+            allowed = m.reshape(_numel(self.batch_shape), stop - start, n)  # (Bf, rows, N)
         if self.causal:
             i = torch.arange(start, stop, device=self.device).unsqueeze(-1)
             tri = (torch.arange(n, device=self.device) <= i).unsqueeze(0)  # (1, rows, N)

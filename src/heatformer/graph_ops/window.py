@@ -171,7 +171,9 @@ class WindowGraph(Graph):
         return self.row_block + (self.window - 1 if self.causal else 2 * self.window)
 
     def _num_blocks(self) -> int:
-        return -(-self.num_nodes // self.row_block)
+        """``ceil(N / b)``, at least 1: with no nodes, one block of padding gives every product
+        its empty ``(Bf, 0, ...)`` result without a case of its own."""
+        return max(1, -(-self.num_nodes // self.row_block))
 
     def _unfold(self, t: Tensor, fill: float | bool = 0.0) -> Tensor:
         """Slabs of ``t`` ``(Bf, N, ...)`` -> ``(Bf, nb, L, ...)``: block ``m`` holds positions
@@ -262,7 +264,8 @@ class WindowGraph(Graph):
         grad = torch.is_grad_enabled()
         if self._flat_qk is None or self._flat_qk[0] != grad:
             n, e = self.q.shape[-2:]
-            q, k = self.q.reshape(-1, n, e), self.k.reshape(-1, n, e)
+            bf = _numel(self.batch_shape)  # not -1: N may be 0
+            q, k = self.q.reshape(bf, n, e), self.k.reshape(bf, n, e)
             sink = None
             if grad and (q.requires_grad or k.requires_grad):
                 q, k, sink = shared(self, q, k)
