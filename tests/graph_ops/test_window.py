@@ -9,6 +9,10 @@ an ``N x N`` tensor; a rolling KV cache keeps only the keys the window needs.
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -321,3 +325,50 @@ def test_a_window_graph_is_freed_by_reference_counting_after_its_backward() -> N
         assert alive() is None
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_window_past_n_is_sized_by_n_and_equals_the_full_graph(causal: bool) -> None:
+    """``w = 10^6`` on 16 tokens: the slabs are bounded by ``N`` (they were ``b + 2w`` long:
+    3-4 GB), and the graph is the full (causal) softmax graph, values and gradients."""
+    n = 16
+    _, _, (q, k, x) = _make(n, 1, causal, 0, False, False, None)
+    graph = WindowGraph(q, k, window=10**6, causal=causal)
+    assert graph.row_block <= max(n, 32) and graph._slab() <= graph.row_block + 2 * n
+    full = SoftmaxGraph(q, k, causal=causal)
+    for op in (Laplacian(), HeatKernel(t=1.0)):
+        y, expected = op(graph, x), op(full, x)
+        torch.testing.assert_close(y, expected, atol=1e-12, rtol=1e-10)
+        got = torch.autograd.grad((y**2).sum(), (q, k, x))
+        for a, b in zip(got, torch.autograd.grad((expected**2).sum(), (q, k, x)), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+_HUGE_WINDOW_SCRIPT = """
+import resource, torch
+from heatformer.models import DiffusionAttention
+torch.set_num_threads(1)
+layer = DiffusionAttention(32, 4, "heat:2,laplacian:2", graph="window[w=8]")
+layer(torch.randn(2, 16, 32)).sum().backward()  # warm: the allocations a small layer needs
+size = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize"))
+limit = size * 1024 + (512 << 20)  # 512 MiB of address space more than this process has now
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+for causal in (True, False):
+    layer = DiffusionAttention(
+        32, 4, "heat:2,laplacian:2", graph="window[w=1000000,global=1]", causal=causal
+    )
+    layer(torch.randn(2, 16, 32)).sum().backward()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_huge_window_on_a_short_sequence_runs_in_little_memory(tmp_path: Path) -> None:
+    """A layer with ``window[w=1000000]`` on 16 tokens, forward and backward, in 512 MiB of
+    address space beyond what the process holds (the old slabs took 3-4 GB)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", _HUGE_WINDOW_SCRIPT], capture_output=True, text=True, env=env,
+        timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -248,8 +248,9 @@ class WindowBuilder(GraphBuilder):
     """``"window[w=W,global=G]"``: a sliding window of ``W`` keys (causal) or a band of
     half-width ``W`` (bidirectional), plus ``G`` global tokens (default 0).
 
-    Built in ``O(N (W + G))`` (:class:`~heatformer.graph_ops.WindowGraph`). Decoding keeps the
-    first ``G`` and the last ``W`` tokens' keys (a rolling cache) and equals recomputation.
+    Built in ``O(N (min(W, N) + G))`` (:class:`~heatformer.graph_ops.WindowGraph`: a window
+    past the sequence is the full graph, at its cost). Decoding keeps the first ``G`` and the
+    last ``W`` tokens' keys (a rolling cache) and equals recomputation.
 
     Args:
         w: the window, a positive int.

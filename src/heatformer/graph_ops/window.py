@@ -1,5 +1,9 @@
 r"""Local attention graphs: a sliding window, with optional global tokens, in ``O(N w)``.
 
+(``w`` stands for ``min(w, N)`` throughout: a window of ``N`` or more keys holds every key, and
+the graph is built as the one of ``w = N``, so a long window on a short sequence costs what the
+full graph costs, never more.)
+
 Query ``i`` may attend key ``j`` when
 
 - **causal**: ``0 <= i - j < w`` (the ``w`` most recent keys, itself included), or
@@ -55,7 +59,9 @@ class WindowGraph(Graph):
     Args:
         q: ``(..., N, E)`` queries.
         k: ``(..., N, E)`` keys (batch dims broadcast with ``q``'s).
-        window: ``w >= 1``: keys per query (causal), or the band's half-width.
+        window: ``w >= 1``: keys per query (causal), or the band's half-width; a window past
+            ``N`` is the same graph as ``w = N`` and is kept as that (:attr:`window` is
+            ``min(w, max(N, 1))``), so memory is ``O(N min(w, N))``.
         causal: each query sees only itself and earlier keys.
         num_global: ``g >= 0`` global tokens (the first ``g`` positions).
         key_mask: bool ``(B, N)`` (``True`` = a real key), broadcast over the dims between
@@ -106,7 +112,10 @@ class WindowGraph(Graph):
                 "k", f"expected shape (..., {q.shape[-2]}, {q.shape[-1]}), got {tuple(k.shape)}"
             )
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        self.window = V.check_positive_int("window", window)
+        n = int(q.shape[-2])
+        # a window of N or more keys already holds every key: the same graph as w = N, whose
+        # slabs stay O(N) (the given w would size them: 3-4 GB for w = 10^6 on 16 tokens)
+        self.window = min(V.check_positive_int("window", window), max(n, 1))
         if isinstance(num_global, bool) or not isinstance(num_global, int):
             raise V.bad_type("num_global", f"expected an int >= 0, got {type(num_global).__name__}")
         if num_global < 0:
@@ -114,7 +123,6 @@ class WindowGraph(Graph):
         self.num_global = num_global
         self.causal = V.check_bool("causal", causal)
         self.drop_masked_queries = V.check_bool("drop_masked_queries", drop_masked_queries)
-        n = int(q.shape[-2])
         if self.num_global > n:
             raise V.bad_value("num_global", f"expected at most N = {n}, got {num_global}")
         self.q = self._tensor = q.expand(*batch, n, q.shape[-1])
