@@ -63,7 +63,8 @@ def _fold(x: Tensor, batch_shape: torch.Size) -> tuple[Tensor, Callable[[Tensor]
     so one batched product serves them all. Returns the folded tensor and the inverse map.
     """
     m = len(batch_shape)
-    out = torch.broadcast_shapes(x.shape[:-2], batch_shape)
+    lead = x.shape[:-2]  # equal in a series: torch.broadcast_shapes costs ~60 us a call
+    out = batch_shape if lead == batch_shape else torch.broadcast_shapes(lead, batch_shape)
     if tuple(out[len(out) - m :]) != tuple(batch_shape):
         raise V.bad_value(
             "x",
