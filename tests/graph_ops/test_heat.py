@@ -291,3 +291,131 @@ def test_a_one_term_series_of_a_large_signal_is_recomputed_too(monkeypatch) -> N
     assert calls == 1
     for a, b in zip(stored, recomputed, strict=True):
         torch.testing.assert_close(a, b, atol=1e-14, rtol=0)
+
+
+# ---- past convergence: t up to 1e300 (issue 21) ---------------------------------------------
+
+#: mpmath's working precision for the references (float64 carries 16 digits)
+MP_DIGITS = 60
+
+
+def _mp_laplacian(w: np.ndarray, normalization: str):
+    """The Laplacian of float64 weights ``w`` ``(N, N)`` in ``MP_DIGITS`` digits: the degrees
+    are summed there, so ``rw`` and ``combinatorial`` rows sum to 0 to 60 digits."""
+    import mpmath
+
+    n = w.shape[0]
+    if normalization == "sym":
+        w = 0.5 * (w + w.T)  # exact in float64
+    W = mpmath.matrix(w.tolist())
+    d = [mpmath.fsum(W[i, j] for j in range(n)) for i in range(n)]
+    lap = mpmath.matrix(n, n)
+    for i in range(n):
+        for j in range(n):
+            if normalization == "combinatorial":
+                lap[i, j] = (d[i] if i == j else 0) - W[i, j]
+            elif normalization == "rw":
+                lap[i, j] = ((1 if i == j else 0) - W[i, j] / d[i]) if d[i] > 0 else 0
+            else:
+                s = d[i] * d[j]
+                lap[i, j] = ((1 if i == j else 0) - W[i, j] / mpmath.sqrt(s)) if s > 0 else 0
+    return lap
+
+
+def _mp_heat(w: np.ndarray, x: np.ndarray, t: float, normalization: str) -> np.ndarray:
+    """``exp(-t L) x`` in 60 digits; for ``t >= 1e12`` (past every gap of these graphs) the
+    limit ``t -> inf``, as the resolvent ``a (a I + L)^{-1}`` at ``a = 1e-45`` (the Abel limit:
+    the spectral projector onto ``L``'s kernel, off by ``a / g`` for a gap ``g``)."""
+    import mpmath
+
+    with mpmath.workdps(MP_DIGITS):
+        lap = _mp_laplacian(w, normalization)
+        n = lap.rows
+        if t >= 1e12:
+            a = mpmath.mpf("1e-45")
+            op = a * mpmath.inverse(a * mpmath.eye(n) + lap)
+        else:
+            op = mpmath.expm(-mpmath.mpf(t) * lap)
+        return np.array((op * mpmath.matrix(x.tolist())).tolist(), dtype=float)
+
+
+def _converging_graphs() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``(weights (N, N), x (N, 2))`` in float64 whose heat flow converges in different ways."""
+    gen = torch.Generator().manual_seed(21)
+    attention = gh.make_attention(21, n=6)  # irreducible and aperiodic: 1 pi^T
+    padded = gh.make_attention(22, n=6, masked=True, causal=True, empty_rows=(1, 4))
+    bipartite = torch.zeros(6, 6, dtype=torch.float64)  # periodic walk, converges in time
+    bipartite[:3, 3:] = torch.rand(3, 3, generator=gen, dtype=torch.float64) + 0.1
+    bipartite[3:, :3] = torch.rand(3, 3, generator=gen, dtype=torch.float64) + 0.1
+    clusters = torch.zeros(6, 6, dtype=torch.float64)  # two clusters, spectral gap ~1e-8
+    clusters[:3, :3] = torch.rand(3, 3, generator=gen, dtype=torch.float64) + 0.1
+    clusters[3:, 3:] = torch.rand(3, 3, generator=gen, dtype=torch.float64) + 0.1
+    clusters[0, 5], clusters[4, 1] = 1e-8, 3e-8
+    x = torch.randn(6, 2, generator=gen, dtype=torch.float64)
+    return {
+        "attention": (attention.graph("softmax").to_dense(), x),
+        "causal-padded": (padded.graph("softmax").to_dense(), x),
+        "bipartite": (bipartite, x),
+        "clusters": (clusters, x),
+    }
+
+
+CONVERGING = _converging_graphs()
+
+
+@pytest.mark.parametrize("t", [1e12, 1e20, 1e300])
+@pytest.mark.parametrize("name", list(CONVERGING))
+def test_heat_past_convergence_returns_the_limit(name: str, t: float, normalization) -> None:
+    """At ``t = 1e12`` ``torch.linalg.matrix_exp`` (and ``scipy.linalg.expm``) drift by
+    ``t * 2^-53`` (7e-5 here), by 0.9 at ``t = 1e20``, and are NaN at ``1e300``; the converged
+    route returns the limit (the 60-digit spectral projector) to within ``2^-53 ||L|| / g``,
+    ``g`` the spectral gap: 1e-12 here, 1e-8 for the two clusters (measured: 4e-16)."""
+    w, x = CONVERGING[name]
+    y = HeatKernel(t=t, normalization=normalization)(DenseGraph(w), x)
+    expected = _mp_heat(w.numpy(), x.numpy(), t, normalization)
+    atol = 1e-8 if name == "clusters" else 1e-12
+    gh.assert_close_np(y, expected, atol=atol)
+
+
+def test_heat_between_a_tiny_gap_and_convergence_is_exact() -> None:
+    """Two clusters joined by edges of 1e-8: at ``t = 1e8`` the flow between them is half done
+    (``e^{-g t}`` of order 1); a 60-digit ``expm`` agrees to 1e-12 (``matrix_exp`` was off by
+    1.4e-8, ``t * 2^-53``), and so does a time per head read from a tensor (no host read)."""
+    w, x = CONVERGING["clusters"]
+    expected = _mp_heat(w.numpy(), x.numpy(), 1e8, "rw")
+    assert np.abs(expected - _mp_heat(w.numpy(), x.numpy(), 1e12, "rw")).max() > 1e-3
+    for t in (1e8, torch.tensor([1e8], dtype=torch.float64)):
+        y = heat_kernel(DenseGraph(w[None]), x[None], t)[0]
+        gh.assert_close_np(y, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("learnable", [False, True], ids=["fixed", "learnable"])
+def test_heat_at_huge_times_is_finite_forward_and_backward(dtype, learnable: bool) -> None:
+    """``t = 1e39`` (inf in float32) and ``1e300``: a float32 graph raised ``OverflowError``
+    (fixed ``t``) or ``t: expected finite values`` (learnable); now the converged result, with
+    finite gradients and a zero gradient in the time."""
+    case = gh.make_attention(23, n=6, batch=(2,), masked=True, empty_rows=(3,))
+    for t in (1e39, 1e300):
+        op = HeatKernel(t=t, learnable=learnable)
+        q, k, x = (v.to(dtype).requires_grad_(True) for v in (case.q, case.k, case.x))
+        y = op(SoftmaxGraph(q, k, mask=case.mask), x)
+        y.float().sum().backward()
+        assert y.dtype == dtype and bool(y.isfinite().all())
+        assert all(v.grad is not None and bool(v.grad.isfinite().all()) for v in (q, k, x))
+        if learnable:
+            assert op.log_t.grad is not None and float(op.log_t.grad) == 0.0
+        limit = HeatKernel(t=1e300)(SoftmaxGraph(case.q, case.k, mask=case.mask), case.x)
+        tol = {torch.float32: 1e-6, torch.bfloat16: 2e-2}[dtype]
+        assert float((y.detach().double() - limit).abs().max()) <= tol * float(case.x.abs().max())
+
+
+def test_heat_gradient_past_convergence() -> None:
+    """The gradient of the converged result in the weights (how the stationary distribution
+    moves) through the squarings, against finite differences, at ``t = 1e12`` and ``1e300``."""
+    w, x = CONVERGING["attention"]
+    w = w[:4, :4].clone().requires_grad_(True)
+    for t in (1e12, 1e300):
+        torch.autograd.gradcheck(
+            lambda w, x, t=t: HeatKernel(t=t)(DenseGraph(w), x), (w, x[:4].clone())
+        )

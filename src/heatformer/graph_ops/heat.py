@@ -25,8 +25,9 @@ one ``N x N`` matrix product instead of a fused attention call that recomputes t
 half the flops, at ``B H N^2`` memory; ``"auto"`` takes it while the weights fit
 :data:`MATERIALIZE_BUDGET_BYTES` (256 MiB by default), else the matrix-free ``"series"``.
 
-``"exact"`` -- ``torch.linalg.matrix_exp(-t L) @ x`` on the dense Laplacian: ``O(N^3)``, for
-small graphs and as a reference.
+``"exact"`` -- ``exp(-t L) x`` on the dense Laplacian, in float64, by scaling and squaring that
+keeps the one eigenvalue a rounding would otherwise move (:func:`converged_expm`): ``O(N^3)``,
+for small graphs, as a reference, and for any large ``t``, up to the converged limit.
 
 Precision: float16/bfloat16 signals are propagated in their own dtype, but the series
 accumulates in float32; ``"exact"`` runs in float64 for every input dtype (``matrix_exp``
@@ -52,10 +53,13 @@ from torch.utils.checkpoint import checkpoint
 from heatformer import checks as V
 from heatformer.graph_ops._methods import Method, check_method, select_method
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
-from heatformer.graph_ops.laplacian import GraphLaplacian, _check_graph, laplacian_matrix
+from heatformer.graph_ops.laplacian import GraphLaplacian, _check_graph, dense_laplacian
 from heatformer.graph_ops.protocol import Graph
 
-__all__ = ["HEAT_METHODS", "HeatMethod", "heat_kernel", "poisson_order", "select_heat_method"]
+__all__ = [
+    "HEAT_METHODS", "HeatMethod", "converged_expm", "heat_kernel", "poisson_order",
+    "select_heat_method",
+]  # fmt: skip
 
 #: Largest graph for which ``"exact"`` forms and exponentiates the dense Laplacian.
 EXACT_MAX_NODES = 2048
@@ -63,6 +67,13 @@ EXACT_MAX_NODES = 2048
 #: dtype: they are the references and the fallbacks for large ``t`` / small ``alpha``, where a
 #: float32 rounding of the Laplacian's null space is amplified by ``t`` (or ``1/alpha``).
 DENSE_DTYPE = torch.float64
+#: The largest ``tau = c t`` computed: a longer time gives the result at ``TAU_CONVERGED``, equal
+#: to the limit ``t -> inf`` in float64 (see :func:`converged_expm`). ``2^58``: every eigenvalue
+#: ``mu`` of ``L / c`` (spectrum in ``Re mu in [0, 2]``) with ``Re mu >= 2^-52``, float64's
+#: resolution of an eigenvalue of a matrix of norm 2, has decayed to ``e^{-64} < 2^-92``.
+TAU_CONVERGED = 2.0**58
+#: Squarings of ``exp(-h L/c)`` (``h ||L/c|| <= 1``) that reach ``TAU_CONVERGED``.
+MAX_SQUARINGS = 59
 #: Largest total number of propagations ``"series"`` accepts before refusing.
 SERIES_MAX_TERMS = 5000
 #: Largest ``tau = c t`` handled in one series sub-step.
@@ -109,13 +120,22 @@ def _series_plan(tau_max: float, tol: float) -> tuple[int, int]:
 
 def _tau(gen: GraphLaplacian, t: Tensor | float) -> Tensor:
     """``tau = c t`` in the accumulation dtype, shape ``batch_shape`` (``t`` broadcasts from the
-    right, e.g. per head)."""
-    return gen.scale.to(accumulation_dtype(gen.graph.dtype)) * _as_tensor(t, gen.scale)
+    right, e.g. per head), at most ``TAU_CONVERGED``: formed in float64, so that no finite ``t``
+    overflows (``t = 1e39`` would be inf in float32)."""
+    tau = _converged_tau(gen.scale.to(torch.float64) * _as_tensor(t, gen.scale, torch.float64))
+    return tau.to(accumulation_dtype(gen.graph.dtype))
 
 
-def _as_tensor(t: Tensor | float, like: Tensor) -> Tensor:
-    """``t`` as a tensor in the accumulation dtype of ``like`` (differentiable for a tensor)."""
-    dtype = accumulation_dtype(like.dtype)
+def _converged_tau(tau: Tensor) -> Tensor:
+    """``tau`` capped at ``TAU_CONVERGED`` (a tensor operation: no read of ``tau``; the gradient
+    is 0 past the cap, as the derivative of the converged result is, to float64's rounding)."""
+    return tau.clamp(max=TAU_CONVERGED)
+
+
+def _as_tensor(t: Tensor | float, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """``t`` as a tensor in ``dtype`` (default: the accumulation dtype of ``like``),
+    differentiable for a tensor."""
+    dtype = dtype or accumulation_dtype(like.dtype)
     if isinstance(t, Tensor):
         return t.to(device=like.device, dtype=dtype)
     return torch.tensor(t, device=like.device, dtype=dtype)
@@ -244,15 +264,82 @@ def _series_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: flo
 
 
 def _exact(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float) -> Tensor:
-    # float64 whatever the input: exp(-tL) amplifies a rounding of L's null space by e^{t eps},
-    # so the graph itself is recomputed in float64 (see DENSE_DTYPE)
+    # float64 whatever the input: the graph itself is recomputed in float64 (see DENSE_DTYPE)
     with full_precision(x.device.type):
-        lap = laplacian_matrix(graph.to(DENSE_DTYPE), normalization)  # (..., N, N)
-        t_tensor = t.to(DENSE_DTYPE) if isinstance(t, Tensor) else t
-        if isinstance(t_tensor, Tensor) and t_tensor.dim() > 0:
-            t_tensor = t_tensor.expand(graph.batch_shape)[..., None, None]
-        y = torch.linalg.matrix_exp(-t_tensor * lap) @ x.to(DENSE_DTYPE)
+        w = graph.to(DENSE_DTYPE).to_dense()  # (..., N, N)
+        x64 = x.to(DENSE_DTYPE)
+        t64 = _as_tensor(t, w, DENSE_DTYPE).expand(graph.batch_shape)
+        squarings = None if isinstance(t, Tensor) else _squarings(t)
+        if normalization == "sym":  # L_sym = S L_rw(W_s) S^-1, S = D^{1/2} (1 where d = 0)
+            ws = 0.5 * (w + w.transpose(-1, -2))
+            d = ws.sum(-1, keepdim=True)
+            root = torch.where(d > 0, d, torch.ones_like(d)).sqrt()  # (..., N, 1)
+            e = converged_expm(dense_laplacian(ws, "rw"), t64, squarings)
+            y = root * (e @ (x64 / root))
+        elif normalization == "rw":
+            y = converged_expm(dense_laplacian(w, "rw"), t64, squarings) @ x64
+        else:  # L = c (L / c), c the largest out-degree: exp(-t L) = exp(-(c t) (L / c))
+            lap = dense_laplacian(w, "combinatorial")
+            dmax = w.sum(-1).amax(-1) if graph.num_nodes else w.sum((-1, -2))
+            c = torch.where(dmax > 0, dmax, torch.ones_like(dmax))
+            known = squarings if graph.row_stochastic else None  # c = 1 (up to rounding)
+            y = converged_expm(lap / c[..., None, None], c * t64, known) @ x64
     return y.to(x.dtype)
+
+
+def _squarings(tau: float) -> int:
+    """Squarings of a step ``h = tau / 2^s`` with ``h ||L|| <= 1`` for ``||L||_inf <= 2``."""
+    tau = min(tau, TAU_CONVERGED)
+    return 0 if tau <= 0.5 else min(MAX_SQUARINGS, math.ceil(math.log2(2.0 * tau)))
+
+
+def converged_expm(lap: Tensor, tau: Tensor, squarings: int | None = None) -> Tensor:
+    r"""``exp(-tau L)`` for Laplacians with zero row sums, accurate at every ``tau``.
+
+    ``L`` has zero row sums and ``||L||_inf <= 2`` (``L_rw``, or ``L_comb / d_max``), so
+    ``exp(-tau L)`` is row-stochastic for every ``tau``, and converges as ``tau -> inf`` to the
+    spectral projector onto ``L``'s kernel (``1 pi^T`` for an irreducible walk; absorbing nodes
+    -- rows without edges -- keep their value; every other eigenvalue has ``Re lambda > 0``).
+    Computed by scaling and squaring, ``exp(-tau L) = exp(-h L)^{2^s}`` with ``h ||L|| <= 1``,
+    the rows renormalized to sum 1 after every step: a rounding ``eps`` of ``L``'s row sums
+    (its null space) would otherwise be amplified to ``e^{tau eps}`` (``4e-4`` at
+    ``tau = 1e12`` for ``torch.linalg.matrix_exp`` and ``scipy.linalg.expm``, and NaN at
+    ``1e300``), while the error of a component that decays stays bounded by its decay. The
+    error is then about ``2^-53 ||L|| / g`` whatever ``tau``, ``g`` the spectral gap (the
+    smallest ``Re lambda`` of a nonzero eigenvalue).
+
+    ``tau`` is capped at ``TAU_CONVERGED = 2^58``: past it every eigenvalue with
+    ``Re lambda >= 2^-52`` has decayed below ``e^{-64}``, so the result is the limit to
+    float64's resolution (an eigenvalue closer to 0 than ``2^-52`` is not resolved from it by
+    a float64 ``L``, and keeps ``e^{-2^58 lambda}``).
+
+    Args:
+        lap: ``(..., N, N)`` float64 Laplacians with zero row sums.
+        tau: ``(...)`` times ``>= 0`` (differentiable).
+        squarings: ``s`` when known on the host (a Python ``tau``); None takes
+            ``MAX_SQUARINGS`` steps, each graph squaring only its own number of times, so
+            ``tau`` is never read.
+
+    Returns:
+        ``(..., N, N)`` row-stochastic matrices.
+    """
+    tau = _converged_tau(tau)
+    if squarings is not None:
+        e = _stochastic(torch.linalg.matrix_exp(-(tau / 2.0**squarings)[..., None, None] * lap))
+        for _ in range(squarings):
+            e = _stochastic(e @ e)
+        return e
+    with torch.no_grad():  # per graph: 2^s >= 2 tau (0 for tau <= 1/2)
+        own = torch.ceil(torch.log2(2.0 * tau.detach())).clamp(0, MAX_SQUARINGS)
+    e = _stochastic(torch.linalg.matrix_exp(-(tau / torch.exp2(own))[..., None, None] * lap))
+    for j in range(MAX_SQUARINGS):
+        e = torch.where((own > j)[..., None, None], _stochastic(e @ e), e)
+    return e
+
+
+def _stochastic(e: Tensor) -> Tensor:
+    """Rows divided by their sums (exactly 1 for ``exp(-h L)``, up to rounding)."""
+    return e / e.sum(-1, keepdim=True)
 
 
 def _exact_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: float) -> str | None:
@@ -280,7 +367,7 @@ HEAT_METHODS: dict[str, Method] = {
     ),
     "exact": Method(
         "exact", _exact, _exact_refuse,
-        "torch.linalg.matrix_exp of the dense Laplacian; O(N^3), small graphs",
+        "exp(-tL) of the dense Laplacian in float64, converged at any t; O(N^3), small graphs",
     ),
 }  # fmt: skip
 
@@ -325,8 +412,24 @@ def heat_kernel(
     Returns:
         ``(..., N, C)``.
 
+    Large ``t``: ``exp(-tL)`` converges as ``t -> inf`` to the spectral projector onto the
+    kernel of ``L`` (``1 pi^T x`` for an irreducible walk with stationary distribution
+    ``pi``; a node without out-edges keeps its value and absorbs what reaches it; ``"sym"``:
+    the orthogonal projector). Every finite ``t`` is accepted: ``tau = c t`` is capped at
+    ``TAU_CONVERGED = 2^58``, past which every eigenvalue of ``L / c`` with real part at least
+    ``2^-52`` (float64's resolution) has decayed below ``e^{-64}``, and ``"exact"`` (what
+    ``"auto"`` takes once the series needs more than ``SERIES_MAX_TERMS`` propagations, for
+    ``N <= EXACT_MAX_NODES``) keeps the null space exact while it squares
+    (:func:`converged_expm`): its error is about ``2^-53 ||L|| / g`` whatever ``t``, ``g`` the
+    spectral gap, where a plain ``matrix_exp`` drifts by ``t 2^-53`` and is NaN past
+    ``t ~ 1e300``. The cap and the dense route read nothing of a tensor ``t`` on the host (the
+    series reads its largest ``tau`` to plan its terms, and the argument check whether ``t`` is
+    finite, as before).
+
     Raises:
-        ValueError: negative or NaN ``t``, ``tol`` outside (0, 1), unknown or refused method.
+        ValueError: negative or NaN ``t``, ``tol`` outside (0, 1), unknown or refused method
+            (a large ``t`` on ``N > EXACT_MAX_NODES`` nodes: the series would need too many
+            propagations and the dense route is too large).
 
     Example:
         >>> import torch

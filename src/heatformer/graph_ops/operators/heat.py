@@ -16,9 +16,19 @@ from heatformer.graph_ops.protocol import Graph
 
 __all__ = ["HeatKernel"]
 
+#: A learnable ``t = exp(log_t)`` is computed from ``min(log_t, LOG_T_MAX)``: ``2^100`` is
+#: finite in float32 and past ``TAU_CONVERGED = 2^58`` for every ``c >= 2^-42`` (``tau = c t``),
+#: so a time that grew past convergence gives the converged result and a zero gradient, never
+#: ``exp`` overflowing to inf (and NaN in backward).
+LOG_T_MAX = 100 * math.log(2.0)
+
 
 class HeatKernel(NormalizedOperator):
     r"""Heat diffusion ``exp(-t L) x``; see :func:`~heatformer.graph_ops.heat_kernel`.
+
+    Any finite ``t`` is accepted: past convergence (``c t > 2^58``) the result is the limit
+    ``t -> inf`` to float64's resolution (see :func:`~heatformer.graph_ops.heat_kernel` for the
+    guarantee); a learnable ``t`` past ``2^100`` gives that limit and a zero gradient.
 
     Args:
         t: diffusion time ``>= 0``: a float or a sequence/tensor of one time per head
@@ -104,7 +114,7 @@ class HeatKernel(NormalizedOperator):
         self._check(graph, x)
         t: Tensor | float
         if self.learnable:  # exp in the signal's precision (float32 for half), not the param's
-            t = self.log_t.to(accumulation_dtype(x.dtype)).exp()
+            t = self.log_t.to(accumulation_dtype(x.dtype)).clamp(max=LOG_T_MAX).exp()
         else:
             t = cast(Tensor, self._t)
             if t.dim() == 0:
