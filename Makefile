@@ -1,13 +1,14 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   -- creates .venv if missing, installs heatformer, runs the main job
 #   make test   -- creates .venv if missing, installs the dev extras, runs ruff, mypy and pytest
+#   make test-oldest -- the tests again, in .venv-oldest, on the oldest versions setup.cfg declares
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch (an unpinned torch pulls a multi-GB CUDA build); override for CUDA.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint typecheck pytest bench docs clean
+.PHONY: demo test test-oldest lint typecheck pytest bench docs clean
 
 $(VENV)/.installed-base: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,8 +49,32 @@ docs: $(VENV)/.installed-dev
 
 test: lint typecheck pytest docs
 
+# The oldest versions setup.cfg declares, pinned exactly by .ci/oldest.txt (pip constraints),
+# on the oldest Python it declares, in their own venv: the same tests, so that a declared
+# version is a tested one. torch from the package index at these versions is a CUDA build
+# (several GB with its nvidia libraries; it runs on CPU). timm comes without dependencies, as
+# in .venv.
+# The oldest Python: python3.10 on the PATH or pyenv's 3.10; else python3, with a notice.
+OLDEST_PYTHON ?= $(shell for v in "" "$$(pyenv latest 3.10 2>/dev/null)"; do PYENV_VERSION=$$v \
+	python3.10 -c 'import sys; print(sys.executable)' 2>/dev/null && break; done || echo python3)
+OLDEST_VENV ?= .venv-oldest
+OLDEST_PY := $(OLDEST_VENV)/bin/python
+OLDEST_PINS := .ci/oldest.txt
+
+$(OLDEST_VENV)/.installed: setup.cfg pyproject.toml $(OLDEST_PINS)
+	test -x $(OLDEST_PY) || $(OLDEST_PYTHON) -m venv $(OLDEST_VENV)
+	@$(OLDEST_PY) -c 'import sys; v = sys.version_info[:2]; v == (3, 10) or print("test-oldest: \
+	no Python 3.10 here (the oldest setup.cfg declares): Python %d.%d instead" % v)'
+	$(OLDEST_PY) -m pip install -q --upgrade pip
+	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) -e ".[dev,viz,hf]"
+	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) --no-deps timm
+	touch $@
+
+test-oldest: $(OLDEST_VENV)/.installed
+	$(OLDEST_PY) -m pytest -q -m "not slow"
+
 bench: $(VENV)/.installed-dev
 	$(PY) benchmarks/bench_graph_ops.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) build dist src/*.egg-info

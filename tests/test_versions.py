@@ -1,0 +1,79 @@
+"""The declared versions are the tested ones.
+
+``make test-oldest`` runs the suite on the versions pinned by ``.ci/oldest.txt``: each pin must
+be exactly the floor ``setup.cfg`` declares (a floor raised or lowered without the pins would
+be a declared version nobody runs), every runtime requirement must have a floor and a pin, and
+the documentation must state the same floors.
+"""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the extras whose requirements the oldest cell installs, and the dev tools that run it
+EXTRAS = ("viz", "hf", "timm")
+DEV_TOOLS = ("pytest", "hypothesis")
+
+
+def _requirements() -> dict[str, Requirement]:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = cfg["options.extras_require"]
+    values = [cfg["options"]["install_requires"], *(extras[extra] for extra in EXTRAS)]
+    reqs = [Requirement(line) for value in values for line in value.split() if line]
+    dev = [Requirement(line) for line in extras["dev"].split()]
+    return {r.name: r for r in reqs + [r for r in dev if r.name in DEV_TOOLS]}
+
+
+def _floor(req: Requirement) -> Version:
+    floors = [Version(s.version) for s in req.specifier if s.operator == ">="]
+    assert len(floors) == 1, f"{req}: expected one '>=' floor"
+    return floors[0]
+
+
+def _pins() -> dict[str, Version]:
+    pins = {}
+    for line in (ROOT / ".ci" / "oldest.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"{line}: expected an exact pin"
+            pins[req.name] = Version(spec.version)
+    return pins
+
+
+def test_every_oldest_pin_is_the_declared_floor() -> None:
+    reqs, pins = _requirements(), _pins()
+    assert sorted(pins) == sorted(reqs), "pins and requirements name different packages"
+    for name, req in reqs.items():
+        assert pins[name] == _floor(req), f"{name}: pinned {pins[name]}, declared {req}"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/quickstart.md"])
+def test_the_docs_state_the_declared_floors(page: str) -> None:
+    flat = (ROOT / page).read_text().replace(" ", "")
+    reqs = _requirements()
+    for name in ("torch", "transformers", "timm"):
+        stated = f"{name}>={_floor(reqs[name])}" in flat
+        assert stated, f"{page} does not say {name}>={_floor(reqs[name])}"
+
+
+def test_the_oldest_cell_runs_on_the_oldest_declared_python() -> None:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    (spec,) = SpecifierSet(cfg["options"]["python_requires"])
+    major, minor = Version(spec.version).release[:2]
+    makefile = (ROOT / "Makefile").read_text()
+    for needle in (
+        f"python{major}.{minor} -c",
+        f"pyenv latest {major}.{minor}",
+        f"({major}, {minor})",
+    ):
+        assert needle in makefile, f"Makefile: the oldest cell does not ask for {needle!r}"
