@@ -586,6 +586,36 @@ def test_train_digits_from_a_user_npz(tmp_path: Path, capsys: pytest.CaptureFixt
     assert run["final"]["test_acc"] > 0.9
 
 
+_PEAK = """
+import resource, sys
+from heatformer.cli import main
+code = main({argv!r})
+print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB is Linux's")
+def test_a_window_wider_than_the_sequence_trains_in_the_memory_of_the_sequence(
+    text: Path, tmp_path: Path
+) -> None:
+    """Issue 21: ``--graph 'window[w=1000000]' --seq-len 16`` sized its slabs by w (3-4 GB,
+    a traceback after 37 s); it is the graph of w = N = 16."""
+    out = tmp_path / "out"
+    argv = ["train", *tiny(text, out, "--steps", "2"), "--graph", "window[w=1000000]"]
+    code = _PEAK.format(argv=[*argv, "--no-analysis", "--threads", "1"])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    peak_mb = int(done.stderr.split("peak ")[-1]) / 1024  # ru_maxrss: KiB on Linux
+    assert peak_mb < 1500, f"peak resident memory {peak_mb:.0f} MB"
+    (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert len(run["train_loss"]) == 2 and all(np.isfinite(run["train_loss"]))
+
+
 def test_graph_kinds_per_layer_from_the_command_line(
     text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
