@@ -176,3 +176,27 @@ def test_the_page_of_a_real_pretrained_bert(tmp_path: Path) -> None:
     assert main(["demo", "--hf-model", str(folder), "--text", text, "--out", str(out),
                  "--no-gif", "--no-progress"]) == 0  # fmt: skip
     assert (out / "index.html").is_file()
+
+
+def test_a_folder_saved_converted_shows_its_recorded_heads(tmp_path: Path) -> None:
+    """A checkpoint saved from a converted model is drawn with the heads it was saved with
+    (it loaded as plain attention, and ``--heads`` on it was refused)."""
+    cls, config = configs()["gpt2"]
+    torch.manual_seed(0)
+    model = hf.convert(cls(config), "attention:3,laplacian:1")
+    folder = tmp_path / "converted-gpt2"
+    model.save_pretrained(folder)
+    _tokenizer().save_pretrained(folder)
+    data = compute_hf_demo(folder, text=TEXT)
+    assert data.operators == (("attention",) * 3 + ("laplacian",),) * 2
+    assert data.laplacian_head == 3
+    # the graphs are the saved model's own: its layer 0 attention equals transformers' eager
+    # attention of the same weights (layer 0 sees the embeddings alone)
+    eager = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = transformers.AutoTokenizer.from_pretrained(folder)(TEXT, return_tensors="pt")
+    with torch.no_grad():
+        reference = eager(**ids, output_attentions=True).attentions[0][0].double()  # (H, N, N)
+    torch.testing.assert_close(data.attention[0], reference, atol=1e-6, rtol=1e-5)
+    # another head spec converts the loaded model again
+    other = compute_hf_demo(folder, text=TEXT, heads="attention:2,laplacian:2")
+    assert other.operators == (("attention",) * 2 + ("laplacian",) * 2,) * 2

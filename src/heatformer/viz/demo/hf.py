@@ -46,14 +46,18 @@ def load_checkpoint_folder(model_dir: str | os.PathLike[str]) -> tuple[Any, Any]
     """Load ``(model, tokenizer)`` from a local checkpoint folder, offline, in eval mode.
 
     The model is the checkpoint's base model (``AutoModel``: e.g. ``GPT2Model`` for a
-    ``GPT2LMHeadModel`` folder), in float32 with transformers' ``"sdpa"`` attention.
+    ``GPT2LMHeadModel`` folder), in float32 with transformers' ``"sdpa"`` attention; a folder
+    saved from a converted model (its ``config.json`` has a ``"heatformer"`` entry) loads with
+    its recorded heads and their learned parameters
+    (:func:`heatformer.integrations.hf.from_pretrained`).
 
     Raises:
         ValueError: ``model_dir`` is not a folder, has no ``config.json`` or one transformers
             cannot read (the message names it), or has no tokenizer.
         ImportError: transformers is not installed.
     """
-    importlib.import_module("heatformer.integrations.hf")  # its ImportError names the extra
+    # its ImportError names the extra
+    hf: Any = importlib.import_module("heatformer.integrations.hf")
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     folder = Path(model_dir)
@@ -80,10 +84,11 @@ def load_checkpoint_folder(model_dir: str | os.PathLike[str]) -> tuple[Any, Any]
         tokenizer = AutoTokenizer.from_pretrained(folder, config=config, local_files_only=True)
     except (OSError, ValueError, TypeError) as err:
         raise bad_value("hf_model", f"{no_tokenizer} ({err})") from err
-    model = AutoModel.from_pretrained(
-        folder, config=config, local_files_only=True, attn_implementation="sdpa",
-        dtype=torch.float32,
-    )  # fmt: skip
+    options: dict[str, Any] = {"config": config, "local_files_only": True, "dtype": torch.float32}
+    if getattr(config, hf.CONFIG_ENTRY, None) is not None:  # saved converted: with its heads
+        model = hf.from_pretrained(AutoModel, folder, **options)
+    else:
+        model = AutoModel.from_pretrained(folder, attn_implementation="sdpa", **options)
     return model.eval(), tokenizer
 
 
@@ -113,7 +118,7 @@ def compute_hf_demo(
         heads: a head spec to convert the model to first
             (:func:`heatformer.integrations.hf.convert`, e.g. ``"attention:10,laplacian:2"``:
             the pictures of the high-pass head then show a Laplacian head); ``None``: the
-            model's own heads, all attention.
+            model's own heads (all attention, or the heads a converted folder recorded).
 
     Returns:
         The :class:`~heatformer.viz.demo.DemoData`; its nodes are the tokens.
