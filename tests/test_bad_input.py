@@ -142,6 +142,17 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("ppr tiny alpha series", lambda: PersonalizedPageRank(alpha=1e-9, method="series"),
      ValueError, "alpha"),  # found: it hung
     ("ppr method", lambda: PersonalizedPageRank(method="cg"), ValueError, "method"),
+    ("ppr alpha below float64's resolution", lambda: PersonalizedPageRank(alpha=1e-17),
+     ValueError, "alpha"),  # found: +0.0377 where the limit is -0.0715
+    ("ppr alpha below 2^-53 / tol", lambda: PersonalizedPageRank(alpha=1e-9, tol=1e-8),
+     ValueError, "alpha"),
+    ("poly coeff overflows float32", lambda: Polynomial([1e39])(G, X), ValueError,
+     "coeffs"),  # found: inf
+    ("poly learnable coeff overflows", lambda: Polynomial([1.0, 1e39], learnable=True),
+     ValueError, "coeffs"),
+    ("laplacian step overflows float16", lambda: Laplacian(step=7e4)(G.to(torch.float16),
+     X.half()), ValueError, "step"),
+    ("heat t overflows float16", lambda: HeatKernel(t=[1e5, 1.0]).half(), ValueError, "t"),
     ("poly empty", lambda: Polynomial([]), ValueError, "coeffs"),
     ("poly str", lambda: Polynomial("1,2"), TypeError, "coeffs"),
     ("poly nan", lambda: Polynomial([1.0, math.nan]), ValueError, "coeffs"),

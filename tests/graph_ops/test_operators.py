@@ -319,3 +319,69 @@ def test_extra_repr() -> None:
     assert "t=[0.5, 2.0]" in repr(HeatKernel(t=[0.5, 2.0]))
     assert "alpha=0.3" in repr(PersonalizedPageRank(alpha=0.3))
     assert "coeffs=[1.0, -1.0]" in repr(Polynomial())
+
+
+# ---- constants checked in the dtype they are used in (issue 21) ---------------------------
+
+
+def _graph_and_signal(dtype: torch.dtype) -> tuple[DenseGraph, torch.Tensor]:
+    w = torch.rand(4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = torch.randn(4, 1, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    return DenseGraph(w.to(dtype)), x.to(dtype)
+
+
+@pytest.mark.parametrize(
+    ("make", "dtype", "used_in", "argument"),
+    [
+        (lambda: Polynomial([1e39]), torch.float32, torch.float32, "coeffs"),  # was inf
+        (lambda: Polynomial([0.5, 1e39]), torch.float16, torch.float32, "coeffs"),  # Horner
+        (lambda: Laplacian(step=7e4), torch.float16, torch.float16, "step"),  # y * step
+        (lambda: MeanPooling(scale=1e39), torch.float32, torch.float32, "scale"),
+    ],
+    ids=["poly-float32", "poly-half", "laplacian-step-float16", "mean-scale-float32"],
+)
+def test_fixed_constants_are_checked_where_they_are_used(make, dtype, used_in, argument) -> None:
+    """A fixed constant is kept in float64 and refused on first use in a dtype that cannot
+    hold it (it was an inf output), naming the dtype it is used in (a polynomial of half
+    signals sums in float32); the same operator still computes in float64."""
+    op = make()
+    with pytest.raises(ValueError, match=rf"^{argument}: \[.*\] overflows {used_in}"):
+        op(*_graph_and_signal(dtype))
+    g64, x64 = _graph_and_signal(torch.float64)
+    y = op(g64, x64)
+    assert bool(y.isfinite().all()) and float(y.abs().max()) > 1e4
+
+
+@pytest.mark.parametrize(
+    ("make", "argument"),
+    [
+        (lambda: Polynomial([1.0, 1e39], learnable=True), "coeffs"),
+        (lambda: Polynomial([1e39], dtype=torch.float32), "coeffs"),
+        (lambda: Laplacian(step=1e39, learnable=True), "step"),
+        (lambda: MeanPooling(scale=7e4, dtype=torch.float16), "scale"),
+    ],
+    ids=["poly-learnable", "poly-dtype", "laplacian-learnable", "mean-dtype-float16"],
+)
+def test_constants_are_checked_at_construction_when_the_dtype_is_known(make, argument) -> None:
+    """A learnable constant is rounded to the factory dtype at once (it was an inf parameter);
+    a ``dtype=`` names the dtype of use."""
+    with pytest.raises(ValueError, match=rf"^{argument}: \[.*\] overflows torch\.float"):
+        make()
+
+
+def test_to_refuses_a_constant_its_dtype_cannot_hold_and_converts_nothing() -> None:
+    """``.half()`` of a heat head with ``t = 1e5`` made the buffer inf (the layer then failed
+    with ``t: expected a finite value``); now refused before any tensor is converted, while a
+    time float16 holds converts and still computes."""
+    from heatformer.models import DiffusionAttention
+
+    op = HeatKernel(t=[1e5, 1.0])
+    with pytest.raises(ValueError, match=r"^t: \[100000\.0, 1\.0\] overflows torch\.float16"):
+        op.half()
+    assert op.t.dtype == torch.float64 and float(op.t[0]) == 1e5
+    layer = DiffusionAttention(8, 2, "attention:1,polynomial[coeffs=(1 100000)]:1")
+    with pytest.raises(ValueError, match=r"^coeffs: "):
+        layer.half()
+    small = HeatKernel(t=2.0).half()
+    g, x = _graph_and_signal(torch.float16)
+    assert small.t.dtype == torch.float16 and bool(small(g, x).isfinite().all())

@@ -30,6 +30,7 @@ from heatformer.graph_ops import (
     spectrum,
 )
 from heatformer.graph_ops.operators import ppr_order
+from heatformer.graph_ops.operators.ppr import smallest_alpha
 from references import adjacency_reference, laplacian_reference, softmax_reference
 
 HALF = [torch.float16, torch.bfloat16]
@@ -120,6 +121,42 @@ def test_ppr_refusals_state_the_cost() -> None:
     with pytest.raises(ValueError, match=r"^method: no personalized-PageRank method accepts"
                                          r".*'series': needs .*'solve': .*N = 2049"):  # fmt: skip
         PersonalizedPageRank(alpha=1e-4)(big, x[:, :1])
+
+
+def test_ppr_refuses_alpha_below_what_float64_resolves() -> None:
+    """``alpha = 1e-17`` (``1 - alpha == 1.0`` in float64) gave +0.0377 where the limit is
+    -0.0715, or a raw ``_LinAlgError`` on a singular system; now refused, the floor
+    ``2^-53 / tol`` stated, and moved by ``tol``."""
+    assert smallest_alpha(1e-6) == 2.0**-53 / 1e-6
+    for alpha, tol in ((1e-17, 1e-6), (1e-12, 1e-6), (1e-14, 1e-3)):
+        with pytest.raises(ValueError, match=r"^alpha: expected alpha >= \S+ \(2\^-53 / tol"):
+            PersonalizedPageRank(alpha=alpha, tol=tol)
+    assert PersonalizedPageRank(alpha=1e-12, tol=1e-3).alpha == 1e-12
+
+
+@pytest.mark.parametrize("tol", [1e-6, 1e-3])
+def test_ppr_at_its_smallest_alpha_meets_tol(tol: float) -> None:
+    """At the floor the dense solve keeps its rounding below ``tol``: a walk ``A = 1 pi^T``
+    (rows sum to 1 only to float64's rounding), whose PPR is ``alpha x + (1 - alpha) 1 pi^T x``
+    exactly; measured 0.01 to 0.07 of ``2^-53 / alpha`` on 12 to 2000 nodes."""
+    n = 300
+    gen = torch.Generator().manual_seed(2)
+    w = torch.rand(n, generator=gen, dtype=torch.float64) + 0.1
+    x = torch.randn(n, 1, generator=gen, dtype=torch.float64)
+    alpha = 1.01 * smallest_alpha(tol)
+    y = PersonalizedPageRank(alpha=alpha, tol=tol)(DenseGraph(w.expand(n, n).clone()), x)
+    pi = w / w.sum()
+    expected = alpha * x + (1 - alpha) * (pi @ x)
+    assert float((y - expected).abs().max()) <= 0.2 * tol * float(x.abs().max())
+
+
+def test_ppr_limit_is_the_heat_kernel_limit_where_every_node_has_out_edges() -> None:
+    """The documented limit ``alpha -> 0``: ``1 pi^T x``, which the converged heat kernel
+    computes too (``alpha / g`` apart at a spectral gap ``g``)."""
+    q, k, x = (t.double() for t in _qkv(torch.float64, n=12))
+    graph = SoftmaxGraph(q, k)
+    ppr = PersonalizedPageRank(alpha=1e-9)(graph, x)
+    torch.testing.assert_close(ppr, HeatKernel(t=1e300)(graph, x), atol=1e-7, rtol=0)
 
 
 def test_ppr_dangling_nodes_lose_their_mass() -> None:

@@ -62,6 +62,15 @@ def _parameter(
     return data.to(device=device, dtype=dtype or torch.get_default_dtype())
 
 
+def _overflow(argument: str, value: Tensor, dtype: torch.dtype) -> V.ArgumentValueError:
+    shown = value.detach().double().cpu().flatten()[:8].tolist()
+    return V.bad_value(
+        argument,
+        f"{shown} overflows {dtype} (largest finite value {torch.finfo(dtype).max:.4g}), the "
+        f"dtype it is used in; run the operator in a wider dtype or use smaller values",
+    )
+
+
 class DiffusionOperator(nn.Module):
     """Base class: ``forward(graph, x) -> y`` with ``x, y`` of shape ``(..., N, C)``."""
 
@@ -70,6 +79,8 @@ class DiffusionOperator(nn.Module):
     #: constructor keyword arguments worth trying, the defaults first: the docs show them and
     #: the test-suite's combination matrix runs every one (a new operator lists its own).
     examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+    #: the constructor argument a stored tensor holds, where the names differ (for messages)
+    argument_names: ClassVar[dict[str, str]] = {}
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -101,6 +112,46 @@ class DiffusionOperator(nn.Module):
         graph = _check_graph(graph)
         V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
 
+    # ---- constants checked in the dtype they are used in ----------------------------------
+
+    def _checked_in(self, name: str, dtype: torch.dtype, value: Tensor | None = None) -> bool:
+        """Check that the parameter or buffer ``self.<name>`` (or the ``value`` it was made
+        from) is finite once rounded to ``dtype``, the dtype it is used or stored in, and
+        return whether it is exactly 1 there.
+
+        Read once per ``(name, dtype)`` -- at construction when the dtype is known, else at
+        first use -- and again after :meth:`~torch.nn.Module.to`, never in every call: a
+        coefficient of ``1e39`` passes a float64 check and is inf in float32.
+
+        Raises:
+            ValueError: naming the constructor argument, when a value overflows ``dtype``.
+        """
+        cache: dict[tuple[str, torch.dtype], bool] = self.__dict__.setdefault("_checked", {})
+        key = (name, dtype)
+        if key not in cache:
+            value = (getattr(self, name) if value is None else value).detach()
+            if value.device.type == "meta":  # nothing to read yet
+                return False
+            rounded = value.to(dtype)
+            if not bool(torch.isfinite(rounded).all()):
+                raise _overflow(self.argument_names.get(name, name), value, dtype)
+            cache[key] = bool((rounded == 1).all())
+        return cache[key]
+
+    def _apply(self, fn: Any, recurse: bool = True) -> DiffusionOperator:
+        """``.to()``, ``.half()``, ...: refused, before anything is converted, when a stored
+        value would not be finite in its new dtype (a time of ``1e5`` in float16); the values
+        are checked again in the dtype of their next use."""
+        stored = [*self.named_parameters(recurse=False), *self.named_buffers(recurse=False)]
+        for name, value in stored:
+            if value.is_floating_point() and value.device.type != "meta":
+                converted = fn(value.detach())
+                if converted.is_floating_point() and not bool(torch.isfinite(converted).all()):
+                    raise _overflow(self.argument_names.get(name, name), value, converted.dtype)
+        self.__dict__.pop("_checked", None)
+        super()._apply(fn, recurse)
+        return self
+
     def _register_factor(
         self,
         name: str,
@@ -121,12 +172,20 @@ class DiffusionOperator(nn.Module):
         else:
             fixed = torch.tensor(float(value), dtype=torch.float64, device=device)
             self.register_buffer(name, fixed, persistent=False)
+        factors: list[str] = self.__dict__.setdefault("_factors", [])
+        factors.append(name)
+        given = torch.tensor(float(value), dtype=torch.float64)
+        self._checked_in(name, getattr(self, name).dtype, given)  # learnable: factory dtype
+        if dtype is not None:  # the signal's dtype, where it is used
+            self._checked_in(name, dtype, given)
 
     def _times(self, y: Tensor, factor: Tensor, learnable: bool) -> Tensor:
-        """``factor * y``, skipped for a fixed factor of 1 (the default: no extra pass)."""
-        if learnable or float(factor) != 1.0:
-            return y * factor.to(y.dtype)
-        return y
+        """``factor * y`` in ``y``'s dtype, skipped for a fixed factor of 1 (the default: no
+        extra pass); the factor is checked in that dtype on first use."""
+        name = next(n for n in self.__dict__.get("_factors", ()) if getattr(self, n) is factor)
+        if self._checked_in(name, y.dtype) and not learnable:
+            return y
+        return y * factor.to(y.dtype)
 
 
 class NormalizedOperator(DiffusionOperator):

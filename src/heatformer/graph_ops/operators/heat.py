@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +51,7 @@ class HeatKernel(NormalizedOperator):
     """
 
     name = "heat"
+    argument_names: ClassVar[dict[str, str]] = {"_t": "t", "log_t": "t"}
     examples = (
         {},
         {"t": 0.3, "normalization": "sym"},

@@ -65,11 +65,16 @@ class Polynomial(NormalizedOperator):
         else:  # float64 (a tensor keeps its dtype), cast to the signal's dtype at use
             c = torch.as_tensor(values, dtype=None if isinstance(values, Tensor) else torch.float64)
             self.register_buffer("coeffs", c.detach().clone().to(device), persistent=False)
+        given = torch.as_tensor(values, dtype=None if isinstance(values, Tensor) else torch.float64)
+        self._checked_in("coeffs", self.coeffs.dtype, given)  # learnable: the factory dtype
+        if dtype is not None:  # used in the accumulation dtype of signals of that dtype
+            self._checked_in("coeffs", accumulation_dtype(dtype), given)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
         gen = GraphLaplacian(graph, self.normalization)
         acc = accumulation_dtype(x.dtype)  # half precision: Horner's sums in float32
+        self._checked_in("coeffs", acc)  # once per dtype: 1e39 is inf in float32
         c = self.coeffs.to(dtype=acc, device=x.device)
         xa = x.to(acc)
         y = c[-1] * xa
