@@ -208,44 +208,65 @@ def test_layer_forward_backward(
     name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype
 ) -> None:
     case = GRAPH_CASES[case_name]
-    d_model, n = 8, N
+    mask = _key_mask(N) if case.masked else None
+    layer = _layer_or_refusal(name, params, case, dtype, mask)
+    if layer is None:
+        return
+    layer = _integer_layer(layer)
+    reference = copy.deepcopy(layer).double()
+    gen = torch.Generator().manual_seed(1)
+    x64 = torch.randint(-1, 2, (B, N, 8), generator=gen).double()
+    probe = torch.randn(B, N, 8, generator=gen, dtype=torch.float64)
+    x = x64.to(dtype)
+    outs = _run_layer(layer, x, mask, probe)
+    _assert_layer_agrees(layer, outs, _run_layer(reference, x64, mask, probe), case_name)
+    if dtype == torch.float64:  # the layer against its documented per-head definition
+        per_head = _per_head_reference(layer, x, mask)
+        truncation = max(_truncation(op) for op in layer.head_operators)
+        what = f"{layer.spec} on {case_name}: per head"
+        assert_agrees(outs[0], per_head, dtype, what, truncation)
+
+
+def _layer_or_refusal(
+    name: str, params: dict[str, Any], case: GraphCase, dtype: torch.dtype, mask: Tensor | None
+) -> DiffusionAttention | None:
+    """The cell's layer (two heads: attention and the operator; ``d_model = 8``), or None
+    once the refusal it must raise is checked."""
     spec = _layer_spec(name, params)
     torch.manual_seed(0)
 
     def build() -> DiffusionAttention:  # drawn in float32, then cast: for one seed, torch 2.4
         # draws other half-precision weights than 2.13 (which rounds its float32 draw)
         return DiffusionAttention(
-            d_model, 2, spec, graph=case.kind, causal=case.causal, dtype=torch.float32
+            8, 2, spec, graph=case.kind, causal=case.causal, dtype=torch.float32
         ).to(dtype)
 
     refusal = expected_refusal(resolve_operator(name, **params), case, "layer")
-    mask = _key_mask(n) if case.masked else None
-    if refusal is not None:
-        with pytest.raises(ValueError, match=refusal):
-            build()(torch.zeros(B, n, d_model, dtype=dtype), mask)
-        return
-    layer = _integer_layer(build())
-    reference = copy.deepcopy(layer).double()
-    gen = torch.Generator().manual_seed(1)
-    x64 = torch.randint(-1, 2, (B, n, d_model), generator=gen).double()
-    probe = torch.randn(B, n, d_model, generator=gen, dtype=torch.float64)
+    if refusal is None:
+        return build()
+    with pytest.raises(ValueError, match=refusal):
+        build()(torch.zeros(B, N, 8, dtype=dtype), mask)
+    return None
 
-    def run(model: DiffusionAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        x = x.detach().requires_grad_(True)
-        y = model(x, mask)
-        (y.double() * probe).sum().backward()
-        assert x.grad is not None and model.in_proj.weight.grad is not None
-        return y.detach(), x.grad, model.in_proj.weight.grad
 
-    x = x64.to(dtype)
-    outs = run(layer, x)
-    refs = run(reference, x.double())
+def _run_layer(
+    model: DiffusionAttention, x: Tensor, mask: Tensor | None, probe: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Output, gradient in ``x`` and in the input projection, of the loss ``<y, probe>``."""
+    x = x.detach().requires_grad_(True)
+    y = model(x, mask)
+    (y.double() * probe).sum().backward()
+    assert x.grad is not None and model.in_proj.weight.grad is not None
+    return y.detach(), x.grad, model.in_proj.weight.grad
+
+
+def _assert_layer_agrees(
+    layer: DiffusionAttention, outs: tuple[Tensor, ...], refs: tuple[Tensor, ...], case_name: str
+) -> None:
     truncation = max(_truncation(op) for op in layer.head_operators)
+    dtype = layer.in_proj.weight.dtype
     for what, actual, expected in zip(("output", "grad x", "grad in_proj"), outs, refs):
-        assert_agrees(actual, expected, dtype, f"{spec} on {case_name}: {what}", truncation)
-    if dtype == torch.float64:  # the layer against its documented per-head definition
-        per_head = _per_head_reference(layer, x, mask)
-        assert_agrees(outs[0], per_head, dtype, f"{spec} on {case_name}: per head", truncation)
+        assert_agrees(actual, expected, dtype, f"{layer.spec} on {case_name}: {what}", truncation)
 
 
 def _per_head_reference(layer: DiffusionAttention, x: Tensor, key_mask: Tensor | None) -> Tensor:
@@ -378,20 +399,12 @@ def test_layer_large_logits(
     layer agrees with float64 forward and backward (top-k weights as the half graph rounds
     them, see :func:`_with_rounded_weights`)."""
     case = GRAPH_CASES[case_name]
-    spec = _layer_spec(name, params)
-    torch.manual_seed(0)
-
-    def build() -> DiffusionAttention:
-        return DiffusionAttention(8, 2, spec, graph=case.kind, causal=case.causal, dtype=dtype)
-
     mask = _key_mask(N) if case.masked else None
-    refusal = expected_refusal(resolve_operator(name, **params), case, "layer")
-    if refusal is not None:
-        with pytest.raises(ValueError, match=refusal):
-            build()(torch.zeros(B, N, 8, dtype=dtype), mask)
+    layer = _layer_or_refusal(name, params, case, dtype, mask)
+    if layer is None:
         return
     _expect_known_failure(request, case, resolve_operator(name, **params), dtype)
-    layer = _integer_layer(build())
+    layer = _integer_layer(layer)
     with torch.no_grad():
         layer.in_proj.weight[:16] *= 32  # the query and key rows
     reference = copy.deepcopy(layer).double()
@@ -407,18 +420,8 @@ def test_layer_large_logits(
     probe = torch.randn(B, N, 8, generator=gen, dtype=torch.float64)
     with torch.no_grad():
         _assert_float16_overflows(*reference.project_qkv(x64)[:2])
-
-    def run(model: DiffusionAttention, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        x = x.detach().requires_grad_(True)
-        y = model(x, mask)
-        (y.double() * probe).sum().backward()
-        assert x.grad is not None and model.in_proj.weight.grad is not None
-        return y.detach(), x.grad, model.in_proj.weight.grad
-
-    outs, refs = run(layer, x64.to(dtype)), run(reference, x64)
-    truncation = max(_truncation(op) for op in layer.head_operators)
-    for what, actual, expected in zip(("output", "grad x", "grad in_proj"), outs, refs):
-        assert_agrees(actual, expected, dtype, f"{spec} on {case_name}: {what}", truncation)
+    outs = _run_layer(layer, x64.to(dtype), mask, probe)
+    _assert_layer_agrees(layer, outs, _run_layer(reference, x64, mask, probe), case_name)
 
 
 # ---- GPT.generate with and without the KV cache -------------------------------------------------
