@@ -238,3 +238,62 @@ def test_gradcheck_propagate_transpose_and_degrees(kind) -> None:
         return g.propagate_transpose(args[-1]), g.in_degree(), g.out_degree()
 
     assert torch.autograd.gradcheck(f, _leaves((*inputs, x)))
+
+
+# ---- second derivatives: double backward through every graph kind ---------------------------
+
+DOUBLE_BACKWARD_KINDS = ["softmax", "topk[k=3]", "window[w=2]", "window[w=2,global=1]"]
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("kind", DOUBLE_BACKWARD_KINDS)
+def test_gradgradcheck_every_graph_kind(kind: str, causal: bool, masked: bool) -> None:
+    """``gradgradcheck`` of a Laplacian head in ``q``, ``k`` and ``x``, values as wide as keys.
+
+    The window kinds run their fused CPU kernels in the forward pass, and their backward
+    recomputes with plain products when ``create_graph`` is set (it raised an in-place error
+    before). The dense kinds call SDPA, whose fused CPU kernel has no second derivative in
+    torch: they run under its math backend, as the docs say to (docs/concepts/graph-kinds.md).
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from heatformer.graph_ops import resolve_graph
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, x = (
+        torch.randn(1, 1, 6, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
+    key_mask = torch.tensor([[False, True, True, True, True, True]]) if masked else None
+    builder = resolve_graph(kind)
+
+    def f(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return Laplacian()(builder.build(q, k, key_mask=key_mask, causal=causal), x)
+
+    if builder.name == "window":
+        assert torch.autograd.gradgradcheck(f, (q, k, x), fast_mode=True)
+    else:
+        with sdpa_kernel(SDPBackend.MATH):
+            assert torch.autograd.gradgradcheck(f, (q, k, x), fast_mode=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("kind", ["window[w=2]", "window[w=2,global=1]"])
+def test_gradgradcheck_heat_series_on_window_graphs(kind: str, causal: bool) -> None:
+    """A heat series propagates one window graph many times, each product summing its ``q``,
+    ``k`` gradients into the graph's one buffer (``GradSink``): also differentiable."""
+    from heatformer.graph_ops import resolve_graph
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, x = (
+        torch.randn(1, 1, 6, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
+    key_mask = torch.tensor([[True, True, False, True, True, True]])
+    builder, op = resolve_graph(kind), HeatKernel(t=0.5, tol=1e-8)
+
+    def f(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return op(builder.build(q, k, key_mask=key_mask, causal=causal), x)
+
+    assert torch.autograd.gradgradcheck(f, (q, k, x), fast_mode=True)

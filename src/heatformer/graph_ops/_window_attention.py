@@ -28,6 +28,10 @@ once, from the :func:`shared` node that every product's ``q`` and ``k`` come fro
 0. On the generic path, half-precision inputs are computed in float32 per chunk (the result is
 cast back), as the library's other softmax paths do.
 
+Second derivatives: with ``create_graph=True`` (a gradient penalty, ``gradgradcheck``) the
+backward takes the generic path whatever the forward took -- the fused kernel's backward has
+no derivative -- and autograd differentiates its plain products.
+
 Measured (``benchmarks/bench_long.py``, window(128) layer of heat heads, t = 1, tol 1e-6,
 H = 4, Dh = 64, N = 262144, fwd + bwd): peak 3.94 GB, against 5.07 GB with whole padded copies,
 per-product gradients and ``sqrt(K)`` equal series segments, and 7.64 GB through autograd of the
@@ -84,7 +88,8 @@ class _Slabs:
         s = s.mul_(self.graph.scale).masked_fill_(disallowed, float("-inf"))
         if empty is None:
             return torch.softmax(s, dim=-1)
-        return torch.softmax(s.masked_fill_(empty, 0.0), dim=-1).masked_fill_(empty, 0.0)
+        # not in place: with create_graph, softmax's backward reads its output
+        return torch.softmax(s.masked_fill_(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
 
 
 def _fold_add(out: Tensor, parts: Tensor, first_block: int, graph: WindowGraph) -> None:
@@ -98,7 +103,7 @@ def _fold_add(out: Tensor, parts: Tensor, first_block: int, graph: WindowGraph) 
     for j in range(-(-slab // b)):
         piece = parts[:, :, j * b : (j + 1) * b]  # (Bf, nb', <= b, C)
         start = first_block + j
-        by_block[:, start : start + nb, : piece.shape[2]] += piece
+        by_block[:, start : start + nb, : piece.shape[2]].add_(piece)  # no setitem: see backward
 
 
 #: Use the fused flash-attention kernels of PyTorch's CPU backend where they apply (CPU tensors,
@@ -220,7 +225,12 @@ class WindowAttention(torch.autograd.Function):
         graph: WindowGraph = ctx.graph
         saved = ctx.saved_tensors  # unpacked once (a checkpointed caller allows no more)
         q, k, x = saved[:3]
-        slabs = _Slabs(graph, q, k, x, work=not ctx.fused)  # the fused kernels take half too
+        # with create_graph (double backward) the gradients must be differentiable: plain
+        # products then, whose autograd gives the second derivatives (the fused kernel's
+        # backward has none), and sums into the buffers by add_ (a view's setitem, `+=`, is
+        # refused on a buffer that becomes part of the graph)
+        fused = ctx.fused and not torch.is_grad_enabled()
+        slabs = _Slabs(graph, q, k, x, work=not fused)  # the fused kernels take half too
         bf, n = q.shape[0], graph.num_nodes
         g, before = graph.num_global, graph._before()
         b = graph.row_block
@@ -236,7 +246,7 @@ class WindowAttention(torch.autograd.Function):
             empty = graph._run_masks(blocks)[2]
             if empty is not None:  # rows set to 0 in the forward pass pass no gradient
                 dyb = dyb.masked_fill(empty, 0.0)
-            if ctx.fused:
+            if fused:
                 out, lse = saved[3:]
                 dqb, dkb, dxb = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                     dyb.contiguous(), qb, kb,
@@ -252,13 +262,13 @@ class WindowAttention(torch.autograd.Function):
                 dqb = (ds @ kb).mul_(graph.scale)  # (Bf, nb', b, E)
                 dkb = (ds.transpose(-1, -2) @ qb).mul_(graph.scale)
                 dxb = p.transpose(-1, -2) @ dyb  # (Bf, nb', g + L, C)
-            dq[:, blocks] += dqb
+            dq[:, blocks].add_(dqb)
             start = blocks.start or 0
             _fold_add(dk_pad, dkb[:, :, g:], start, graph)
             _fold_add(dx_pad, dxb[:, :, g:], start, graph)
             if g:  # the global keys: the first g positions, in every block's keys
-                dk_pad[:, before : before + g] += dkb[:, :, :g].sum(1)
-                dx_pad[:, before : before + g] += dxb[:, :, :g].sum(1)
+                dk_pad[:, before : before + g].add_(dkb[:, :, :g].sum(1))
+                dx_pad[:, before : before + g].add_(dxb[:, :, :g].sum(1))
         dx = dx_pad[:, before : before + n].to(x.dtype)
         if sink is not None:  # q and k get theirs once, through shared()
             return None, None, None, None, dx
