@@ -218,6 +218,15 @@ def test_window_spec_errors_name_the_graph() -> None:
     with pytest.raises(ValueError, match=r"^graph: window\[w=2,global=9\]: expected at most"):
         GPTConfig(block_size=8, graph="window[w=2,global=9]")
     assert resolve_graph("window[w=4,global=0]").spec == "window[w=4]"
+    # a key given twice, or under its two names, is refused (the last one silently won)
+    for spec, match in [
+        ("window[w=4,w=8]", r"^graph: expected each key once in 'window\[w=4,w=8\]', got 'w'"),
+        ("window[w=4;w=4]", r"^graph: expected each key once"),
+        ("window[w=4,global=1,num_global=2]", r"^graph: expected one of 'global' and 'num_global'"),
+    ]:
+        with pytest.raises(ValueError, match=match) as info:
+            resolve_graph(spec)
+        assert info.value.argument == "graph"  # type: ignore[attr-defined]
 
 
 def test_slabs_made_without_grad_do_not_serve_a_backward() -> None:

@@ -73,6 +73,7 @@ def test_sequence_of_names_shares_instances_by_name() -> None:
         ("", 4, r"empty head spec"),
         ("attention:2;laplacian:2", 4, r"positive head count.*2;laplacian:2"),
         ("attention-2:4", 4, r"cannot parse"),
+        ("heat[t=1;t=2]:4", 4, r"^heads: expected each key once in .*, got 't' twice"),
     ],
 )
 def test_bad_specs_raise_value_error(spec, num_heads, match) -> None:

@@ -58,7 +58,11 @@ def parse_value(text: str) -> object:
 
 
 def parse_params(text: str | None, spec: str, *, what: str) -> dict[str, object]:
-    """The ``key=value`` pairs inside the brackets of ``spec`` (``what`` names the argument)."""
+    """The ``key=value`` pairs inside the brackets of ``spec`` (``what`` names the argument).
+
+    Raises:
+        ValueError: an item without ``=``, or a key given twice (``window[w=4,w=8]``).
+    """
     params: dict[str, object] = {}
     for item in re.split(r"[,;]", text or ""):
         if not item.strip():
@@ -66,7 +70,10 @@ def parse_params(text: str | None, spec: str, *, what: str) -> dict[str, object]
         if "=" not in item:
             raise V.bad_value(what, f"expected key=value inside [...] in {spec!r}, got {item!r}")
         key, value = item.split("=", 1)
-        params[key.strip()] = parse_value(value)
+        key = key.strip()
+        if key in params:  # the last would silently win
+            raise V.bad_value(what, f"expected each key once in {spec!r}, got {key!r} twice")
+        params[key] = parse_value(value)
     return params
 
 

@@ -336,7 +336,17 @@ def resolve_graph(spec: str | GraphBuilder) -> GraphBuilder:
         raise V.bad_value("graph", f"expected one of {sorted(GRAPHS)}, got {name!r} in {spec!r}")
     factory = GRAPHS[key]
     aliases = getattr(factory, "spec_aliases", {})
-    params = {aliases.get(name, name): value for name, value in params.items()}
+    named: dict[str, object] = {}
+    spelled: dict[str, str] = {}
+    for name, value in params.items():  # a spec name and its alias name one parameter
+        arg = aliases.get(name, name)
+        if arg in named:
+            raise V.bad_value(
+                "graph",
+                f"expected one of {spelled[arg]!r} and {name!r} in {spec!r} (both set {arg!r})",
+            )
+        named[arg], spelled[arg] = value, name
+    params = named
     accepted = [p for p in inspect.signature(factory).parameters if p not in ("self", "params")]
     unknown = sorted(set(params) - set(accepted))
     if unknown:
