@@ -449,3 +449,35 @@ def test_operator_kwargs_are_checked() -> None:
         resolve_operator("ppr", alpha=2.0)
     with pytest.raises(ValueError, match=r"^normalization:"):
         resolve_operator("heat", normalization="bogus")
+
+
+# ---- key masks at the graph kinds' boundary ----------------------------------------------------
+
+BAD_KEY_MASKS = {
+    "batch 3 for 2": (torch.ones(3, 5, dtype=torch.bool), ValueError),
+    "N 4 for 5": (torch.ones(2, 4, dtype=torch.bool), ValueError),
+    "heads 3 for 2": (torch.ones(2, 3, 5, dtype=torch.bool), ValueError),
+    "no dims": (torch.tensor(True), ValueError),
+    "float": (torch.ones(2, 5), TypeError),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_KEY_MASKS))
+@pytest.mark.parametrize("kind", ["softmax", "topk[k=2]", "window[w=2]"])
+def test_a_key_mask_that_does_not_fit_is_refused_naming_key_mask(kind: str, bad: str) -> None:
+    """A key mask of the wrong batch gave torch's expand error in a window graph, and named
+    ``mask`` (the dense graph's argument, not the builder's) in the others."""
+    from heatformer.graph_ops import WindowGraph, resolve_graph
+
+    key_mask, error = BAD_KEY_MASKS[bad]
+    q = torch.randn(2, 2, 5, 4)  # (B, H, N, E)
+    with pytest.raises(error, match=r"^key_mask: expected") as info:
+        resolve_graph(kind).build(q, q, key_mask=key_mask)
+    assert info.value.argument == "key_mask"  # type: ignore[attr-defined]
+    if kind.startswith("window"):
+        with pytest.raises(error, match=r"^key_mask: expected"):
+            WindowGraph(q, q, window=2, key_mask=key_mask)
+    # what fits: (B, N), a leading 1, (B, H, N)
+    for good in ((2, 5), (1, 5), (2, 2, 5)):
+        graph = resolve_graph(kind).build(q, q, key_mask=torch.ones(good, dtype=torch.bool))
+        assert graph.num_nodes == 5

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from heatformer import checks as V
 from heatformer.graph_ops._spec import format_entry, parse_entry
-from heatformer.graph_ops.protocol import Graph
+from heatformer.graph_ops.protocol import Graph, _check_key_mask
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import _stable_topk_indices
@@ -159,6 +159,12 @@ def _softmax_graph(
     causal: bool,
     row_block: int | None,
 ) -> SoftmaxGraph:
+    if key_mask is not None and isinstance(q, Tensor) and isinstance(k, Tensor):
+        try:  # the graph's batch shape (q and k that do not broadcast: SoftmaxGraph says so)
+            batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        except RuntimeError:
+            batch = q.shape[:-2]
+        _check_key_mask(key_mask, batch, q.shape[-2])
     mask = key_mask_view(key_mask, q.dim() - 2)
     if mask is not None and drop_masked_queries:
         mask = mask & mask.transpose(-1, -2)  # (B, 1, N, N)

@@ -84,6 +84,36 @@ def _fold(x: Tensor, batch_shape: torch.Size) -> tuple[Tensor, Callable[[Tensor]
     return xf, unfold
 
 
+def _check_key_mask(key_mask: object, batch_shape: torch.Size, n: int) -> Tensor:
+    """A key mask: bool ``(B, N)`` (``True`` = a real key), or with more of the graph's leading
+    batch dims, each that of ``batch_shape`` or 1. Checked where a graph or a graph kind is
+    given one (its public boundary), never per product.
+
+    Raises:
+        TypeError: not a bool tensor.
+        ValueError: a shape that does not fit the graph's batch shape and ``N``.
+    """
+    if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
+        got = getattr(key_mask, "dtype", type(key_mask).__name__)
+        raise V.bad_type("key_mask", f"expected a bool tensor (True = a real key), got {got}")
+    lead = tuple(key_mask.shape[:-1])
+    fits = (
+        key_mask.dim() >= 1
+        and key_mask.shape[-1] == n
+        and len(lead) <= len(batch_shape)
+        and all(dim in (1, want) for dim, want in zip(lead, batch_shape))
+    )
+    if not fits:
+        expected = f"({batch_shape[0]}, {n})" if batch_shape else f"({n},)"
+        raise V.bad_value(
+            "key_mask",
+            f"expected shape {expected}, (B, N) for queries of batch shape "
+            f"{tuple(batch_shape)} and N = {n} (a leading dim may be 1), got "
+            f"{tuple(key_mask.shape)}",
+        )
+    return key_mask
+
+
 def _safe_reciprocal(d: Tensor) -> Tensor:
     """``1/d`` where ``d > 0`` and 0 elsewhere (the pseudo-inverse of a diagonal)."""
     pos = d > 0

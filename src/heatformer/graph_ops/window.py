@@ -41,7 +41,13 @@ from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
 from heatformer.graph_ops._window_attention import GradSink, shared, window_attention
-from heatformer.graph_ops.protocol import SLAB_ELEMENTS, Graph, _fold, _numel
+from heatformer.graph_ops.protocol import (
+    SLAB_ELEMENTS,
+    Graph,
+    _check_key_mask,
+    _fold,
+    _numel,
+)
 from heatformer.graph_ops.sparse import SparseGraph
 
 __all__ = ["WindowGraph"]
@@ -131,13 +137,7 @@ class WindowGraph(Graph):
         bf = _numel(batch)
         self._key_mask: Tensor | None = None
         if key_mask is not None:
-            if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
-                raise V.bad_type("key_mask", "expected a bool tensor (True = a real key)")
-            if key_mask.shape[-1] != n or len(batch) < key_mask.dim() - 1:
-                raise V.bad_value(
-                    "key_mask", f"expected shape (B, N={n}), got {tuple(key_mask.shape)}"
-                )
-            lead = key_mask.shape[:-1]
+            lead = _check_key_mask(key_mask, batch, n).shape[:-1]
             view = key_mask.reshape(*lead, *([1] * (len(batch) - len(lead))), n)
             self._key_mask = view.expand(*batch, n).reshape(bf, n)  # (Bf, N)
         b = row_block if row_block is not None else min(256, max(self.window, 32))
