@@ -206,6 +206,25 @@ def test_a_missing_or_wrong_private_op_selects_the_fallback_with_a_warning(
         tc.native.cache_clear()
 
 
+def test_a_kernel_that_forms_float16_logits_in_float16_selects_the_fallback(monkeypatch) -> None:
+    """torch 2.4's CPU flash kernel formed float16 logits in float16 (NaN past 65504): the probe
+    refuses such a kernel for float16, where it is wrong, and keeps it for float32."""
+
+    def half_logits(q, k, v, attn_mask, scale):
+        s = (q @ k.transpose(-1, -2)) * scale + attn_mask  # in the inputs' dtype
+        p = torch.softmax(s.float(), -1)
+        return (p @ v.float()).to(q.dtype), torch.logsumexp(s.float(), -1)
+
+    monkeypatch.setattr(tc, "_flash_native", half_logits)
+    tc.native.cache_clear()
+    try:
+        with pytest.warns(tc.TorchCompatWarning, match="differs from the public reference"):
+            assert not tc.native("flash_attention_cpu", torch.float16)
+        assert tc.native("flash_attention_cpu", torch.float32)
+    finally:
+        tc.native.cache_clear()
+
+
 # ---- the window graphs through the fallbacks --------------------------------------------------
 
 

@@ -17,10 +17,12 @@ private name                                          fallback (public ops)
 
 Each is probed once per process, on first use (and, for the kernels, once per dtype): the probe
 calls the op on tiny inputs the way the library calls it (an expanded, stride-0 additive mask,
-an explicit scale) and compares the result with the fallback; a missing op, a changed signature
-or a different result all select the fallback, with one :class:`TorchCompatWarning` naming the
-op. :func:`native` reports the choices. The fallbacks compute the same numbers from public ops;
-they are slower and keep the ``(rows, keys)`` weights of one call.
+an explicit scale; for half precision also logits past float16's range, which torch 2.4's CPU
+kernel formed in float16 and turned into NaN) and compares the result with the fallback; a
+missing op, a changed signature or a different result all select the fallback, with one
+:class:`TorchCompatWarning` naming the op. :func:`native` reports the choices. The fallbacks
+compute the same numbers from public ops; they are slower and keep the ``(rows, keys)`` weights
+of one call.
 
 The environment variable ``HEATFORMER_TORCH_COMPAT=fallback`` (read at the first probe) selects
 every fallback, to run a test suite through them on a torch that has the private ops.
@@ -217,7 +219,14 @@ def _probe_flash(dtype: torch.dtype) -> bool:
     grads = _flash_backward_native(dy, q, k, v, out, lse, mask, 0.3)
     ref_out, ref_lse = _flash_fallback(q, k, v, mask, 0.3)
     ref_grads = _flash_backward_fallback(dy, q, k, v, ref_lse, mask, 0.3)
-    return _close((out, lse, *grads), (ref_out, ref_lse, *ref_grads), dtype)
+    ok = _close((out, lse, *grads), (ref_out, ref_lse, *ref_grads), dtype)
+    if dtype in _HALF:  # logits past float16's range (|q.k| > 65504): formed in float32 or NaN
+        q, k = q * 300, k * 300
+        out, lse = _flash_native(q, k, v, mask, 0.3)
+        grads = _flash_backward_native(dy, q, k, v, out, lse, mask, 0.3)
+        ok = ok and _close((out, lse), _flash_fallback(q, k, v, mask, 0.3), dtype)
+        ok = ok and all(bool(torch.isfinite(g).all()) for g in grads)
+    return ok
 
 
 def _probe_softmax_backward(dtype: torch.dtype) -> bool:
