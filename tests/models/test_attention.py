@@ -8,6 +8,7 @@ noise.
 from __future__ import annotations
 
 import copy
+import gc
 import math
 
 import numpy as np
@@ -737,6 +738,31 @@ def test_kv_cache_refused_where_it_is_not_exact(spec, kwargs) -> None:
     assert not layer.supports_cache
     with pytest.raises(ValueError, match="cache: KV caching needs"):
         layer(mh.random_input(26), cache=KVCache())
+
+
+def test_one_kv_cache_serves_one_layer() -> None:
+    """A second layer decoding with a cache the first one fills would attend to its keys (and
+    it to the second's): refused, naming the cache, while its owner goes on exactly."""
+    first, second = (mh.random_layer("attention:2,laplacian:2", causal=True) for _ in range(2))
+    x = mh.random_input(28, n=5)
+    cache = KVCache()
+    steps = [first(x[:, :3], cache=cache)]
+    with pytest.raises(ValueError, match=r"^cache: expected a KVCache of this layer's own, got "
+                       r"one that holds the keys of another DiffusionAttention; give every layer "
+                       r"its own") as info:  # fmt: skip
+        second(x[:, 3:4], cache=cache)
+    assert info.value.argument == "cache"  # type: ignore[attr-defined]
+    assert cache.position == 3  # the refused call appended nothing
+    steps += [first(x[:, 3:5], cache=cache)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), first(x), **TIGHT)
+    owned = KVCache()
+    first(x[:, :1], cache=owned)
+    del first, info, steps  # (the exception info's frame refers to the layer too)
+    gc.collect()
+    with pytest.raises(ValueError, match=r"^cache: .* keys of a layer gone since"):
+        second(x[:, 1:2], cache=owned)
+    with pytest.raises(TypeError, match=r"^cache: expected a KVCache, got dict"):
+        second(x, cache={})  # type: ignore[arg-type]
 
 
 def test_kv_cache_with_key_mask_is_refused() -> None:

@@ -153,6 +153,19 @@ def test_cached_incremental_logits_equal_full_logits(heads, kwargs) -> None:
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **TIGHT)
 
 
+def test_caches_are_one_per_layer() -> None:
+    """One cache for every layer was accepted (each layer then attended to the other's keys);
+    a list of the wrong length raised IndexError or was cut short without a word."""
+    model = tiny_gpt()
+    idx = tokens(1, 2, 3)
+    shared = KVCache()
+    with pytest.raises(ValueError, match=r"^cache: expected a KVCache of this layer's own"):
+        model(idx, [shared] * model.config.n_layer)
+    for count in (1, 3):
+        with pytest.raises(ValueError, match=r"^caches: expected one KVCache per layer \(2\), "):
+            model(idx, [KVCache() for _ in range(count)])
+
+
 @pytest.mark.parametrize("heads", ["attention", "attention:2,laplacian:2", "laplacian"])
 def test_generate_with_cache_equals_without(heads, monkeypatch) -> None:
     model = tiny_gpt(heads)

@@ -387,6 +387,9 @@ class DiffusionAttention(nn.Module):
             )
         if key_mask is not None:
             raise checks.bad_value("key_mask", "expected None together with cache, got a mask")
+        if not isinstance(cache, KVCache):
+            raise checks.bad_type("cache", f"expected a KVCache, got {type(cache).__name__}")
+        cache.claim(self)  # one cache per layer
         past = cache.position
         cache.append(k, v)
         keys, values = cast(Tensor, cache.k), cast(Tensor, cache.v)  # set by append

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
+from heatformer import checks
 
 __all__ = ["KVCache"]
 
@@ -18,6 +21,9 @@ class KVCache:
     cache_keep`: e.g. a window's first ``g`` and last ``w`` tokens) keeps only those;
     :attr:`positions` records the absolute position of every cached key.
 
+    One cache serves one layer: the first layer that decodes with it owns it, and any other
+    layer is refused (two layers appending to one cache would each attend to the other's keys).
+
     Attributes:
         k: ``(B, H, T, Dh)`` keys, or None before the first call.
         v: ``(B, H, T, Dh)`` values, or None.
@@ -29,6 +35,24 @@ class KVCache:
     v: Tensor | None = None
     positions: Tensor | None = None
     position: int = 0
+    _owner: weakref.ref[object] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def claim(self, layer: object) -> None:
+        """Bind the cache to ``layer`` at its first use; refuse any other layer after that.
+
+        Raises:
+            ValueError: the cache already serves another layer (``cache``).
+        """
+        owner = None if self._owner is None else self._owner()
+        if self._owner is None:
+            self._owner = weakref.ref(layer)
+        elif owner is not layer:
+            raise checks.bad_value(
+                "cache",
+                f"expected a KVCache of this layer's own, got one that holds the keys of "
+                f"{'a layer gone since' if owner is None else f'another {type(owner).__name__}'}"
+                "; give every layer its own, e.g. caches = [KVCache() for _ in model.blocks]",
+            )
 
     @property
     def length(self) -> int:

@@ -135,7 +135,15 @@ class GPT(_ConfigModel):
         With ``return_graphs``, also the attention graph of every layer, batched over
         ``(B, H)`` (``graphs[i].propagate(v)`` is ``P v`` of layer ``i``; implicit graphs,
         never ``N x N``): ``(logits, graphs)``. Not with ``caches``.
+
+        Raises:
+            ValueError: ``caches`` not one :class:`KVCache` per layer (a cache is bound to the
+                layer that first decodes with it; see :meth:`KVCache.claim`).
         """
+        if caches and len(caches) != len(self.blocks):
+            raise checks.bad_value(
+                "caches", f"expected one KVCache per layer ({len(self.blocks)}), got {len(caches)}"
+            )
         offset = caches[0].position if caches else 0
         self._check_idx(idx, offset)
         checks.check_bool("return_graphs", return_graphs)
