@@ -765,6 +765,45 @@ def test_one_kv_cache_serves_one_layer() -> None:
         second(x, cache={})  # type: ignore[arg-type]
 
 
+EVERY_KIND = [
+    format_entry(name, params, sep=",") for name, kind in GRAPHS.items() for params in kind.examples
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("graph", EVERY_KIND)
+def test_padded_positions_never_reach_real_rows_and_zeroing_them_keeps_nan_out(
+    graph: str, causal: bool
+) -> None:
+    """What padded positions hold changes no real row (every operator); a NaN there does reach
+    them through the products, as in SDPA, and zeroing the padded inputs -- the documented
+    remedy (docs/concepts/graph-kinds.md) -- gives the clean result, values and gradients."""
+    heads = "attention:1,laplacian:1,heat:1,ppr:1,polynomial:1,mean:1"
+    heads += "" if causal else ",laplacian[normalization=sym]:1"  # W^T: padded queries dropped
+    h = heads.count(":")
+    layer = mh.random_layer(heads, embed_dim=4 * h, num_heads=h, causal=causal, graph=graph)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 7, 4 * h, generator=gen, dtype=F64)
+    key_mask = torch.ones(2, 7, dtype=torch.bool)
+    key_mask[0, :2] = key_mask[1, -2:] = False  # left and right padding
+    real = key_mask[..., None]  # (B, N, 1)
+
+    def run(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        layer.zero_grad()
+        y = layer(inputs, key_mask)
+        (y * real).sum().backward()  # a loss on the real rows only
+        return y.detach() * real, layer.in_proj.weight.grad.clone()
+
+    clean = run(x.masked_fill(~real, 0.0))
+    noisy = run(torch.where(real, x, 100 * torch.randn(x.shape, generator=gen, dtype=F64)))
+    for a, b in zip(noisy, clean, strict=True):
+        torch.testing.assert_close(a, b, **TIGHT)
+    poisoned = torch.where(real, x, float("nan"))
+    for a, b in zip(run(poisoned.masked_fill(~real, 0.0)), clean, strict=True):
+        assert bool(torch.isfinite(a).all())
+        torch.testing.assert_close(a, b, **TIGHT)
+
+
 def test_kv_cache_with_key_mask_is_refused() -> None:
     layer = mh.random_layer("attention:4", causal=True)
     with pytest.raises(ValueError, match="key_mask: expected None together with cache"):

@@ -92,7 +92,9 @@ class GraphBuilder:
 
         Args:
             q, k: queries and keys, batch dims usually ``(B, H)``.
-            key_mask: bool ``(B, N)`` (leading batch dims of ``q``), ``True`` = a real key.
+            key_mask: bool ``(B, N)`` (leading batch dims of ``q``), ``True`` = a real key;
+                refused (``ValueError`` naming it) when it does not fit ``q``. A NaN in a
+                masked key still reaches real rows, as in SDPA: zero padded keys first.
             drop_masked_queries: padded queries lose their out-edges too (for operators that
                 read ``W^T``, so that padding cannot reach real tokens through it).
             causal: forbid attending to later positions.

@@ -71,7 +71,10 @@ class WindowGraph(Graph):
         causal: each query sees only itself and earlier keys.
         num_global: ``g >= 0`` global tokens (the first ``g`` positions).
         key_mask: bool ``(B, N)`` (``True`` = a real key), broadcast over the dims between
-            the first and the node dim (e.g. heads); None = every key is real.
+            the first and the node dim (e.g. heads); None = every key is real. A masked key
+            gets no weight, but a NaN in it (or in its value) still reaches the rows whose
+            slab holds it, as in SDPA (``NaN + (-inf)``, ``0 * NaN``): zero padded keys and
+            values first.
         drop_masked_queries: padded queries lose their out-edges too (what a symmetrizing
             operator needs, so that ``W^T`` cannot carry padding to real tokens).
         scale: logit scale; default ``1 / sqrt(E)``.

@@ -97,9 +97,12 @@ class DiffusionAttention(nn.Module):
         device, dtype: factory kwargs.
 
     Shape:
-        - ``x``: ``(B, N, D)``; ``key_mask``: ``(B, N)`` bool, ``True`` = a real token that
-          may be attended (SDPA polarity; note :class:`~torch.nn.MultiheadAttention`'s
-          ``key_padding_mask`` uses the opposite polarity).
+        - ``x``: ``(B, N, D)``, any ``N >= 0`` (``N = 0``: an empty output); ``key_mask``:
+          ``(B, N)`` bool, ``True`` = a real token that may be attended (SDPA polarity; note
+          :class:`~torch.nn.MultiheadAttention`'s ``key_padding_mask`` uses the opposite
+          polarity). What padded positions hold changes no real row while it is finite; a
+          NaN there reaches every row, as in SDPA: zero them first,
+          ``x.masked_fill(~key_mask[..., None], 0)``.
         - output: ``(B, N, D)``; with ``need_weights=True`` also ``(B, H, N, N)`` weights.
 
     Equivalent to::
