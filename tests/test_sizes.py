@@ -23,7 +23,14 @@ import pytest
 import torch
 from torch import Tensor
 
-from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder, resolve_graph, resolve_operator
+from heatformer.graph_ops import (
+    DenseGraph,
+    DiffusionOperator,
+    Graph,
+    GraphBuilder,
+    resolve_graph,
+    resolve_operator,
+)
 from heatformer.graph_ops._spec import format_entry
 from heatformer.models import DiffusionAttention
 from test_matrix import (
@@ -110,13 +117,19 @@ def _assert_zero_grads(tensors: dict[str, Tensor], what: str) -> None:
 # ---- functional: op(graph, x) -------------------------------------------------------------------
 
 
+def _apply(
+    name: str, params: dict[str, Any], case: GraphCase, n: int, drop: bool = False
+) -> tuple[DiffusionOperator, tuple[Tensor, Tensor, Tensor], Tensor]:
+    """The operator, its ``(q, k, x)`` of ``n`` tokens and ``op(graph, x)`` on ``case``."""
+    op = resolve_operator(name, **params).double()
+    q, k, x = _qkvx(n)
+    return op, (q, k, x), op(_build(case.builder, case, q, k, drop), x)
+
+
 @pytest.mark.parametrize("case_name", list(GRAPH_CASES))
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
 def test_functional_empty(name: str, params: dict[str, Any], case_name: str) -> None:
-    case = GRAPH_CASES[case_name]
-    op = resolve_operator(name, **params).double()
-    q, k, x = _qkvx(0)
-    y = op(_build(case.builder, case, q, k), x)
+    op, (q, k, x), y = _apply(name, params, GRAPH_CASES[case_name], 0)
     what = f"{name}{params} on {case_name}, N = 0"
     assert y.shape == x.shape and y.dtype == x.dtype, f"{what}: {y.dtype} {tuple(y.shape)}"
     y.sum().backward()
@@ -127,9 +140,7 @@ def test_functional_empty(name: str, params: dict[str, Any], case_name: str) -> 
 @pytest.mark.parametrize(("name", "params"), EQUALITY_CASES)
 def test_functional_one_node(name: str, params: dict[str, Any], case_name: str) -> None:
     case = GRAPH_CASES[case_name]
-    op = resolve_operator(name, **params).double()
-    q, k, x = _qkvx(1)
-    y = op(_build(case.builder, case, q, k), x)
+    op, (q, k, x), y = _apply(name, params, case, 1)
     expected = op(DenseGraph(_one_node_weights(case)), x)
     what = f"{name}{params} on {case_name}, N = 1"
     assert_agrees(y, expected, torch.float64, what, _truncation(op))
@@ -147,10 +158,8 @@ def test_functional_window_past_n_is_softmax(
     name: str, params: dict[str, Any], case_name: str
 ) -> None:
     case = WIDE_CASES[case_name]
-    op = resolve_operator(name, **params).double()
-    q, k, x = _qkvx(LONG_N)
-    drop = op.reads_transpose  # as a layer builds it for such an operator
-    y = op(_build(case.builder, case, q, k, drop), x)
+    drop = resolve_operator(name, **params).reads_transpose  # as a layer builds it for them
+    op, (q, k, x), y = _apply(name, params, case, LONG_N, drop)
     expected = op(_build(resolve_graph("softmax"), case, q, k, drop), x)
     what = f"{name}{params} on {case_name}"
     assert_agrees(y, expected, torch.float64, what, _truncation(op))
