@@ -84,11 +84,13 @@ WIDE_CASES = {
 }
 
 
-def _qkvx(n: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+def _qkvx(n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Float64 ``q``, ``k`` ``(B, H, n, E)`` and a signal ``x`` ``(B, H, n, C)``, with grads
+    (``C != E``: the window's plain-product path; the layer cells take its fused kernels)."""
     gen = torch.Generator().manual_seed(n)
     q, k = (torch.randn(B, H, n, E, generator=gen, dtype=torch.float64) for _ in range(2))
     x = torch.randn(B, H, n, C, generator=gen, dtype=torch.float64)
-    return tuple(t.to(dtype).requires_grad_(True) for t in (q, k, x))  # type: ignore[return-value]
+    return q.requires_grad_(True), k.requires_grad_(True), x.requires_grad_(True)
 
 
 def _build(
