@@ -262,13 +262,6 @@ def _band(n: int, w: int, causal: bool, g: int) -> torch.Tensor:
     return band | (glob & (i >= j)) if causal else band | glob
 
 
-_WIRED = pytest.mark.xfail(
-    strict=True,
-    reason="graph_ops/_window_attention.py does not call heatformer._torch_compat yet",
-)
-
-
-@_WIRED
 @pytest.mark.parametrize(
     ("causal", "g", "fused"), list(itertools.product([True, False], [0, 2], [True, False]))
 )
@@ -304,7 +297,6 @@ def test_window_graphs_through_the_fallbacks_equal_the_dense_graph(
     assert all(fallbacks[name] > 0 for name in (*used, "graph_task_id")), fallbacks
 
 
-@_WIRED
 def test_a_window_graph_through_the_fallbacks_passes_gradcheck(fallbacks) -> None:
     n = 11
     gen = torch.Generator().manual_seed(3)

@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from heatformer import _torch_compat
+
 if TYPE_CHECKING:
     from heatformer.graph_ops.window import WindowGraph
 
@@ -121,8 +123,8 @@ class GradSink:
     in place per backward pass (one buffer each, instead of one per propagation plus autograd's
     running sums: a heat series propagates the same ``q``, ``k`` once per term) and handed to
     autograd once, by the :func:`shared` node they were made from, which runs after all of
-    them. Keyed by the backward pass (``torch._C._current_graph_task_id``), so that a pass that
-    does not reach ``q`` and ``k`` cannot leak into a later one."""
+    them. Keyed by the backward pass (:func:`heatformer._torch_compat.graph_task_id`), so that a
+    pass that does not reach ``q`` and ``k`` cannot leak into a later one."""
 
     def __init__(self, graph: WindowGraph) -> None:
         # the geometry only: a reference to the graph would make a cycle (the graph keeps the
@@ -136,7 +138,7 @@ class GradSink:
         """``(dq (Bf, nb b, E), dk (Bf, rows, E))`` of the current backward pass, zeros at
         first: ``dq`` by query row, ``dk`` by padded slab position (``rows >= P``, a multiple
         of ``b``)."""
-        task = torch._C._current_graph_task_id()
+        task = _torch_compat.graph_task_id()
         if task not in self._by_pass:
             bf, (q_rows, k_rows) = q.shape[0], self._rows
             self._by_pass[task] = (
@@ -147,7 +149,7 @@ class GradSink:
 
     def pop(self) -> tuple[Tensor, Tensor] | None:
         """The current pass's ``(dq, dk)`` as ``(Bf, N, E)`` (None if nothing was added)."""
-        found = self._by_pass.pop(torch._C._current_graph_task_id(), None)
+        found = self._by_pass.pop(_torch_compat.graph_task_id(), None)
         if found is None:
             return None
         n, before = self._n, self._before
@@ -200,8 +202,8 @@ class WindowAttention(torch.autograd.Function):
             xb = graph._keys(x, blocks)
             empty = graph._run_masks(blocks)[2]
             if fused:  # (Bf, nb', b, C) and the log-sum-exp of each row (Bf, nb', b)
-                y, lse_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    qb, kb, xb, attn_mask=graph._sdpa_mask(blocks, q.dtype), scale=graph.scale
+                y, lse_b = _torch_compat.flash_attention_cpu(
+                    qb, kb, xb, graph._sdpa_mask(blocks, q.dtype), graph.scale
                 )
                 if lse is None:
                     lse = lse_b.new_empty(q.shape[0], nb, b)
@@ -248,17 +250,16 @@ class WindowAttention(torch.autograd.Function):
                 dyb = dyb.masked_fill(empty, 0.0)
             if fused:
                 out, lse = saved[3:]
-                dqb, dkb, dxb = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dqb, dkb, dxb = _torch_compat.flash_attention_cpu_backward(
                     dyb.contiguous(), qb, kb,
                     slabs.values(blocks), out[:, blocks].contiguous(), lse[:, blocks].contiguous(),
-                    0.0, False, attn_mask=graph._sdpa_mask(blocks, q.dtype),
-                    scale=graph.scale,
+                    graph._sdpa_mask(blocks, q.dtype), graph.scale,
                 )  # fmt: skip
             else:
                 p = slabs.weights(blocks, qb, kb)  # (Bf, nb', b, g + L), recomputed
                 dyb = _work(dyb)
                 dp = dyb @ slabs.values(blocks).transpose(-1, -2)  # (Bf, nb', b, g + L)
-                ds = torch.ops.aten._softmax_backward_data(dp, p, -1, p.dtype)  # P (dp - rowsum)
+                ds = _torch_compat.softmax_backward(dp, p, -1)  # P (dp - rowsum)
                 dqb = (ds @ kb).mul_(graph.scale)  # (Bf, nb', b, E)
                 dkb = (ds.transpose(-1, -2) @ qb).mul_(graph.scale)
                 dxb = p.transpose(-1, -2) @ dyb  # (Bf, nb', g + L, C)
