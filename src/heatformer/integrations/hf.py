@@ -66,7 +66,25 @@ from heatformer.integrations._record import (
     unchanged,
 )
 
+#: the oldest transformers this module works with (the ``hf`` extra of setup.cfg declares it):
+#: 5.0-5.3 call mask functions with ``cache_position`` instead of ``q_length``/``q_offset``
+MIN_TRANSFORMERS = "5.4"
+
+
+def _check_transformers_version(version: str) -> None:
+    """Raise ImportError, naming the floor, for a transformers older than
+    :data:`MIN_TRANSFORMERS` (its calls would fail later with an unrelated TypeError)."""
+    from packaging.version import Version
+
+    if Version(version) < Version(MIN_TRANSFORMERS):
+        raise ImportError(
+            f"heatformer.integrations.hf needs transformers >= {MIN_TRANSFORMERS}, found "
+            f"{version}: pip install --upgrade 'heatformer[hf]'"
+        )
+
+
 try:
+    import transformers
     from transformers import AttentionInterface, AutoConfig, PreTrainedModel
     from transformers.masking_utils import (
         AttentionMaskInterface,
@@ -77,8 +95,10 @@ try:
     )
 except ImportError as err:  # pragma: no cover - the message is the point
     raise ImportError(
-        "heatformer.integrations.hf needs transformers >= 5: pip install 'heatformer[hf]'"
+        f"heatformer.integrations.hf needs transformers >= {MIN_TRANSFORMERS}: "
+        "pip install 'heatformer[hf]'"
     ) from err
+_check_transformers_version(transformers.__version__)
 
 __all__ = [
     "IMPLEMENTATION",
