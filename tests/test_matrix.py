@@ -303,18 +303,6 @@ LARGE_FUNCTIONAL_CASES = [
 LARGE_LAYER_CASES = [c for c in GRAPH_CASES if c.endswith("-masked") and "-causal" not in c]
 
 
-def _expect_known_failure(
-    request: pytest.FixtureRequest, case: GraphCase, op: DiffusionOperator, dtype: torch.dtype
-) -> None:
-    """Cells that fail for a reason reported and owned elsewhere, as strict xfails (they turn
-    into failures once fixed, so the mark is removed with the fix)."""
-    if case.kind.startswith("window") and op.reads_transpose and dtype == torch.float16:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "WindowGraph.propagate_transpose forms its scores in float16 (window.py "
-            "_block_weights/_global_weights): NaN past 65504"
-        )))  # fmt: skip
-
-
 def _assert_float16_overflows(q: Tensor, k: Tensor) -> None:
     """The regime of the cells: some float16 product ``q k^T`` overflows."""
     products = q.detach().half() @ k.detach().half().transpose(-1, -2)
@@ -348,9 +336,8 @@ def _with_rounded_weights(graph64: Graph, rounded: Graph) -> Graph:
 @pytest.mark.parametrize("case_name", LARGE_FUNCTIONAL_CASES)
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
 def test_functional_large_logits(
-    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype,
-    request: pytest.FixtureRequest,
-) -> None:  # fmt: skip
+    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype
+) -> None:
     """Random ``q``, ``k`` of size 256 (most float16 products overflow; the softmax is nearly
     one-hot): finite, and within ``TOL`` of float64 on the same rounded inputs, forward and
     backward. The scores are formed in float32, whose rounding (at most ``E 2^-24`` of the
@@ -365,7 +352,6 @@ def test_functional_large_logits(
     q64, k64, x64 = (t.to(dtype).double() for t in (q64, k64, x64))  # the rounded inputs
     _assert_float16_overflows(q64, k64)
     op = resolve_operator(name, **params)
-    _expect_known_failure(request, case, op, dtype)
     reference_op = copy.deepcopy(op).double()
     leaves = [t.to(dtype).requires_grad_(True) for t in (q64, k64, x64)]
     leaves64 = [t.clone().requires_grad_(True) for t in (q64, k64, x64)]
@@ -388,9 +374,8 @@ def test_functional_large_logits(
 @pytest.mark.parametrize("case_name", LARGE_LAYER_CASES)
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
 def test_layer_large_logits(
-    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype,
-    request: pytest.FixtureRequest,
-) -> None:  # fmt: skip
+    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype
+) -> None:
     """``DiffusionAttention(..., dtype=dtype)`` whose query and key projections are 32 times
     those of :func:`test_layer_forward_backward`, on integer inputs in ``[-4, 4]``: ``q``, ``k``
     are multiples of 32 below 1024 (exact in every dtype), so the logits are exact in float32
@@ -403,7 +388,6 @@ def test_layer_large_logits(
     layer = _layer_or_refusal(name, params, case, dtype, mask)
     if layer is None:
         return
-    _expect_known_failure(request, case, resolve_operator(name, **params), dtype)
     layer = _integer_layer(layer)
     with torch.no_grad():
         layer.in_proj.weight[:16] *= 32  # the query and key rows

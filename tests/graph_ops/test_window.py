@@ -381,3 +381,70 @@ def test_a_huge_window_on_a_short_sequence_runs_in_little_memory(tmp_path: Path)
         timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# ---- large logits in half precision (issue 21) ----------------------------------------------
+
+#: ``max|y - y64| <= tol * (max|y64| + 1)``: about ten units of rounding of each dtype
+HALF_TOL = {torch.float16: 2e-2, torch.bfloat16: 8e-2}
+
+
+@pytest.mark.parametrize("dtype", list(HALF_TOL), ids=str)
+@pytest.mark.parametrize(
+    ("causal", "g", "masked"),
+    [(False, 0, False), (False, 2, True), (True, 2, False), (True, 0, True)],
+)
+@pytest.mark.parametrize("path", ["fused", "generic"])
+def test_large_logits_in_half_precision_agree_with_the_dense_graph_in_float64(
+    monkeypatch, dtype: torch.dtype, causal: bool, g: int, masked: bool, path: str
+) -> None:
+    """``q``, ``k`` of size 256 (every float16 product ``q . k`` past 65504 overflows; the
+    softmax is nearly one-hot): transpose products (sym heads), degrees, dense rows and top-k
+    were NaN in float16 (their scores were formed in the input's dtype). Every method is now
+    finite and within ten units of rounding of the dense masked softmax in float64 on the same
+    rounded inputs, forward and backward, on the fused and the generic kernel path."""
+    from heatformer.graph_ops import _window_attention
+
+    monkeypatch.setattr(_window_attention, "FUSED_CPU", path == "fused")
+    n, w = 23, 4
+    gen = torch.Generator().manual_seed(8)
+    q, k = (torch.randn(2, 2, n, 4, generator=gen, dtype=F64) * 256 for _ in "qk")
+    x = torch.randn(2, 2, n, 4, generator=gen, dtype=F64)
+    q, k, x = (t.to(dtype).double() for t in (q, k, x))  # the rounded inputs
+    assert bool((q.half() @ k.half().transpose(-1, -2)).isinf().any())  # the regime
+    key_mask = None
+    if masked:
+        key_mask = torch.ones(2, n, dtype=torch.bool)
+        key_mask[1, :3] = False
+    methods = {
+        "propagate": lambda G, x: G.propagate(x),
+        "propagate_transpose": lambda G, x: G.propagate_transpose(x),
+        "to_dense": lambda G, x: G.to_dense(),
+        "in_degree": lambda G, x: G.in_degree(),
+        "topk": lambda G, x: G.topk(3).propagate(x),
+        "sym laplacian": lambda G, x: Laplacian("sym")(G, x),
+    }
+    probe_gen = torch.Generator().manual_seed(9)
+    wrong = []
+    for name, fn in methods.items():
+        results = []
+        for graph_dtype in (dtype, F64):
+            leaves = [t.to(graph_dtype, copy=True).requires_grad_(True) for t in (q, k, x)]
+            if graph_dtype == F64:
+                mask = band_mask(n, w, causal, g, key_mask, False)
+                graph = SoftmaxGraph(leaves[0], leaves[1], mask=mask)
+            else:
+                graph = WindowGraph(leaves[0], leaves[1], window=w, causal=causal, num_global=g,
+                                    key_mask=key_mask, row_block=5)  # fmt: skip
+            y = fn(graph, leaves[2])
+            if graph_dtype == dtype:
+                probe = torch.randn(y.shape, generator=probe_gen, dtype=F64)
+            (y.double() * probe).sum().backward()
+            grads = [torch.zeros_like(t) if t.grad is None else t.grad for t in leaves]
+            results.append([y.detach(), *grads])
+        for what, actual, expected in zip(("value", "grad q", "grad k", "grad x"), *results):
+            err = float((actual.double() - expected).abs().max())  # NaN if not finite
+            bound = HALF_TOL[dtype] * (float(expected.abs().max()) + 1)
+            if actual.dtype != dtype or not err <= bound:
+                wrong.append(f"{name}: {what} ({actual.dtype}) off by {err:.3g} > {bound:.3g}")
+    assert not wrong, "; ".join(wrong)

@@ -40,6 +40,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
+from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._window_attention import GradSink, shared, window_attention
 from heatformer.graph_ops.protocol import (
     SLAB_ELEMENTS,
@@ -47,6 +48,7 @@ from heatformer.graph_ops.protocol import (
     _check_key_mask,
     _fold,
     _numel,
+    _row_normalize,
 )
 from heatformer.graph_ops.sparse import SparseGraph
 
@@ -57,6 +59,15 @@ def _stable_topk(scores: Tensor, k: int) -> Tensor:
     from heatformer.graph_ops.sparsify import _stable_topk_indices
 
     return _stable_topk_indices(scores, k)
+
+
+def _masked_softmax(s: Tensor, allowed: Tensor) -> Tensor:
+    """The softmax of scores ``s`` over the ``allowed`` entries of each row (broadcast with
+    ``s``); the others, and every entry of a row with none, are structural zeros (0, no
+    gradient, no NaN)."""
+    s = s.masked_fill(~allowed, float("-inf"))
+    has = allowed.any(-1, keepdim=True)
+    return torch.where(allowed, torch.softmax(torch.where(has, s, 0.0), dim=-1), 0.0)
 
 
 class WindowGraph(Graph):
@@ -322,14 +333,12 @@ class WindowGraph(Graph):
     # ---- weights -------------------------------------------------------------------------
 
     def _block_weights(self, q: Tensor, k: Tensor, blocks: slice) -> Tensor:
-        """Softmax weights ``(Bf, nb', b, g + L)`` of the blocks (rows of global tokens 0)."""
+        """Softmax weights ``(Bf, nb', b, g + L)`` of the blocks (rows of global tokens 0),
+        scores and softmax in float32 for half inputs (:func:`attention_scores`; the caller
+        rounds them to the graph's dtype)."""
         qb = self._block_rows(q, blocks)  # (Bf, nb', b, E)
-        s = (qb @ self._keys(k, blocks).transpose(-1, -2)) * self.scale
-        allowed = self._allowed(blocks)
-        s = s.masked_fill(~allowed, float("-inf"))
-        has = allowed.any(-1, keepdim=True)
-        p = torch.softmax(torch.where(has, s, 0.0), dim=-1)
-        p = torch.where(allowed, p, 0.0)
+        s = attention_scores(qb, self._keys(k, blocks), self.scale)
+        p = _masked_softmax(s, self._allowed(blocks))
         if self.num_global:  # global rows are dense rows, computed apart
             rows = torch.arange(self._num_blocks(), device=q.device)[blocks, None] * self.row_block
             rows = rows + torch.arange(self.row_block, device=q.device)  # (nb', b)
@@ -337,12 +346,10 @@ class WindowGraph(Graph):
         return p
 
     def _global_weights(self, q: Tensor, k: Tensor) -> Tensor:
-        """Dense rows ``(Bf, g, N)`` of the global tokens."""
-        s = (q[:, : self.num_global] @ k.transpose(-1, -2)) * self.scale
-        allowed = self._global_allowed()
-        s = s.masked_fill(~allowed, float("-inf"))
-        has = allowed.any(-1, keepdim=True)
-        return torch.where(allowed, torch.softmax(torch.where(has, s, 0.0), dim=-1), 0.0)
+        """Dense rows ``(Bf, g, N)`` of the global tokens (in float32 for half inputs, as
+        :meth:`_block_weights`)."""
+        s = attention_scores(q[:, : self.num_global], k, self.scale)
+        return _masked_softmax(s, self._global_allowed())
 
     # ---- protocol ------------------------------------------------------------------------
 
@@ -437,12 +444,14 @@ class WindowGraph(Graph):
         nb, slab, before = self._num_blocks(), self._slab(), self._before()
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or xf.requires_grad)
 
-        def chunk(q: Tensor, k: Tensor, xb: Tensor, blocks: slice) -> tuple[Tensor, Tensor]:
-            p = self._block_weights(q, k, blocks)  # (Bf, nb', b, g + L)
-            out = p.transpose(-1, -2) @ xb  # (Bf, nb', g + L, C)
-            return out[:, :, :g].sum(1), out[:, :, g:]  # (Bf, g, C), (Bf, nb', L, C)
+        acc = accumulation_dtype(xf.dtype)  # half precision: sums over blocks in float32
 
-        to_global = xf.new_zeros(xf.shape[0], g, xf.shape[-1])
+        def chunk(q: Tensor, k: Tensor, xb: Tensor, blocks: slice) -> tuple[Tensor, Tensor]:
+            p = self._block_weights(q, k, blocks).to(xb.dtype)  # (Bf, nb', b, g + L)
+            out = p.transpose(-1, -2) @ xb  # (Bf, nb', g + L, C)
+            return out[:, :, :g].sum(1, dtype=acc), out[:, :, g:]  # (Bf, g, C), (Bf, nb', L, C)
+
+        to_global = xf.new_zeros(xf.shape[0], g, xf.shape[-1], dtype=acc)
         slabs: list[Tensor] = []
         for blocks in self._chunks(g + slab):
             args = (q, k, self._block_rows(xf, blocks))
@@ -452,14 +461,14 @@ class WindowGraph(Graph):
             slabs.append(ts)
         parts = torch.cat(slabs, dim=1)  # (Bf, nb, L, C): contributions to slab positions
         c = parts.shape[-1]
-        cols = parts.permute(0, 3, 2, 1).reshape(parts.shape[0], c * slab, nb)
+        cols = parts.permute(0, 3, 2, 1).reshape(parts.shape[0], c * slab, nb).to(acc)
         length = (nb - 1) * b + slab
         added = F.fold(cols, output_size=(length, 1), kernel_size=(slab, 1), stride=(b, 1))
         out = added.reshape(parts.shape[0], c, length).transpose(1, 2)[:, before : before + n]
         if g:
             out = torch.cat([out[:, :g] + to_global, out[:, g:]], dim=1)
-            out = out + self._global_weights(q, k).transpose(-1, -2) @ xf[:, :g]
-        return unfold(out)
+            out = out + self._global_weights(q, k).to(xf.dtype).transpose(-1, -2) @ xf[:, :g]
+        return unfold(out.to(xf.dtype))
 
     def row_has_edge(self) -> Tensor:
         """Bool ``(..., N)``: which rows have at least one allowed key."""
@@ -487,7 +496,8 @@ class WindowGraph(Graph):
         return self.propagate_transpose(ones).squeeze(-1)
 
     def _weight_rows(self, start: int, stop: int) -> Tensor:
-        """Dense rows ``(Bf, rows, N)`` (for to_dense and generic conversions: ``O(rows N)``)."""
+        """Dense rows ``(Bf, rows, N)`` (for to_dense and generic conversions: ``O(rows N)``),
+        scores and softmax in float32 for half inputs, rounded to the graph's dtype once."""
         q, k = self._flat()
         n, g = self.num_nodes, self.num_global
         rows = torch.arange(start, stop, device=self.device).unsqueeze(-1)  # (rows, 1)
@@ -500,10 +510,8 @@ class WindowGraph(Graph):
             allowed = allowed & self._key_mask.unsqueeze(1)
             if self.drop_masked_queries:
                 allowed = allowed & self._key_mask[:, start:stop].unsqueeze(-1)
-        s = (q[:, start:stop] @ k.transpose(-1, -2)) * self.scale
-        s = s.masked_fill(~allowed, float("-inf"))
-        has = allowed.any(-1, keepdim=True)
-        return torch.where(allowed, torch.softmax(torch.where(has, s, 0.0), dim=-1), 0.0)
+        s = attention_scores(q[:, start:stop], k, self.scale)  # float32 for half inputs
+        return _masked_softmax(s, allowed).to(q.dtype)
 
     # ---- top-k inside the window: O(N (w + g)) -------------------------------------------
 
@@ -524,9 +532,9 @@ class WindowGraph(Graph):
         q, k = self._flat()
         idx_parts, w_parts = [], []
         for blocks in self._chunks(g + self._slab()):
-            with torch.no_grad():
-                s = self._block_rows(q, blocks) @ self._keys(k, blocks).transpose(-1, -2)
-                s = (s * self.scale).masked_fill(~self._allowed(blocks), float("-inf"))
+            with torch.no_grad():  # ranked on the scores the weights are made of (float32)
+                s = attention_scores(self._block_rows(q, blocks), self._keys(k, blocks), self.scale)
+                s = s.masked_fill(~self._allowed(blocks), float("-inf"))
                 slot = _stable_topk(s, k_top)  # (Bf, nb', b, K) slots, ascending
             idx_parts.append(self._slot_columns(slot, blocks))
             w_parts.append(self._kept(q, k, blocks, slot))
@@ -535,12 +543,11 @@ class WindowGraph(Graph):
         if g:  # the global rows rank all N keys
             dense = self._global_weights(*self._flat())
             with torch.no_grad():
-                ranks = (q[:, :g] @ k.transpose(-1, -2)).masked_fill(
+                ranks = attention_scores(q[:, :g], k, self.scale).masked_fill(
                     ~self._global_allowed(), float("-inf")
                 )
                 gidx = _stable_topk(ranks, k_top)  # (Bf, g, K)
-            gw = dense.gather(-1, gidx)
-            gw = gw * torch.where(gw.sum(-1, keepdim=True) > 0, 1 / gw.sum(-1, keepdim=True), 0)
+            gw = _row_normalize(dense.gather(-1, gidx)).to(q.dtype)
             idx = torch.cat([gidx, idx[:, g:]], dim=1)
             w = torch.cat([gw, w[:, g:]], dim=1)
         shape = (*self.batch_shape, n, k_top)
@@ -559,8 +566,7 @@ class WindowGraph(Graph):
     def _kept(self, q: Tensor, k: Tensor, blocks: slice, slot: Tensor) -> Tensor:
         def kept(q: Tensor, k: Tensor) -> Tensor:
             p = self._block_weights(q, k, blocks).gather(-1, slot)  # (Bf, nb', b, K)
-            total = p.sum(-1, keepdim=True)
-            return p * torch.where(total > 0, 1 / torch.where(total > 0, total, 1.0), 0.0)
+            return _row_normalize(p).to(q.dtype)  # in float32 for half inputs, rounded once
 
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             return checkpoint(kept, q, k, use_reentrant=False)
