@@ -47,7 +47,7 @@ from heatformer.graph_ops import (
     resolve_operator,
 )
 from heatformer.graph_ops._spec import format_entry
-from heatformer.models import GPT, DiffusionAttention, GPTConfig
+from heatformer.models import GPT, DiffusionAttention, GPTConfig, KVCache
 from heatformer.models.heads import format_operator
 
 #: relative tolerance per dtype: ``max|y - y64| <= TOL * (max|y64| + 1)``; about 10 units of
@@ -408,6 +408,43 @@ def test_layer_large_logits(
     _assert_layer_agrees(layer, outs, _run_layer(reference, x64, mask, probe), case_name)
 
 
+#: the cells of KV-cache decoding: every operator example that a cache serves exactly (affine
+#: in one propagation) on every graph kind that decodes incrementally
+CACHED_CASES = [
+    pytest.param(name, params, kind, id=f"{format_operator(name, params)}-{kind}")
+    for name, cls in OPERATORS.items()
+    for params in cls.examples
+    if resolve_operator(name, **params).affine_coefficients() is not None
+    for kind in KINDS
+    if resolve_graph(kind).incremental
+]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=_dtype_id)
+@pytest.mark.parametrize(("name", "params", "kind"), CACHED_CASES)
+def test_cached_decoding_large_logits(
+    name: str, params: dict[str, Any], kind: str, dtype: torch.dtype
+) -> None:
+    """Decoding from the KV cache (what ``GPT.generate`` runs), on the large logits of
+    :func:`test_layer_large_logits` in a causal layer: a prompt of 5 tokens, then one token
+    per step, agrees with the float64 layer on the whole sequence (top-k decoding formed its
+    scores in float16: NaN past 65504)."""
+    layer = _layer_or_refusal(name, params, GraphCase(kind, causal=True), dtype, None)
+    assert layer is not None and layer.supports_cache
+    layer = _integer_layer(layer).eval()
+    with torch.no_grad():
+        layer.in_proj.weight[:16] *= 32  # the query and key rows
+    reference = copy.deepcopy(layer).double()
+    x64 = torch.randint(-4, 5, (B, N, 8), generator=torch.Generator().manual_seed(1)).double()
+    x, cache = x64.to(dtype), KVCache()
+    with torch.no_grad():
+        _assert_float16_overflows(*reference.project_qkv(x64)[:2])
+        steps = [layer(x[:, :5], cache=cache)]
+        steps += [layer(x[:, i : i + 1], cache=cache) for i in range(5, N)]
+        expected = reference(x64)
+    assert_agrees(torch.cat(steps, dim=1), expected, dtype, f"{layer.spec} on {kind}: cached")
+
+
 # ---- GPT.generate with and without the KV cache -------------------------------------------------
 
 GENERATE_DTYPES = [torch.float64, torch.float32, torch.bfloat16]
@@ -448,8 +485,6 @@ def test_generate(name: str, params: dict[str, Any], kind: str, dtype: torch.dty
         reference = copy.deepcopy(model).double()(cached)
     assert_agrees(full, reference, dtype, f"{config.heads} logits")
     if model.supports_cache:
-        from heatformer.models import KVCache
-
         caches = [KVCache() for _ in model.blocks]
         with torch.no_grad():
             steps = [model(cached[:, :5], caches)] + [

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._spec import format_entry, parse_entry
 from heatformer.graph_ops.protocol import Graph, _check_key_mask
 from heatformer.graph_ops.softmax import SoftmaxGraph
@@ -242,14 +243,18 @@ class TopkBuilder(GraphBuilder):
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
         allowed = decode_allowed(q.shape[-2], positions, past)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, n, T)
+        # ranked and weighed as the full graph does: scores and softmax in float32 for half
+        # inputs, the weights rounded to the input dtype, their sums in float32 (as the CSR
+        # product of a half-precision top-k graph)
+        scores = attention_scores(q, k, 1.0 / math.sqrt(q.shape[-1]))  # (B, H, n, T)
         scores = scores.masked_fill(~allowed, float("-inf"))
         idx = _stable_topk_indices(scores, min(self.k, scores.shape[-1]))  # (B, H, n, K)
         kept = scores.gather(-1, idx)
-        w = torch.softmax(kept, dim=-1).masked_fill(kept == float("-inf"), 0.0)
+        w = torch.softmax(kept, dim=-1).masked_fill(kept == float("-inf"), 0.0).to(v.dtype)
         v_kept = v.unsqueeze(-3).expand(*idx.shape[:-1], *v.shape[-2:])  # (B, H, n, T, C)
         v_kept = v_kept.gather(-2, idx.unsqueeze(-1).expand(*idx.shape, v.shape[-1]))
-        return (w.unsqueeze(-1) * v_kept).sum(-2)  # (B, H, n, C)
+        acc = accumulation_dtype(v.dtype)
+        return (w.unsqueeze(-1).to(acc) * v_kept).sum(-2).to(v.dtype)  # (B, H, n, C)
 
 
 class WindowBuilder(GraphBuilder):
