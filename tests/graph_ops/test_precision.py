@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -302,3 +303,49 @@ def test_attention_scores_cannot_overflow_in_half_precision() -> None:
     assert float(q @ k.T) == 65536.0  # what bfloat16 itself gives
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast is off inside
         assert attention_scores(q.float(), k.float(), 1.0).dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("padded", [False, True], ids=["all-keys", "padded"])
+@pytest.mark.parametrize("attention", ["self", "cross", "self-window"])
+def test_large_logits_multihead_weights_agree_with_torch(
+    dtype: torch.dtype, padded: bool, attention: str
+) -> None:
+    """``need_weights`` of a converted ``nn.MultiheadAttention`` in half precision, on inputs
+    whose float16 logits pass 65504, agree with ``nn.MultiheadAttention``'s own weights in
+    float64 (a window graph against its band as ``attn_mask``). They were NaN in float16 for
+    cross-attention (scores formed in float16) and for a window graph's dense rows. Integer
+    inputs and projections as in the matrix: ``q``, ``k`` are multiples of 32 below 2048,
+    exact in every dtype, so the logits are exact in float32 and the softmax one-hot."""
+    from heatformer.integrations.torch import MultiheadDiffusionAttention
+
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        weight = torch.randint(-1, 2, mha.in_proj_weight.shape, generator=gen).float()
+        weight[:32] *= 32  # the query and key rows
+        mha.in_proj_weight.copy_(weight)
+        mha.in_proj_bias.zero_()
+    mha = mha.to(dtype)
+    x, memory = (torch.randint(-4, 5, (2, n, 16), generator=gen).to(dtype) for n in (7, 9))
+    kv = memory if attention == "cross" else x
+    window = attention == "self-window"
+    ours = MultiheadDiffusionAttention.from_mha(mha, graph="window[w=2]" if window else "softmax")
+    reference = copy.deepcopy(mha).double()
+    pad = torch.zeros(2, kv.shape[1], dtype=torch.bool)
+    pad[1, :3] = padded  # True = padding (nn.MultiheadAttention's polarity)
+    gap = torch.arange(7)[:, None] - torch.arange(7)
+    band = {"attn_mask": gap.abs() > 2} if window else {}  # True = not allowed (torch's)
+    with torch.no_grad():
+        q = F.linear(x.double(), reference.in_proj_weight[:16])
+        k = F.linear(kv.double(), reference.in_proj_weight[16:32])
+        q, k = (t.half().view(2, -1, 2, 8).transpose(1, 2) for t in (q, k))  # (B, H, L, Dh)
+        assert bool((q @ k.transpose(-1, -2)).isinf().any())  # the regime: float16 overflows
+        kwargs = {"key_padding_mask": pad, "average_attn_weights": False}
+        got = ours(x, kv, kv, **kwargs)[1]
+        expected = reference(x.double(), kv.double(), kv.double(), **kwargs, **band)[1]
+    expected = expected.nan_to_num(0.0)  # a row without keys: 0 here, NaN in torch (documented)
+    assert got.dtype == dtype and bool(got.isfinite().all())
+    tol = {torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    assert float((got.double() - expected).abs().max()) <= tol

@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
+from heatformer.graph_ops._precision import attention_scores
 from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
 from heatformer.integrations._record import (
     RecordedHeads,
@@ -273,15 +275,16 @@ class MultiheadDiffusionAttention(RecordedHeads):
         return outs[0], outs[1], outs[2]
 
     def _weights(self, q: Tensor, k: Tensor, mask: AttentionMask, self_attention: bool) -> Tensor:
-        """The dense graph of every head ``(B, H, L, S)`` (``N x N``: only when asked)."""
+        """The dense graph of every head ``(B, H, L, S)`` (``N x N``: only when asked); scores
+        and softmax in float32 for half inputs, rounded to their dtype once."""
         if self_attention:
             return self.heads.graph(q, k, mask).to_dense()
-        scores = (q @ k.transpose(-1, -2)) / self.head_dim**0.5  # (B, H, L, S)
+        scores = attention_scores(q, k, 1.0 / math.sqrt(self.head_dim))  # (B, H, L, S)
         allowed = mask.allowed(q.shape[-2], k.shape[-2], q.device)
         if allowed is None:
-            return torch.softmax(scores, dim=-1)
+            return torch.softmax(scores, dim=-1).to(q.dtype)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        return torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        return torch.softmax(scores, dim=-1).nan_to_num(0.0).to(q.dtype)
 
     def extra_repr(self) -> str:
         return (
