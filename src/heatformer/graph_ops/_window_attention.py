@@ -25,8 +25,10 @@ The gradients in ``q`` and ``k`` of all the products of one graph (a heat series
 term) are summed in place into one buffer each (:class:`GradSink`), which autograd receives
 once, from the :func:`shared` node that every product's ``q`` and ``k`` come from: not one
 ``q``-sized gradient per product plus autograd's running sums. A row with no allowed key gives
-0. On the generic path, half-precision inputs are computed in float32 per chunk (the result is
-cast back), as the library's other softmax paths do.
+0. On the generic path the forward is one SDPA call per run of blocks in the input's dtype (for
+half-precision inputs SDPA forms the logits in float32 on the CPU from torch 2.5 on, and its
+fused CUDA kernels accumulate in float32), and the backward recomputes half-precision inputs
+in float32 per chunk (the result is cast back), as the library's other softmax paths do.
 
 Second derivatives: with ``create_graph=True`` (a gradient penalty, ``gradgradcheck``) the
 backward takes the generic path whatever the forward took -- the fused kernel's backward has
