@@ -118,6 +118,23 @@ def _series_plan(tau_max: float, tol: float) -> tuple[int, int]:
     return s, poisson_order(tau_max / s, tol / s)
 
 
+def _tau_max(gen: GraphLaplacian, t: Tensor | float, t_max: float | None) -> float:
+    """The largest ``tau = c t`` of the batch, the series' plan, on the host.
+
+    Read from nothing on the device when both factors are known there: ``t`` a float (or a
+    tensor with its bound ``t_max``) and ``c`` known without the weights
+    (:attr:`GraphLaplacian.scale_bound`: 1 for ``"rw"`` and ``"sym"``, and for
+    ``"combinatorial"`` on row-stochastic graphs). Otherwise ``tau`` is read: one host sync
+    (a tensor ``t`` without a bound, or the combinatorial Laplacian of a general graph, whose
+    ``c`` is its largest out-degree).
+    """
+    bound = t if not isinstance(t, Tensor) else t_max
+    if bound is not None and gen.scale_bound is not None:
+        return min(gen.scale_bound * bound, TAU_CONVERGED)
+    tau = _tau(gen, t)
+    return float(tau.detach().max()) if tau.numel() else 0.0
+
+
 def _tau(gen: GraphLaplacian, t: Tensor | float) -> Tensor:
     """``tau = c t`` in the accumulation dtype, shape ``batch_shape`` (``t`` broadcasts from the
     right, e.g. per head), at most ``TAU_CONVERGED``: formed in float64, so that no finite ``t``
@@ -141,11 +158,17 @@ def _as_tensor(t: Tensor | float, like: Tensor, dtype: torch.dtype | None = None
     return torch.tensor(t, device=like.device, dtype=dtype)
 
 
-def _series(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float) -> Tensor:
+def _series(
+    graph: Graph,
+    x: Tensor,
+    t: Tensor | float,
+    normalization: str,
+    tol: float,
+    t_max: float | None = None,
+) -> Tensor:
     gen = GraphLaplacian(graph, normalization)
     tau = _tau(gen, t)
-    tau_max = float(tau.detach().max()) if tau.numel() else 0.0
-    s, order = _series_plan(tau_max, tol)
+    s, order = _series_plan(_tau_max(gen, t, t_max), tol)
     step = (tau / s)[..., None, None]  # (..., 1, 1): per-graph weights, accumulation dtype
     y = x.to(step.dtype)
     segments = _segments(order, x)
@@ -226,13 +249,18 @@ def propagation_step(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
 
 
 def _series_dense(
-    graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float
+    graph: Graph,
+    x: Tensor,
+    t: Tensor | float,
+    normalization: str,
+    tol: float,
+    t_max: float | None = None,
 ) -> Tensor:
-    return _series(graph.materialized(), x, t, normalization, tol)
+    return _series(graph.materialized(), x, t, normalization, tol, t_max)
 
 
 def _series_dense_refuse(
-    graph: Graph, t: Tensor | float, normalization: str, tol: float
+    graph: Graph, t: Tensor | float, normalization: str, tol: float, t_max: float | None = None
 ) -> str | None:
     size = graph.materialized_bytes()
     if size is None:
@@ -243,16 +271,17 @@ def _series_dense_refuse(
             f"MATERIALIZE_BUDGET_BYTES = {MATERIALIZE_BUDGET_BYTES / 2**20:.0f} MiB"
         )
     gen = GraphLaplacian(graph, normalization)
-    tau_max = float(_tau(gen, t).detach().max())
-    s, order = _series_plan(tau_max, tol)
+    s, order = _series_plan(_tau_max(gen, t, t_max), tol)
     if s * order < 2:
         return "one propagation or none: materializing the weights would save nothing"
-    return _series_refuse(graph, t, normalization, tol)
+    return _series_refuse(graph, t, normalization, tol, t_max)
 
 
-def _series_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: float) -> str | None:
+def _series_refuse(
+    graph: Graph, t: Tensor | float, normalization: str, tol: float, t_max: float | None = None
+) -> str | None:
     gen = GraphLaplacian(graph, normalization)
-    tau_max = float(_tau(gen, t).detach().max())
+    tau_max = _tau_max(gen, t, t_max)
     s, order = _series_plan(tau_max, tol)
     if s * order > SERIES_MAX_TERMS:
         return (
@@ -263,7 +292,14 @@ def _series_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: flo
     return None
 
 
-def _exact(graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float) -> Tensor:
+def _exact(
+    graph: Graph,
+    x: Tensor,
+    t: Tensor | float,
+    normalization: str,
+    tol: float,
+    t_max: float | None = None,
+) -> Tensor:
     # float64 whatever the input: the graph itself is recomputed in float64 (see DENSE_DTYPE)
     with full_precision(x.device.type):
         w = graph.to(DENSE_DTYPE).to_dense()  # (..., N, N)
@@ -342,7 +378,9 @@ def _stochastic(e: Tensor) -> Tensor:
     return e / e.sum(-1, keepdim=True)
 
 
-def _exact_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: float) -> str | None:
+def _exact_refuse(
+    graph: Graph, t: Tensor | float, normalization: str, tol: float, t_max: float | None = None
+) -> str | None:
     if graph.num_nodes > EXACT_MAX_NODES:
         return (
             f"forms the dense N x N Laplacian and costs O(N^3); N = {graph.num_nodes} > "
@@ -351,8 +389,9 @@ def _exact_refuse(graph: Graph, t: Tensor | float, normalization: str, tol: floa
     return None
 
 
-#: One way to compute ``exp(-t L) x``: ``compute(graph, x, t, normalization, tol)`` and
-#: ``refuse(graph, t, normalization, tol)``.
+#: One way to compute ``exp(-t L) x``: ``compute(graph, x, t, normalization, tol, t_max)`` and
+#: ``refuse(graph, t, normalization, tol, t_max)`` (``t_max``: a bound of a tensor ``t`` known on
+#: the host, or None).
 HeatMethod = Method
 
 HEAT_METHODS: dict[str, Method] = {
@@ -378,7 +417,12 @@ def check_heat_method(method: object) -> str:
 
 
 def select_heat_method(
-    graph: Graph, t: Tensor | float, normalization: str, tol: float, method: str = "auto"
+    graph: Graph,
+    t: Tensor | float,
+    normalization: str,
+    tol: float,
+    method: str = "auto",
+    t_max: float | None = None,
 ) -> Method:
     """Resolve ``method`` for this call; ``"auto"`` takes the first method that accepts it.
 
@@ -386,7 +430,7 @@ def select_heat_method(
         ValueError: unknown method (lists the valid names), or a refused method / no method
             accepting the call (says why for each).
     """
-    return select_method(HEAT_METHODS, method, "heat-kernel", graph, t, normalization, tol)
+    return select_method(HEAT_METHODS, method, "heat-kernel", graph, t, normalization, tol, t_max)
 
 
 def heat_kernel(
@@ -397,6 +441,7 @@ def heat_kernel(
     normalization: str = "rw",
     method: str = "auto",
     tol: float = 1e-6,
+    t_max: float | None = None,
 ) -> Tensor:
     r"""Heat diffusion ``exp(-t L) x`` of a signal on a graph.
 
@@ -408,6 +453,12 @@ def heat_kernel(
         normalization: ``"rw"``, ``"sym"`` or ``"combinatorial"``.
         method: a key of :data:`HEAT_METHODS` or ``"auto"`` (series unless refused).
         tol: truncation tolerance of the series, relative to ``max|x|``.
+        t_max: for a tensor ``t``, an upper bound of its values known on the host: the series
+            is planned for ``t_max`` (its number of propagations is that of ``t_max``) instead
+            of reading ``t`` on the device, so the call makes no host sync and traces under
+            :func:`torch.compile` (``t`` above ``t_max`` is refused here, as the check reads
+            ``t`` anyway; operators clamp instead, see :class:`~heatformer.graph_ops.
+            HeatKernel`). Ignored for a float ``t``.
 
     Returns:
         ``(..., N, C)``.
@@ -422,12 +473,16 @@ def heat_kernel(
     ``N <= EXACT_MAX_NODES``) keeps the null space exact while it squares
     (:func:`converged_expm`): its error is about ``2^-53 ||L|| / g`` whatever ``t``, ``g`` the
     spectral gap, where a plain ``matrix_exp`` drifts by ``t 2^-53`` and is NaN past
-    ``t ~ 1e300``. The cap and the dense route read nothing of a tensor ``t`` on the host (the
-    series reads its largest ``tau`` to plan its terms, and the argument check whether ``t`` is
-    finite, as before).
+    ``t ~ 1e300``. The cap and the dense route read nothing of a tensor ``t`` on the host; the
+    series plans its terms from ``tau = c t`` known on the host (a float ``t``, or ``t_max``,
+    and ``c`` known without reading the weights: always but for the combinatorial Laplacian of
+    a graph that is not row-stochastic), else it reads its largest ``tau`` (one host sync).
+    This function checks a tensor ``t`` (finite, ``>= 0``, ``<= t_max``) by reading it; the
+    operator :class:`~heatformer.graph_ops.HeatKernel` reads nothing per call.
 
     Raises:
-        ValueError: negative or NaN ``t``, ``tol`` outside (0, 1), unknown or refused method
+        ValueError: negative or NaN ``t``, ``t`` above ``t_max``, ``tol`` outside (0, 1),
+            unknown or refused method
             (a large ``t`` on ``N > EXACT_MAX_NODES`` nodes: the series would need too many
             propagations and the dense route is too large).
 
@@ -455,6 +510,25 @@ def heat_kernel(
                 f"expected a shape that broadcasts (from the right) to the graph's batch "
                 f"shape {tuple(graph.batch_shape)}, e.g. one time per head; got {tuple(t.shape)}",
             )
-    return select_heat_method(graph, t, normalization, tol, method).compute(
-        graph, x, t, normalization, tol
-    )
+    if t_max is not None:
+        if isinstance(t_max, Tensor):
+            raise V.bad_type("t_max", "expected a float (a bound known on the host), got a Tensor")
+        t_max = float(V.check_time(t_max, name="t_max"))
+        if isinstance(t, Tensor) and t.numel() and bool((t.detach() > t_max).any()):
+            raise V.bad_value("t", f"expected values <= t_max = {t_max:g}, got {t.max():g}")
+    return _heat_kernel(graph, x, t, normalization, method, tol, t_max)
+
+
+def _heat_kernel(
+    graph: Graph,
+    x: Tensor,
+    t: Tensor | float,
+    normalization: str,
+    method: str,
+    tol: float,
+    t_max: float | None = None,
+) -> Tensor:
+    """:func:`heat_kernel` on checked arguments: reads nothing of ``t`` or the graph on the
+    host when the plan is known there (see :func:`_tau_max`); the operator's path."""
+    chosen = select_heat_method(graph, t, normalization, tol, method, t_max)
+    return chosen.compute(graph, x, t, normalization, tol, t_max)

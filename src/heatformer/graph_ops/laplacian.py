@@ -115,6 +115,15 @@ class GraphLaplacian:
             dmax = d.amax(-1) if graph.num_nodes else d.sum(-1)
             self.scale = torch.where(dmax > 0, dmax, ones)
 
+    @property
+    def scale_bound(self) -> float | None:
+        """An upper bound of :attr:`scale` known without reading the weights: 1 for ``"rw"``
+        and ``"sym"``, and for ``"combinatorial"`` on a row-stochastic graph (its largest
+        out-degree is 1, up to rounding); None otherwise (``c`` is then data)."""
+        if self.normalization != "combinatorial" or self.graph.row_stochastic:
+            return 1.0
+        return None
+
     def adjacency(self, x: Tensor) -> Tensor:
         """``A x`` for the normalized adjacency ``A`` (``D^+ W``, ``D^{+1/2} W_s D^{+1/2}``, or
         ``I - L/c`` for the combinatorial Laplacian)."""

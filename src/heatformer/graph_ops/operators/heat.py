@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype
-from heatformer.graph_ops.heat import check_heat_method, heat_kernel
+from heatformer.graph_ops.heat import _heat_kernel, check_heat_method
 from heatformer.graph_ops.operators.base import NormalizedOperator, _parameter
 from heatformer.graph_ops.protocol import Graph
 
@@ -21,6 +21,20 @@ __all__ = ["HeatKernel"]
 #: so a time that grew past convergence gives the converged result and a zero gradient, never
 #: ``exp`` overflowing to inf (and NaN in backward).
 LOG_T_MAX = 100 * math.log(2.0)
+#: A learnable ``t`` is clamped at ``t_max``, by default this many times its largest initial
+#: value: the series is planned for ``t_max`` on the host, so a call reads nothing of ``t``
+#: (no device sync; traceable by :func:`torch.compile`) and always costs the propagations of
+#: ``t_max`` (``t = 1``, ``tol = 1e-6``: 9 terms for ``t`` itself, 17 for ``t_max = 4``).
+T_MAX_FACTOR = 4.0
+
+
+def _largest(values: float | list[float] | Tensor) -> float | None:
+    """The largest time, read once at construction (None for a tensor on the meta device)."""
+    if isinstance(values, Tensor):
+        if values.device.type == "meta" or values.numel() == 0:
+            return None
+        return float(values.detach().max())
+    return max(values) if isinstance(values, list) else float(values)
 
 
 class HeatKernel(NormalizedOperator):
@@ -28,7 +42,11 @@ class HeatKernel(NormalizedOperator):
 
     Any finite ``t`` is accepted: past convergence (``c t > 2^58``) the result is the limit
     ``t -> inf`` to float64's resolution (see :func:`~heatformer.graph_ops.heat_kernel` for the
-    guarantee); a learnable ``t`` past ``2^100`` gives that limit and a zero gradient.
+    guarantee).
+
+    No call reads ``t`` on the host (no device sync; the layer traces under
+    :func:`torch.compile`): the series is planned, on the host, for a fixed ``t`` (a Python
+    float kept at construction) or for the bound ``t_max`` of a learnable one.
 
     Args:
         t: diffusion time ``>= 0``: a float or a sequence/tensor of one time per head
@@ -37,6 +55,10 @@ class HeatKernel(NormalizedOperator):
         method: ``"auto"``, ``"series"`` or ``"exact"`` (see ``HEAT_METHODS``).
         tol: series truncation tolerance, relative to ``max|x|``.
         learnable: learn ``t`` (parametrized as ``t = exp(log_t)``, so ``t > 0`` is required).
+        t_max: a learnable ``t`` is clamped at ``t_max`` (``t = exp(min(log_t, log t_max))``;
+            its gradient is 0 above it), default :data:`T_MAX_FACTOR` (4) times the largest
+            initial ``t``; at most ``2^100``. Every call costs the series of ``t_max``: set it
+            close to the range you expect ``t`` to explore. Only for a learnable ``t``.
 
     Shape:
         ``x``: ``(..., N, C)`` -> ``(..., N, C)``.
@@ -67,6 +89,7 @@ class HeatKernel(NormalizedOperator):
         method: str = "auto",
         tol: float = 1e-6,
         learnable: bool = False,
+        t_max: float | None = None,
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -86,6 +109,27 @@ class HeatKernel(NormalizedOperator):
         self.method = check_heat_method(method)
         self.tol = V.check_tol(tol)
         self.learnable = V.check_bool("learnable", learnable)
+        largest = _largest(values)  # None: a tensor on the meta device, unknown until used
+        if t_max is not None:
+            if not self.learnable:
+                raise V.bad_value("t_max", "expected None: a fixed t is its own bound")
+            if isinstance(t_max, bool) or not isinstance(t_max, (int, float)):
+                raise V.bad_type("t_max", f"expected a float, got {type(t_max).__name__}")
+            t_max = float(V.check_time(float(t_max), name="t_max"))
+            if largest is not None and t_max < largest:
+                raise V.bad_value("t_max", f"expected t_max >= t = {largest:g}, got {t_max:g}")
+            if t_max > math.exp(LOG_T_MAX):
+                raise V.bad_value("t_max", f"expected t_max <= 2^100, got {t_max:g}")
+        elif self.learnable and largest is not None:
+            t_max = min(T_MAX_FACTOR * largest, math.exp(LOG_T_MAX))
+        #: the host-side bound the series is planned for (learnable: the clamp of ``t``)
+        self.t_max: float | None = t_max if self.learnable else largest
+        self._log_t_max = math.log(t_max) if self.learnable and t_max else LOG_T_MAX
+        #: a fixed scalar time as a Python float: exact, read once here, never per call
+        self._t_host: float | None = (
+            largest if not self.learnable and not isinstance(values, list)
+            and not (isinstance(values, Tensor) and values.dim() > 0) else None
+        )  # fmt: skip
         if self.learnable:
             positive = (
                 bool((values > 0).all()) if isinstance(values, Tensor)
@@ -115,14 +159,13 @@ class HeatKernel(NormalizedOperator):
         self._check(graph, x)
         t: Tensor | float
         if self.learnable:  # exp in the signal's precision (float32 for half), not the param's
-            t = self.log_t.to(accumulation_dtype(x.dtype)).clamp(max=LOG_T_MAX).exp()
+            t = self.log_t.to(accumulation_dtype(x.dtype)).clamp(max=self._log_t_max).exp()
+        elif self._t_host is not None:
+            t = self._t_host  # a fixed scalar time: exact, no tensor arithmetic, no read
         else:
             t = cast(Tensor, self._t)
-            if t.dim() == 0:
-                t = float(t)  # a fixed scalar time: exact, and no tensor arithmetic per call
-        return heat_kernel(
-            graph, x, t, normalization=self.normalization, method=self.method, tol=self.tol
-        )
+        # the series is planned for t_max on the host: no read of t per call
+        return _heat_kernel(graph, x, t, self.normalization, self.method, self.tol, self.t_max)
 
     def frequency_response(self, lam: Tensor) -> Tensor:
         t = self.t.to(lam.dtype)
@@ -131,7 +174,8 @@ class HeatKernel(NormalizedOperator):
     def extra_repr(self) -> str:
         t = self.t.detach()
         ts = f"{float(t):g}" if t.dim() == 0 else str([round(float(v), 4) for v in t])
+        bound = f", t_max={self.t_max:g}" if self.learnable and self.t_max is not None else ""
         return (
             f"t={ts}, normalization={self.normalization!r}, method={self.method!r}, "
-            f"tol={self.tol:g}, learnable={self.learnable}"
+            f"tol={self.tol:g}, learnable={self.learnable}{bound}"
         )
