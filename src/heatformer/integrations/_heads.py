@@ -41,6 +41,7 @@ from heatformer.graph_ops import (
     resolve_graph,
 )
 from heatformer.models.heads import (
+    adds_identity,
     format_heads,
     group_heads,
     parse_heads,
@@ -229,12 +230,8 @@ class HeadOperators(nn.Module):
     # ---- forward ---------------------------------------------------------------------------
 
     def _uses_v(self) -> bool:
-        """Whether a fused head adds ``b I' v`` (``b != 0`` or learnable)."""
-        for op, _, _ in self._runs:
-            pair = op.affine_coefficients()
-            if pair is not None and (pair[1].requires_grad or bool(pair[1].detach() != 0)):
-                return True
-        return False
+        """Whether a fused head adds ``b I' v`` (decided on the host: no read per call)."""
+        return any(adds_identity(op) for op, _, _ in self._runs)
 
     def _mix(self, pv: Tensor, ident: Tensor | None) -> Tensor:
         """``a P v + b I' v`` of every fused head from ``pv`` ``(B, Hf, N, C)`` and ``ident``
@@ -249,13 +246,14 @@ class HeadOperators(nn.Module):
             if pair is None:  # pragma: no cover - runs hold affine heads only
                 raise RuntimeError("a fused run without coefficients")
             a, b = (c.to(device=pv.device, dtype=pv.dtype) for c in pair)
-            fixed = not (a.requires_grad or b.requires_grad)
-            a_is_one = fixed and bool(a == 1)
-            if fixed and bool(b == 0):
+            # the fixed cases are decided on the host (affine_constants), never by a read
+            constants = op.affine_constants()
+            a_is_one = constants is not None and constants[0] == 1.0
+            if constants is not None and constants[1] == 0.0:
                 piece = piece if a_is_one else piece * a
             else:
                 own = cast(Tensor, ident)[:, start:stop]
-                if fixed and bool(a == -1) and bool(b == 1):  # the Laplacian step: v - P v
+                if constants == (-1.0, 1.0):  # the Laplacian step: v - P v
                     piece = own - piece
                 else:
                     piece = torch.addcmul(piece if a_is_one else piece * a, own, b)

@@ -44,7 +44,7 @@ from heatformer.graph_ops import (
     resolve_graph,
 )
 from heatformer.models.cache import KVCache
-from heatformer.models.heads import format_heads, group_heads, parse_heads
+from heatformer.models.heads import adds_identity, format_heads, group_heads, parse_heads
 
 __all__ = ["DiffusionAttention", "KVCache"]
 
@@ -187,7 +187,8 @@ class DiffusionAttention(nn.Module):
         self._fused_heads = sorted(
             h for op, hs in self._groups for h in hs if op.affine_coefficients() is not None
         )
-        self._uses_v: bool | None = None  # whether a fused head has b != 0 (first forward)
+        # whether a fused head adds b I' v: decided here, on the host, never per call
+        self._uses_v = any(adds_identity(op) for op, _ in self._groups)
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)  # [q; k; v]
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.q_norm = nn.LayerNorm(self.head_dim, **factory) if qk_norm else None
@@ -295,7 +296,7 @@ class DiffusionAttention(nn.Module):
     # ---- forward ---------------------------------------------------------------------------
 
     def _coefficients(self, like: Tensor) -> tuple[Tensor, Tensor, bool]:
-        """``(a, b)`` of the fused heads, each ``(Hf, 1, 1)``, and whether any ``b != 0``."""
+        """``(a, b)`` of the fused heads, each ``(Hf, 1, 1)``, and whether any adds ``b v``."""
         coef: dict[int, tuple[Tensor, Tensor]] = {}
         for op, heads in self._groups:
             pair = op.affine_coefficients()
@@ -304,10 +305,6 @@ class DiffusionAttention(nn.Module):
                 coef.update({h: (a, b) for h in heads})
         a = torch.stack([coef[h][0] for h in self._fused_heads])[:, None, None]
         b = torch.stack([coef[h][1] for h in self._fused_heads])[:, None, None]
-        if self._uses_v is None:  # decided once (a fixed coefficient does not change)
-            self._uses_v = any(
-                coef[h][1].requires_grad or bool(coef[h][1].detach() != 0) for h in coef
-            )
         return a, b, self._uses_v
 
     def diffuse(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:

@@ -26,6 +26,7 @@ from heatformer.graph_ops import DiffusionOperator, resolve_operator
 from heatformer.graph_ops._spec import format_entry, parse_params, split_outside_brackets
 
 __all__ = [
+    "adds_identity",
     "count_heads",
     "format_heads",
     "format_operator",
@@ -267,6 +268,17 @@ def format_heads(ops: Sequence[DiffusionOperator]) -> str:
         else:
             parts.append((op.name, 1))
     return ",".join(f"{name}:{count}" for name, count in parts)
+
+
+def adds_identity(op: DiffusionOperator) -> bool:
+    """Whether a fused (affine) operator adds ``b I' v`` with ``b`` possibly nonzero: decided
+    on the host from :meth:`~heatformer.graph_ops.DiffusionOperator.affine_constants` (True for
+    a learnable ``b`` or an operator that gives no constants: adding ``b v`` is then always
+    correct); False for an operator that is not affine."""
+    if op.affine_coefficients() is None:
+        return False
+    constants = op.affine_constants()
+    return constants is None or constants[1] != 0.0
 
 
 def group_heads(ops: Sequence[DiffusionOperator]) -> list[tuple[DiffusionOperator, list[int]]]:

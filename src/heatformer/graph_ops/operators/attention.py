@@ -41,3 +41,6 @@ class Attention(DiffusionOperator):
 
     def affine_coefficients(self) -> tuple[Tensor, Tensor]:
         return torch.tensor(1.0), torch.tensor(0.0)  # P v
+
+    def affine_constants(self) -> tuple[float, float]:
+        return 1.0, 0.0

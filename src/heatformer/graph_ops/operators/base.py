@@ -71,6 +71,23 @@ def _overflow(argument: str, value: Tensor, dtype: torch.dtype) -> V.ArgumentVal
     )
 
 
+def _rounded(value: float, dtype: torch.dtype) -> tuple[bool, bool]:
+    """Whether the float ``value`` is finite once rounded to the floating ``dtype``, and
+    whether it is exactly 1 there (round to nearest, ties to even), by arithmetic on the host.
+
+    Example:
+        >>> _rounded(65519.0, torch.float16), _rounded(65520.0, torch.float16)
+        ((True, False), (False, False))
+        >>> _rounded(1.0 + 2.0**-12, torch.float16), _rounded(1.0 + 2.0**-12, torch.float32)
+        ((True, True), (True, False))
+    """
+    info = torch.finfo(dtype)
+    top_ulp = 2.0 ** (math.frexp(info.max)[1] - 1) * info.eps  # the spacing at the largest
+    finite = math.isfinite(value) and abs(value) < info.max + top_ulp / 2
+    one = 1.0 - info.eps / 4 <= value <= 1.0 + info.eps / 2
+    return finite, one
+
+
 class DiffusionOperator(nn.Module):
     """Base class: ``forward(graph, x) -> y`` with ``x, y`` of shape ``(..., N, C)``."""
 
@@ -108,6 +125,13 @@ class DiffusionOperator(nn.Module):
         """
         return None
 
+    def affine_constants(self) -> tuple[float, float] | None:
+        """:meth:`affine_coefficients` as Python floats, when they are fixed (no parameter):
+        what a layer decides on the host once (``b == 0``: no ``I' v`` term; ``a == -1, b ==
+        1``: the step ``v - P v``) instead of reading the coefficients on the device per call.
+        None for a learnable or a non-affine operator."""
+        return None
+
     def _check(self, graph: Graph, x: Tensor) -> None:
         graph = _check_graph(graph)
         V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
@@ -128,6 +152,18 @@ class DiffusionOperator(nn.Module):
         """
         cache: dict[tuple[str, torch.dtype], bool] = self.__dict__.setdefault("_checked", {})
         key = (name, dtype)
+        if key not in cache and torch.compiler.is_compiling():
+            # a traced call reads nothing on the host: the value was checked at construction
+            # (float64, the factory and default dtypes) and by .to()/.half(); "not 1" is
+            # always correct (the factor is then applied)
+            return False
+        host = self.__dict__.get("_host_factors", {}).get(name)
+        if key not in cache and value is None and host is not None:
+            # a fixed factor: its float, checked on the host without a tensor
+            finite, one = _rounded(host, dtype)
+            if not finite:
+                raise _overflow(self.argument_names.get(name, name), torch.tensor(host), dtype)
+            cache[key] = one
         if key not in cache:
             value = (getattr(self, name) if value is None else value).detach()
             if value.device.type == "meta":  # nothing to read yet
@@ -138,17 +174,31 @@ class DiffusionOperator(nn.Module):
             cache[key] = bool((rounded == 1).all())
         return cache[key]
 
+    def _precheck(self, name: str, dtype: torch.dtype, value: Tensor) -> None:
+        """:meth:`_checked_in` ahead of a first use in ``dtype``, without raising: a value that
+        overflows there is refused at that use (the operator still serves wider dtypes)."""
+        try:
+            self._checked_in(name, dtype, value)
+        except ValueError:
+            pass
+
     def _apply(self, fn: Any, recurse: bool = True) -> DiffusionOperator:
         """``.to()``, ``.half()``, ...: refused, before anything is converted, when a stored
         value would not be finite in its new dtype (a time of ``1e5`` in float16); the values
         are checked again in the dtype of their next use."""
         stored = [*self.named_parameters(recurse=False), *self.named_buffers(recurse=False)]
+        # the checks made so far stay true of the converted values (a value finite in a dtype
+        # stays finite once rounded to a narrower one, which is checked below; "is 1" only
+        # skips a product by 1), so a first call after .to(device) reads nothing either
+        checked: dict[tuple[str, torch.dtype], bool] = dict(self.__dict__.get("_checked", {}))
         for name, value in stored:
             if value.is_floating_point() and value.device.type != "meta":
                 converted = fn(value.detach())
                 if converted.is_floating_point() and not bool(torch.isfinite(converted).all()):
                     raise _overflow(self.argument_names.get(name, name), value, converted.dtype)
-        self.__dict__.pop("_checked", None)
+                if converted.is_floating_point():  # read here, at .to(), not at first use
+                    checked[name, converted.dtype] = bool((converted == 1).all())
+        self.__dict__["_checked"] = checked
         super()._apply(fn, recurse)
         return self
 
@@ -174,10 +224,14 @@ class DiffusionOperator(nn.Module):
             self.register_buffer(name, fixed, persistent=False)
         factors: list[str] = self.__dict__.setdefault("_factors", [])
         factors.append(name)
+        if not learnable:  # known on the host: see affine_constants
+            self.__dict__.setdefault("_host_factors", {})[name] = float(value)
         given = torch.tensor(float(value), dtype=torch.float64)
         self._checked_in(name, getattr(self, name).dtype, given)  # learnable: factory dtype
         if dtype is not None:  # the signal's dtype, where it is used
             self._checked_in(name, dtype, given)
+        else:  # torch's default dtype, quietly: a first call in it then reads nothing
+            self._precheck(name, torch.get_default_dtype(), given)
 
     def _times(self, y: Tensor, factor: Tensor, learnable: bool) -> Tensor:
         """``factor * y`` in ``y``'s dtype, skipped for a fixed factor of 1 (the default: no

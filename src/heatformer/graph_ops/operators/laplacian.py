@@ -70,6 +70,12 @@ class Laplacian(NormalizedOperator):
             return None
         return -self.step, self.step  # step (I' v - P v)
 
+    def affine_constants(self) -> tuple[float, float] | None:
+        if self.normalization != "rw" or self.learnable:
+            return None
+        step: float = self.__dict__["_host_factors"]["step"]
+        return -step, step
+
     def extra_repr(self) -> str:
         step = float(self.step.detach())
         learnable = ", learnable=True" if self.learnable else ""

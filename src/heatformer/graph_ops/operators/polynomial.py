@@ -69,6 +69,8 @@ class Polynomial(NormalizedOperator):
         self._checked_in("coeffs", self.coeffs.dtype, given)  # learnable: the factory dtype
         if dtype is not None:  # used in the accumulation dtype of signals of that dtype
             self._checked_in("coeffs", accumulation_dtype(dtype), given)
+        else:  # torch's default dtype, quietly: a first call in it then reads nothing
+            self._precheck("coeffs", accumulation_dtype(torch.get_default_dtype()), given)
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
