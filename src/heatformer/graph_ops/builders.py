@@ -238,7 +238,7 @@ class TopkBuilder(GraphBuilder):
         graph = _softmax_graph(q, k, key_mask, drop_masked_queries, causal, row_block)
         if not graph.num_nodes:  # no keys to rank (topk refuses k_top = 0): no edges
             empty = q.new_zeros(*graph.batch_shape, 0, 0)  # (..., N = 0, k = 0)
-            return SparseGraph._from_ell(empty.long(), empty)
+            return SparseGraph._from_ell(empty.long(), empty, row_stochastic=True)
         return graph.topk(min(self.k, graph.num_nodes), row_block=row_block)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:

@@ -195,18 +195,23 @@ class SparseGraph(Graph):
         return cls._from_ell(indices, weight)
 
     @classmethod
-    def _from_ell(cls, indices: Tensor, weight: Tensor) -> SparseGraph:
-        """:meth:`from_ell` without checks, for indices the library made (e.g. top-k)."""
+    def _from_ell(
+        cls, indices: Tensor, weight: Tensor, *, row_stochastic: bool = False
+    ) -> SparseGraph:
+        """:meth:`from_ell` without checks, for indices the library made (e.g. top-k, whose
+        renormalized rows are ``row_stochastic``: the Laplacian's ``c = 1`` is then known)."""
         *batch_list, n, k = indices.shape
         batch = torch.Size(batch_list)
         bf = _numel(batch)
         base = (torch.arange(bf, device=indices.device) * n).view(bf, 1, 1)
         row = (base + torch.arange(n, device=indices.device).view(1, n, 1)).expand(bf, n, k)
         col = indices.reshape(bf, n, k).long() + base
-        return cls._trusted(
+        graph = cls._trusted(
             row.reshape(-1), col.reshape(-1), weight.reshape(-1), num_nodes=n, batch_shape=batch,
             sort=False,  # rows in order; columns within a row in any order suit the kernel
         )  # fmt: skip
+        graph.row_stochastic = row_stochastic
+        return graph
 
     @classmethod
     def from_edge_index(

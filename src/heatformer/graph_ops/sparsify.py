@@ -33,7 +33,7 @@ def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGra
     idx = torch.cat(idx_blocks, dim=1)
     w = torch.cat(w_blocks, dim=1)
     shape = (*graph.batch_shape, graph.num_nodes, k)
-    return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape))
+    return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape), row_stochastic=True)
 
 
 def threshold(
@@ -68,10 +68,21 @@ def select_edges(
     )  # fmt: skip
 
 
+def _reads_free(t: Tensor) -> bool:
+    """Whether reading ``t`` on the host costs nothing: a CPU tensor, outside tracing (on an
+    accelerator every read is a device sync, and :func:`torch.compile` cannot trace one)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def _stable_topk_indices(scores: Tensor, k: int) -> Tensor:
     """Indices of the ``k`` largest entries of each row, ties broken by the lower index.
 
     Works in ``O(rows * N)`` memory (no sort). Returned column indices are ascending per row.
+
+    Two ways to the same indices: on the CPU (:func:`_reads_free`), one ``topk`` and a read of
+    whether any row has a tie across its ``k``-th value, which only those rows then resolve
+    (ties are rare; resolving every row costs 3-5x the selection, measured); elsewhere every
+    row is resolved, with no read (no device sync, traceable).
 
     Args:
         scores: ``(..., R, N)``; ``-inf`` entries rank last.
@@ -83,20 +94,23 @@ def _stable_topk_indices(scores: Tensor, k: int) -> Tensor:
     n = scores.shape[-1]
     if k == n:
         return torch.arange(n, device=scores.device).expand(*scores.shape[:-1], n)
+    if not _reads_free(scores):
+        kth = torch.topk(scores, k, dim=-1, sorted=True).values[..., k - 1 : k]  # (..., R, 1)
+        return _tie_broken_topk(scores, kth, k)
     values, idx = torch.topk(scores, k + 1, dim=-1, sorted=True)  # (..., R, k + 1)
     kth = values[..., k - 1 : k]  # (..., R, 1)
     # a row is ambiguous only when an entry ties with its k-th largest value across the cut
     ambiguous = values[..., k] == kth[..., 0]  # (..., R)
     idx = idx[..., :k].sort(-1).values
-    if bool(ambiguous.any()):
+    if bool(ambiguous.any()):  # a CPU read, no device sync
         rows = ambiguous.nonzero(as_tuple=True)
         idx[rows] = _tie_broken_topk(scores[rows], kth[rows], k)
     return idx
 
 
 def _tie_broken_topk(scores: Tensor, kth: Tensor, k: int) -> Tensor:
-    """Rows ``(M, N)`` with ties at their k-th value ``kth`` ``(M, 1)``: keep every entry above
-    it and the lowest-index tied ones; ascending column indices ``(M, k)``."""
+    """Rows ``(..., M, N)`` with their k-th value ``kth`` ``(..., M, 1)``: keep every entry
+    above it and the lowest-index tied ones; ascending column indices ``(..., M, k)``."""
     n = scores.shape[-1]
     above = scores > kth
     tied = scores == kth
@@ -104,7 +118,7 @@ def _tie_broken_topk(scores: Tensor, kth: Tensor, k: int) -> Tensor:
     keep = above | (tied & (torch.cumsum(tied.to(torch.int32), -1) <= need))
     # a unique positive key for kept entries (larger for lower index), 0 otherwise
     key = keep.to(torch.int32) * torch.arange(n, 0, -1, device=scores.device, dtype=torch.int32)
-    return torch.topk(key, k, dim=-1, sorted=True).indices
+    return torch.topk(key, k, dim=-1, sorted=True).indices  # descending key: ascending index
 
 
 def topk_graph(

@@ -55,6 +55,12 @@ from heatformer.graph_ops.sparse import SparseGraph
 __all__ = ["WindowGraph"]
 
 
+def _tracing() -> bool:
+    """Whether :func:`torch.compile` is tracing the call (the graph then takes the traceable
+    path of plain products, see :meth:`WindowGraph._traced_products`)."""
+    return torch.compiler.is_compiling()
+
+
 def _stable_topk(scores: Tensor, k: int) -> Tensor:
     from heatformer.graph_ops.sparsify import _stable_topk_indices
 
@@ -289,7 +295,7 @@ class WindowGraph(Graph):
             bf = _numel(self.batch_shape)  # not -1: N may be 0
             q, k = self.q.reshape(bf, n, e), self.k.reshape(bf, n, e)
             sink = None
-            if grad and (q.requires_grad or k.requires_grad):
+            if grad and (q.requires_grad or k.requires_grad) and not _tracing():
                 q, k, sink = shared(self, q, k)
             self._flat_qk = (grad, q, k, sink)
         return self._flat_qk[1], self._flat_qk[2]
@@ -398,8 +404,10 @@ class WindowGraph(Graph):
 
     @staticmethod
     def _masks_of(allowed: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        empty = ~allowed.any(-1, keepdim=True)
-        return allowed, ~allowed, empty if bool(empty.any()) else None
+        # the rows without keys, as a mask whether or not there are any: deciding that would
+        # read the mask on the host (a device sync per graph); the interior runs, which are
+        # known to have none, never come here
+        return allowed, ~allowed, ~allowed.any(-1, keepdim=True)
 
     def _sdpa_mask(self, blocks: slice, dtype: torch.dtype | None = None) -> Tensor:
         """The mask of a run for the fused kernels: rows without keys attend everywhere (their
@@ -424,7 +432,10 @@ class WindowGraph(Graph):
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
         q, k = self._flat()
         n = self.num_nodes
-        y = window_attention(self, q, k, xf, self._sink)  # (Bf, nb, b, C); rows w/o edges: 0
+        if _tracing():  # the same products, differentiated by autograd (see _traced_products)
+            y = self._traced_products(q, k, xf)
+        else:
+            y = window_attention(self, q, k, xf, self._sink)  # (Bf, nb, b, C); rows w/o edges: 0
         y = y.reshape(q.shape[0], -1, xf.shape[-1])  # (Bf, nb b, C)
         if y.shape[1] != n:  # a slice's backward writes into a zero-filled copy: only if needed
             y = y[:, :n]  # (Bf, N, C)
@@ -436,6 +447,24 @@ class WindowGraph(Graph):
             )  # (Bf, g, C)
             y = torch.cat([yg * g_has, y[:, self.num_global :]], dim=1)
         return unfold(y)
+
+    def _traced_products(self, q: Tensor, k: Tensor, x: Tensor) -> Tensor:
+        """``P x`` block by block, ``(Bf, nb, b, C)``, as :class:`~heatformer.graph_ops.
+        _window_attention.WindowAttention`'s forward computes it on its generic path, for
+        :func:`torch.compile`: one SDPA call per run of blocks, differentiated by autograd
+        (which a tracer derives and fuses) instead of the recomputing backward and the shared
+        gradient buffers, whose Python state (the graph, the backward pass's id) a tracer cannot
+        follow. Memory: autograd keeps each run's inputs, ``O(N (w + g) / b)`` slabs."""
+        outs = []
+        for blocks in self._chunks(self.num_global + self._slab()):
+            qb, kb = self._block_rows(q, blocks), self._keys(k, blocks)
+            xb = self._keys(x, blocks)
+            empty = self._run_masks(blocks)[2]
+            y = F.scaled_dot_product_attention(
+                qb, kb, xb, attn_mask=self._sdpa_mask(blocks), scale=self.scale
+            )  # (Bf, nb', b, C)
+            outs.append(y if empty is None else y.masked_fill(empty, 0.0))
+        return torch.cat(outs, dim=1) if len(outs) != 1 else outs[0]
 
     def propagate_transpose(self, x: Tensor) -> Tensor:
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
@@ -551,7 +580,7 @@ class WindowGraph(Graph):
             idx = torch.cat([gidx, idx[:, g:]], dim=1)
             w = torch.cat([gw, w[:, g:]], dim=1)
         shape = (*self.batch_shape, n, k_top)
-        return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape))
+        return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape), row_stochastic=True)
 
     def _slot_columns(self, slot: Tensor, blocks: slice) -> Tensor:
         """Absolute key index of each kept slot; an empty slot points at the row itself."""

@@ -36,6 +36,10 @@ class KVCache:
     positions: Tensor | None = None
     position: int = 0
     _owner: weakref.ref[object] | None = field(default=None, init=False, repr=False, compare=False)
+    #: :attr:`positions` on the host, as ``[start, stop)`` runs in slot order (see :meth:`trim`)
+    _spans: list[tuple[int, int]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     def claim(self, layer: object) -> None:
         """Bind the cache to ``layer`` at its first use; refuse any other layer after that.
@@ -66,13 +70,42 @@ class KVCache:
         self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
         self.positions = new if self.positions is None else torch.cat([self.positions, new])
+        spans = self._spans
+        if spans and spans[-1][1] == self.position:
+            spans[-1] = (spans[-1][0], self.position + n)
+        elif n:
+            spans.append((self.position, self.position + n))
         self.position += n
 
     def trim(self, first: int, last: int | None) -> None:
-        """Keep the keys of the first ``first`` tokens and of the last ``last`` (None: all)."""
+        """Keep the keys of the first ``first`` tokens and of the last ``last`` (None: all).
+
+        Decided on the host from :attr:`_spans`, the positions as ``[start, stop)`` runs in
+        slot order (kept beside :attr:`positions`): no read of a device tensor."""
         if last is None or self.k is None or self.v is None or self.positions is None:
             return
-        keep = (self.positions < first) | (self.positions >= self.position - last)
-        if not bool(keep.all()):
-            self.k, self.v = self.k[..., keep, :], self.v[..., keep, :]
-            self.positions = self.positions[keep]
+        recent = self.position - last  # keep p < first or p >= recent
+        if first >= recent:
+            return
+        kept: list[tuple[int, int]] = []  # position runs
+        slots: list[tuple[int, int]] = []  # the cache slots that hold them
+        offset = 0
+        for a, b in self._spans:
+            for lo, hi in ((a, min(b, first)), (max(a, recent), b)):
+                if lo < hi:
+                    kept.append((lo, hi))
+                    slots.append((offset + lo - a, offset + hi - a))
+            offset += b - a
+        if offset != self.length:  # a cache made from tensors, not by append: read them
+            keep = (self.positions < first) | (self.positions >= recent)
+            index = keep.nonzero().squeeze(-1)
+            self.k, self.v = self.k.index_select(-2, index), self.v.index_select(-2, index)
+            self.positions = self.positions.index_select(0, index)
+            return
+        if sum(hi - lo for lo, hi in kept) == offset:
+            return
+        device = self.k.device
+        index = torch.cat([torch.arange(lo, hi, device=device) for lo, hi in slots])
+        self.k, self.v = self.k.index_select(-2, index), self.v.index_select(-2, index)
+        self.positions = self.positions.index_select(0, index)
+        self._spans = kept
