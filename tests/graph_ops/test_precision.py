@@ -284,9 +284,13 @@ def test_sdpa_computes_half_precision_logits_in_float32_on_the_cpu(
     y64 = F.scaled_dot_product_attention(q64, k64, v64, **kwargs)
     (y.double() * y64.detach()).sum().backward()
     (y64 * y64.detach()).sum().backward()
-    for actual, expected in ((y, y64), (v.grad, v64.grad), (q.grad, q64.grad)):
+    # the gradient in q multiplies float16-rounded probabilities by keys of the logits' size:
+    # its rounding grows with them (0.018 at scale 1e4 on an AVX2 CPU, whose kernel sums in
+    # another order than AVX-512's; 1e-2 there)
+    checks = ((y, y64, 1e-2), (v.grad, v64.grad, 1e-2), (q.grad, q64.grad, 5e-2))
+    for actual, expected, tol in checks:
         assert actual is not None and expected is not None and bool(actual.isfinite().all())
-        assert (actual.double() - expected).abs().max() <= 1e-2 * (expected.abs().max() + 1)
+        assert (actual.double() - expected).abs().max() <= tol * (expected.abs().max() + 1)
 
 
 def test_attention_scores_cannot_overflow_in_half_precision() -> None:
@@ -296,7 +300,10 @@ def test_attention_scores_cannot_overflow_in_half_precision() -> None:
 
     big = torch.full((1, 16), 65504.0, dtype=torch.float16)
     s = attention_scores(big, -big, 1.0)
-    assert s.dtype == torch.float32 and float(s) == -(65504.0**2) * 16
+    # float32's rounding of the 16-term sum (exact with pairwise sums; a sequential sum, as
+    # some CPUs' kernels take, is 1 unit off)
+    assert s.dtype == torch.float32
+    assert math.isclose(float(s), -(65504.0**2) * 16, rel_tol=2**-22)
     q = torch.tensor([[256.0, 1.0]], dtype=torch.bfloat16)
     k = torch.tensor([[256.0, 1.0]], dtype=torch.bfloat16)
     assert float(attention_scores(q, k, 1.0)) == 65537.0
