@@ -464,6 +464,29 @@ def test_sigterm_before_training_exits_130_with_a_line(text: Path, tmp_path: Pat
     assert not out.exists()  # stopped before anything was written
 
 
+def test_sigterm_while_the_command_loads_exits_130_with_a_line(text: Path, tmp_path: Path) -> None:
+    """A SIGTERM that comes while ``heatformer.cli`` is imported (0.2-0.5 s after start) is
+    kept by the console script's first module and reported as any other; it used to kill the
+    process silently (-15). Sent from inside that import, so the timing is certain."""
+    out = tmp_path / "out"
+    code = (
+        "import os, signal, sys\n"
+        "import heatformer._main as entry\n"
+        "real = entry._import_cli\n"
+        "def loading():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real()\n"
+        "entry._import_cli = loading\n"
+        f"sys.exit(entry.main({['train', *tiny(text, out)]!r}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines() == ["heatformer train: terminated (SIGTERM)"]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("link", ["dangling", "loop"])
 def test_a_broken_checkpoint_symlink_is_refused_not_restarted(
     link: str, text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -2,6 +2,6 @@
 
 import sys
 
-from heatformer.cli import main
+from heatformer._main import main
 
 sys.exit(main())

@@ -177,9 +177,11 @@ class _Sigterm:
             signal.signal(signal.SIGTERM, previous)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``heatformer`` console script."""
+def main(argv: Sequence[str] | None = None, *, sigterm_pending: bool = False) -> int:
+    """The ``heatformer`` command (the console script enters through :mod:`heatformer._main`,
+    which keeps a SIGTERM that comes while this package loads: ``sigterm_pending``)."""
     sigterm = _Sigterm()
+    sigterm.pending = sigterm_pending
     with sigterm.installed():  # first: a SIGTERM while torch loads is no silent -15
         return _main(argv, sigterm)
 
