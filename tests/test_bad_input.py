@@ -197,6 +197,8 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("gpt topk > block", lambda: GPTConfig(block_size=8, topk=9), ValueError, "topk"),  # found
     ("gpt n_embd float", lambda: GPTConfig(n_embd=8.0), TypeError, "n_embd"),
     ("gpt graph int", lambda: GPTConfig(graph=123), TypeError, "graph"),  # issue 21
+    ("gpt heads int", lambda: GPTConfig(heads=123), TypeError, "heads"),  # issue 21 (audit)
+    ("vit heads none", lambda: ViTConfig(heads=None), TypeError, "heads"),
     ("vit graph entry", lambda: ViTConfig(graph=("softmax", 3)), TypeError, "graph"),
     ("gpt heads", lambda: GPT(GPTConfig(n_head=2, n_embd=8, heads="attention:3")), ValueError,
      "heads"),

@@ -60,15 +60,16 @@ class _StackConfig:
             raise checks.bad_value(
                 "dropout", f"expected a probability in [0, 1), got {self.dropout}"
             )
-        graph = self.graph
-        if not isinstance(graph, str) and not (
-            isinstance(graph, (tuple, list)) and all(isinstance(g, str) for g in graph)
-        ):
-            raise checks.bad_type(
-                "graph",
-                f"expected a graph spec (a str such as 'softmax') or one per layer (a tuple of "
-                f"str), got {graph!r} of type {type(graph).__name__}",
-            )
+        for name, example in (("heads", "'attention:2,laplacian:2'"), ("graph", "'softmax'")):
+            spec = getattr(self, name)
+            if not isinstance(spec, str) and not (
+                isinstance(spec, (tuple, list)) and all(isinstance(g, str) for g in spec)
+            ):
+                raise checks.bad_type(
+                    name,
+                    f"expected a spec (a str such as {example}) or one per layer (a tuple of "
+                    f"str), got {spec!r} of type {type(spec).__name__}",
+                )
         tokens = self.max_tokens()
         if self.topk is not None and self.topk > tokens:
             raise checks.bad_value(
