@@ -53,7 +53,7 @@ def test_sequential_states_equal_manual_intermediates(device: torch.device) -> N
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2)).to(device)
     x = torch.randn(2, 4, 3).to(device)  # (B, N, D)
     states = collect_token_states(model, x, ["0", "1", "2"])
-    assert list(states) == ["0", "1", "2"] and states["0"].device == device
+    assert list(states) == ["0", "1", "2"] and states["0"].device.type == device.type
     h0 = model[0](x)
     torch.testing.assert_close(states["0"], h0)
     torch.testing.assert_close(states["1"], h0.relu())
@@ -170,7 +170,7 @@ def test_to_cpu_returns_cpu_tensors() -> None:
 def test_states_stay_on_the_models_device_unless_to_cpu(device: torch.device) -> None:
     model = _ToyModel().to(device)
     x = torch.randn(2, 3, 2).to(device)
-    assert collect_token_states(model, x)["blocks.0"].device == device
+    assert collect_token_states(model, x)["blocks.0"].device.type == device.type
     assert collect_token_states(model, x, to_cpu=True)["blocks.0"].device.type == "cpu"
 
 
@@ -244,7 +244,7 @@ def test_snapshot_reproduces_every_attention_layer_output(device: torch.device) 
         assert isinstance(snap, LayerSnapshot)
         assert snap.graph.to_dense().dtype == torch.float64
         assert snap.values.shape == (3, 7, 4) and snap.values.dtype == torch.float64
-        assert snap.values.device == device
+        assert snap.values.device.type == device.type
         assert [type(op) for op in snap.operators] == [Attention, Attention, Laplacian]
         dense = snap.graph.to_dense()  # (H, N, N)
         heads = torch.stack(

@@ -158,7 +158,7 @@ def test_cached_incremental_logits_equal_full_logits(heads, kwargs, device) -> N
     for i in range(4, 11):
         steps.append(model(idx[:, i : i + 1], caches))
     assert [c.length for c in caches] == [11, 11]
-    assert full.device == device
+    assert full.device.type == device.type
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **TIGHT)
 
 
