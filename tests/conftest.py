@@ -14,6 +14,8 @@ import torch
 # shared test helpers (tests/references.py) importable from every test folder
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from device_helpers import DEVICES
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread() -> Iterator[None]:
@@ -29,21 +31,11 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(
-    params=[
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=[
-                pytest.mark.cuda,
-                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-            ],
-        ),
-    ]
-)
+@pytest.fixture(params=DEVICES)
 def device(request: pytest.FixtureRequest) -> torch.device:
-    """Every test that takes ``device`` runs on the CPU and, when one is present, on CUDA."""
-    return torch.device(request.param)
+    """Every test that takes ``device`` runs on the CPU and, when one is present, on CUDA
+    (marked ``cuda``; tolerances per device and dtype in ``tests/device_helpers.py``)."""
+    return request.param
 
 
 @pytest.fixture(params=[torch.float32, torch.float64], ids=["float32", "float64"])

@@ -145,9 +145,11 @@ def random_layer(
     num_heads: int = 4,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
     **kwargs: object,
 ) -> DiffusionAttention:
-    """A layer with random (not Xavier-only) weights and non-zero biases.
+    """A layer with random (not Xavier-only) weights and non-zero biases, drawn on the CPU and
+    moved to ``device`` (the same weights on every device).
 
     Causal layers with 'sym' heads are refused by design (tested on their own), so a
     parametrized test that reaches that combination is skipped here.
@@ -162,19 +164,25 @@ def random_layer(
         for p in layer.parameters():
             if p.dim() == 1 and p.numel() > 1:
                 p.normal_(0.0, 0.3)
-    return layer
+    return layer.to(device)
 
 
 def random_input(
-    seed: int, b: int = 2, n: int = 6, d: int = 16, dtype: torch.dtype = torch.float64
+    seed: int,
+    b: int = 2,
+    n: int = 6,
+    d: int = 16,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
 ) -> Tensor:
+    """``(B, N, D)`` standard normal, drawn on the CPU (the same numbers on every device)."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(b, n, d, generator=gen, dtype=torch.float64).to(dtype)
+    return torch.randn(b, n, d, generator=gen, dtype=torch.float64).to(device, dtype)
 
 
-def padding_mask(b: int, n: int, real: list[int]) -> Tensor:
+def padding_mask(b: int, n: int, real: list[int], device: torch.device | str = "cpu") -> Tensor:
     """``(B, N)`` bool key mask with ``real[i]`` real tokens first in row ``i`` (right padding)."""
-    mask = torch.zeros(b, n, dtype=torch.bool)
+    mask = torch.zeros(b, n, dtype=torch.bool, device=device)
     for i, r in enumerate(real):
         mask[i, :r] = True
     return mask

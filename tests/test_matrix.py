@@ -5,7 +5,8 @@ Generated from the registries -- :data:`~heatformer.graph_ops.OPERATORS` with ea
 operator or graph kind is covered without editing this file. Each cell either
 
 - returns finite values that agree with the float64 computation on the same (rounded) inputs,
-  within the tolerance of its dtype (:data:`TOL`); the float64 cells agree with the operator
+  on the same device, within the tolerance of its device and dtype (``TOL`` in
+  ``tests/device_helpers.py``); the float64 cells agree with the operator
   applied to the graph's explicit weights (``DenseGraph(graph.to_dense())``), and the layer
   with its documented per-head definition; or
 - is a refusal the library declares (:func:`expected_refusal`), raised as ``ValueError`` whose
@@ -14,6 +15,13 @@ operator or graph kind is covered without editing this file. Each cell either
 Entry points: the functional call ``op(graph, x)``, ``DiffusionAttention`` forward and
 backward, ``GPT.generate`` with and without the KV cache, and ``heatformer train`` for two
 steps (with ``--bf16`` and ``--topk``).
+
+Devices: every computing cell takes a ``device`` (``DEVICES``: the CPU; CUDA where available,
+marked ``cuda``; last in the test id, ``test_functional[...-float32-cpu]``); its inputs are
+drawn on the CPU and moved there, its layers and operators moved with ``.to(device)``, and
+its float64 reference computed on the same device. ``heatformer train`` runs with
+``--device cpu`` or ``--device cuda``. The registry cells at the end (what each entry
+declares, checked on tiny float64 inputs: nothing device-specific) are CPU only.
 
 Low-precision inputs: queries, keys, the layer's input and its ``in_proj`` weights are small
 integers, so attention scores are exact in every dtype and a data-dependent graph (top-k)
@@ -35,6 +43,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from device_helpers import DEVICES, TOL, tolerance
 from heatformer.graph_ops import (
     GRAPHS,
     OPERATORS,
@@ -50,15 +59,8 @@ from heatformer.graph_ops._spec import format_entry
 from heatformer.models import GPT, DiffusionAttention, GPTConfig, KVCache
 from heatformer.models.heads import format_operator
 
-#: relative tolerance per dtype: ``max|y - y64| <= TOL * (max|y64| + 1)``; about 10 units of
-#: rounding of the dtype (float64: against the explicit-weights computation).
-TOL: dict[torch.dtype, float] = {
-    torch.float64: 1e-9,
-    torch.float32: 1e-4,
-    torch.float16: 2e-2,
-    torch.bfloat16: 8e-2,
-}
-DTYPES = list(TOL)
+#: the dtypes of the matrix (their tolerances per device: ``TOL`` in tests/device_helpers.py)
+DTYPES = list(TOL["cpu"])
 
 #: every registered operator with each of the parameter sets it declares
 OPERATOR_CASES = [
@@ -124,15 +126,17 @@ def expected_refusal(op: DiffusionOperator, case: GraphCase, entry: str) -> str 
 def assert_agrees(
     actual: Tensor, expected: Tensor, dtype: torch.dtype, what: str, truncation: float = 0.0
 ) -> None:
-    """Finite, the input dtype, and within ``TOL[dtype]`` of the float64 result (plus twice
-    a series' declared truncation ``tol``: two computations may truncate differently)."""
+    """Finite, the input dtype, on the reference's device, and within ``tolerance(device,
+    dtype)`` of the float64 result (plus twice a series' declared truncation ``tol``: two
+    computations may truncate differently)."""
     assert actual.dtype == dtype, f"{what}: dtype {actual.dtype}, expected {dtype}"
+    assert actual.device == expected.device, f"{what}: on {actual.device}, not {expected.device}"
     assert bool(torch.isfinite(actual).all()), f"{what}: non-finite values in {dtype}"
     assert bool(torch.isfinite(expected).all()), f"{what}: non-finite float64 reference"
     actual, expected = actual.detach().double(), expected.detach().double()
     err = float((actual - expected).abs().max())
     scale = float(expected.abs().max()) + 1.0
-    bound = (TOL[dtype] + 2 * truncation) * scale
+    bound = (tolerance(actual.device, dtype) + 2 * truncation) * scale
     assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g}"
 
 
@@ -141,8 +145,8 @@ def _truncation(op: torch.nn.Module) -> float:
     return float(getattr(op, "tol", 0.0))
 
 
-def _key_mask(n: int) -> Tensor:
-    key_mask = torch.ones(B, n, dtype=torch.bool)
+def _key_mask(n: int, device: torch.device) -> Tensor:
+    key_mask = torch.ones(B, n, dtype=torch.bool, device=device)
     key_mask[1, :3] = False
     return key_mask
 
@@ -160,17 +164,20 @@ def _inputs(seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _graph(case: GraphCase, q: Tensor, k: Tensor) -> Graph:
-    key_mask = _key_mask(N) if case.masked else None  # (B, N)
+    key_mask = _key_mask(N, q.device) if case.masked else None  # (B, N)
     return case.builder.build(q, k, key_mask=key_mask, causal=case.causal)
 
 
+@pytest.mark.parametrize("device", DEVICES)  # last in the id: test[...-cpu]
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 @pytest.mark.parametrize("case_name", list(GRAPH_CASES))
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
-def test_functional(name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype) -> None:
+def test_functional(
+    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype, device: torch.device
+) -> None:
     case = GRAPH_CASES[case_name]
-    q, k, x = _inputs()
-    op = resolve_operator(name, **params)
+    q, k, x = (t.to(device) for t in _inputs())
+    op = resolve_operator(name, **params).to(device)
     reference_op = copy.deepcopy(op).double()  # the same parameters, in float64
     q, k, x = q.to(dtype), k.to(dtype), x.to(dtype)
     y = op(_graph(case, q, k), x)
@@ -201,22 +208,23 @@ def _integer_layer(layer: DiffusionAttention) -> DiffusionAttention:
     return layer
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 @pytest.mark.parametrize("case_name", list(GRAPH_CASES))
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
 def test_layer_forward_backward(
-    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype
+    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype, device: torch.device
 ) -> None:
     case = GRAPH_CASES[case_name]
-    mask = _key_mask(N) if case.masked else None
-    layer = _layer_or_refusal(name, params, case, dtype, mask)
+    mask = _key_mask(N, device) if case.masked else None
+    layer = _layer_or_refusal(name, params, case, dtype, mask, device)
     if layer is None:
         return
     layer = _integer_layer(layer)
     reference = copy.deepcopy(layer).double()
     gen = torch.Generator().manual_seed(1)
-    x64 = torch.randint(-1, 2, (B, N, 8), generator=gen).double()
-    probe = torch.randn(B, N, 8, generator=gen, dtype=torch.float64)
+    x64 = torch.randint(-1, 2, (B, N, 8), generator=gen).double().to(device)
+    probe = torch.randn(B, N, 8, generator=gen, dtype=torch.float64).to(device)
     x = x64.to(dtype)
     outs = _run_layer(layer, x, mask, probe)
     _assert_layer_agrees(layer, outs, _run_layer(reference, x64, mask, probe), case_name)
@@ -228,10 +236,15 @@ def test_layer_forward_backward(
 
 
 def _layer_or_refusal(
-    name: str, params: dict[str, Any], case: GraphCase, dtype: torch.dtype, mask: Tensor | None
+    name: str,
+    params: dict[str, Any],
+    case: GraphCase,
+    dtype: torch.dtype,
+    mask: Tensor | None,
+    device: torch.device,
 ) -> DiffusionAttention | None:
-    """The cell's layer (two heads: attention and the operator; ``d_model = 8``), or None
-    once the refusal it must raise is checked."""
+    """The cell's layer (two heads: attention and the operator; ``d_model = 8``) on ``device``,
+    or None once the refusal it must raise is checked."""
     spec = _layer_spec(name, params)
     torch.manual_seed(0)
 
@@ -239,13 +252,13 @@ def _layer_or_refusal(
         # draws other half-precision weights than 2.13 (which rounds its float32 draw)
         return DiffusionAttention(
             8, 2, spec, graph=case.kind, causal=case.causal, dtype=torch.float32
-        ).to(dtype)
+        ).to(device, dtype)  # the same weights on every device
 
     refusal = expected_refusal(resolve_operator(name, **params), case, "layer")
     if refusal is None:
         return build()
     with pytest.raises(ValueError, match=refusal):
-        build()(torch.zeros(B, N, 8, dtype=dtype), mask)
+        build()(torch.zeros(B, N, 8, dtype=dtype, device=device), mask)
     return None
 
 
@@ -332,11 +345,12 @@ def _with_rounded_weights(graph64: Graph, rounded: Graph) -> Graph:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=_dtype_id)
 @pytest.mark.parametrize("case_name", LARGE_FUNCTIONAL_CASES)
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
 def test_functional_large_logits(
-    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype
+    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype, device: torch.device
 ) -> None:
     """Random ``q``, ``k`` of size 256 (most float16 products overflow; the softmax is nearly
     one-hot): finite, and within ``TOL`` of float64 on the same rounded inputs, forward and
@@ -349,9 +363,10 @@ def test_functional_large_logits(
     q64, k64 = (torch.randn(B, H, N, E, generator=gen, dtype=torch.float64) * LARGE for _ in "qk")
     x64 = torch.randn(B, H, N, C, generator=gen, dtype=torch.float64)
     probe = torch.randn(B, H, N, C, generator=gen, dtype=torch.float64)
-    q64, k64, x64 = (t.to(dtype).double() for t in (q64, k64, x64))  # the rounded inputs
+    probe = probe.to(device)
+    q64, k64, x64 = (t.to(device, dtype).double() for t in (q64, k64, x64))  # rounded inputs
     _assert_float16_overflows(q64, k64)
-    op = resolve_operator(name, **params)
+    op = resolve_operator(name, **params).to(device)
     reference_op = copy.deepcopy(op).double()
     leaves = [t.to(dtype).requires_grad_(True) for t in (q64, k64, x64)]
     leaves64 = [t.clone().requires_grad_(True) for t in (q64, k64, x64)]
@@ -370,11 +385,12 @@ def test_functional_large_logits(
                       _truncation(op))  # fmt: skip
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=_dtype_id)
 @pytest.mark.parametrize("case_name", LARGE_LAYER_CASES)
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
 def test_layer_large_logits(
-    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype
+    name: str, params: dict[str, Any], case_name: str, dtype: torch.dtype, device: torch.device
 ) -> None:
     """``DiffusionAttention(..., dtype=dtype)`` whose query and key projections are 32 times
     those of :func:`test_layer_forward_backward`, on integer inputs in ``[-4, 4]``: ``q``, ``k``
@@ -384,8 +400,8 @@ def test_layer_large_logits(
     layer agrees with float64 forward and backward (top-k weights as the half graph rounds
     them, see :func:`_with_rounded_weights`)."""
     case = GRAPH_CASES[case_name]
-    mask = _key_mask(N) if case.masked else None
-    layer = _layer_or_refusal(name, params, case, dtype, mask)
+    mask = _key_mask(N, device) if case.masked else None
+    layer = _layer_or_refusal(name, params, case, dtype, mask, device)
     if layer is None:
         return
     layer = _integer_layer(layer)
@@ -400,8 +416,8 @@ def test_layer_large_logits(
 
     kind.build = build_rounded  # type: ignore[method-assign]  # this copy's builder only
     gen = torch.Generator().manual_seed(1)
-    x64 = torch.randint(-4, 5, (B, N, 8), generator=gen).double()
-    probe = torch.randn(B, N, 8, generator=gen, dtype=torch.float64)
+    x64 = torch.randint(-4, 5, (B, N, 8), generator=gen).double().to(device)
+    probe = torch.randn(B, N, 8, generator=gen, dtype=torch.float64).to(device)
     with torch.no_grad():
         _assert_float16_overflows(*reference.project_qkv(x64)[:2])
     outs = _run_layer(layer, x64.to(dtype), mask, probe)
@@ -420,22 +436,24 @@ CACHED_CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=_dtype_id)
 @pytest.mark.parametrize(("name", "params", "kind"), CACHED_CASES)
 def test_cached_decoding_large_logits(
-    name: str, params: dict[str, Any], kind: str, dtype: torch.dtype
+    name: str, params: dict[str, Any], kind: str, dtype: torch.dtype, device: torch.device
 ) -> None:
     """Decoding from the KV cache (what ``GPT.generate`` runs), on the large logits of
     :func:`test_layer_large_logits` in a causal layer: a prompt of 5 tokens, then one token
     per step, agrees with the float64 layer on the whole sequence (top-k decoding formed its
     scores in float16: NaN past 65504)."""
-    layer = _layer_or_refusal(name, params, GraphCase(kind, causal=True), dtype, None)
+    layer = _layer_or_refusal(name, params, GraphCase(kind, causal=True), dtype, None, device)
     assert layer is not None and layer.supports_cache
     layer = _integer_layer(layer).eval()
     with torch.no_grad():
         layer.in_proj.weight[:16] *= 32  # the query and key rows
     reference = copy.deepcopy(layer).double()
     x64 = torch.randint(-4, 5, (B, N, 8), generator=torch.Generator().manual_seed(1)).double()
+    x64 = x64.to(device)
     x, cache = x64.to(dtype), KVCache()
     with torch.no_grad():
         _assert_float16_overflows(*reference.project_qkv(x64)[:2])
@@ -450,10 +468,13 @@ def test_cached_decoding_large_logits(
 GENERATE_DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", GENERATE_DTYPES, ids=_dtype_id)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("name", "params"), OPERATOR_CASES)
-def test_generate(name: str, params: dict[str, Any], kind: str, dtype: torch.dtype) -> None:
+def test_generate(
+    name: str, params: dict[str, Any], kind: str, dtype: torch.dtype, device: torch.device
+) -> None:
     config = GPTConfig(
         vocab_size=16, block_size=20, n_layer=2, n_head=2, n_embd=8,
         heads=_layer_spec(name, params), graph=kind,
@@ -465,13 +486,14 @@ def test_generate(name: str, params: dict[str, Any], kind: str, dtype: torch.dty
         with pytest.raises(ValueError, match=refusal):
             GPT(config)
         return
-    model = GPT(config).to(dtype).eval()
+    model = GPT(config).to(device, dtype).eval()  # the same weights on every device
     incremental = resolve_graph(kind).incremental and op.affine_coefficients() is not None
     assert model.supports_cache == incremental  # asked of the entries, as the model does
     prompt = torch.randint(0, 16, (2, 5), generator=torch.Generator().manual_seed(2))
+    prompt = prompt.to(device)
 
     def sample(use_cache: bool) -> Tensor:  # top_k=1 is greedy up to ties, drawn reproducibly
-        draws = torch.Generator().manual_seed(3)
+        draws = torch.Generator(device).manual_seed(3)  # sampling draws on the model's device
         return model.generate(prompt, 8, top_k=1, use_cache=use_cache, generator=draws)
 
     cached, recomputed = sample(True), sample(False)
@@ -527,17 +549,25 @@ CLI_CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("name", "params", "variant"), CLI_CASES)
 def test_cli_train(
-    name: str, params: dict[str, Any], variant: str, corpus: Path, tmp_path: Path, capsys
+    name: str,
+    params: dict[str, Any],
+    variant: str,
+    device: torch.device,
+    corpus: Path,
+    tmp_path: Path,
+    capsys,
 ) -> None:
+    """``heatformer train`` in this process, on ``--device cpu`` or ``--device cuda``."""
     from heatformer.cli import main
 
     heads = _layer_spec(name, params)
     out = tmp_path / "run"
     common = [
         "train", "--heads", heads, "--steps", "2", "--batch-size", "2", "--layers", "1",
-        "--embd", "8", "--eval-every", "2", "--analysis-size", "2", "--device", "cpu",
+        "--embd", "8", "--eval-every", "2", "--analysis-size", "2", "--device", str(device),
         "--no-progress", "--out", str(out),
     ]  # fmt: skip
     if variant == "digits":

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from device_helpers import DEVICES
 from heatformer.analysis import (
     dirichlet_energy,
     neural_collapse,
@@ -22,17 +23,6 @@ from heatformer.analysis import (
     within_sequence_variance,
 )
 from heatformer.graph_ops import DenseGraph, SoftmaxGraph, laplacian_matrix
-
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.cuda,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-        ],
-    ),
-]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -89,23 +79,26 @@ def _np_decomposition(x: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> li
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_within_sequence_variance_is_zero_for_identical_tokens(device: str) -> None:
+def test_within_sequence_variance_is_zero_for_identical_tokens(device: torch.device) -> None:
     v = torch.randn(3, 1, 5, generator=_gen(0))
     x = v.expand(3, 7, 5).to(device)
     assert within_sequence_variance(x).item() == pytest.approx(0.0, abs=1e-12)
     per_seq = within_sequence_variance(x, reduction="none")
     assert per_seq.shape == (3,)
-    assert per_seq.device.type == device
+    assert per_seq.device.type == device.type
     assert per_seq.dtype == torch.float64
 
 
-def test_within_sequence_variance_matches_numpy_with_mask() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_within_sequence_variance_matches_numpy_with_mask(device: torch.device) -> None:
     x = torch.randn(4, 9, 3, generator=_gen(1), dtype=torch.float64)
     mask = _random_mask(4, 9, seed=2)
     mask[3] = False  # a fully masked sequence: 0 per sequence, left out of the mean
     expected = _np_within_sequence(x.numpy(), mask.numpy())
+    x, mask = x.to(device), mask.to(device)
     per_seq = within_sequence_variance(x, mask, reduction="none")
-    np.testing.assert_allclose(per_seq.numpy(), expected, rtol=1e-12)
+    assert per_seq.device.type == device.type
+    np.testing.assert_allclose(per_seq.cpu().numpy(), expected, rtol=1e-12)
     assert per_seq[3].item() == 0.0
     mean = within_sequence_variance(x, mask)
     assert mean.item() == pytest.approx(expected[:3].mean(), rel=1e-12)
@@ -148,13 +141,15 @@ def test_within_sequence_variance_is_invariant_to_token_permutations(
 # ----------------------------------------------------------------- variance decomposition
 
 
-def test_variance_decomposition_matches_numpy_with_mask() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_variance_decomposition_matches_numpy_with_mask(device: torch.device) -> None:
     x = torch.randn(10, 8, 4, generator=_gen(5), dtype=torch.float64) * 3 + 1
     labels = torch.tensor([3, -1, 3, 7, 7, 7, -1, 3, 7, -1])
     mask = _random_mask(10, 8, seed=6)
     mask[4] = False  # a fully masked sequence contributes nothing
-    parts = variance_decomposition(x, labels, mask)
     expected = _np_decomposition(x.numpy(), labels.numpy(), mask.numpy())
+    parts = variance_decomposition(x.to(device), labels.to(device), mask.to(device))
+    assert parts.total.device.type == device.type
     np.testing.assert_allclose([p.item() for p in parts], expected, rtol=1e-12)
     total = parts.within_sequence + parts.within_class + parts.between_class
     assert total.item() == pytest.approx(parts.total.item(), rel=1e-13)
@@ -208,7 +203,7 @@ def test_variance_decomposition_collapsed_geometry() -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("num_classes", "dim"), [(2, 2), (3, 5), (10, 16)])
 def test_neural_collapse_is_zero_on_a_perfect_simplex_etf(
-    device: str, num_classes: int, dim: int
+    device: torch.device, num_classes: int, dim: int
 ) -> None:
     etf = _simplex_etf(num_classes, dim) * 4.0 + 2.5  # scaled and shifted
     labels = torch.arange(num_classes).repeat_interleave(7)
@@ -218,7 +213,7 @@ def test_neural_collapse_is_zero_on_a_perfect_simplex_etf(
     assert stats.equinorm.item() == pytest.approx(0.0, abs=1e-8)
     assert stats.equiangularity.item() == pytest.approx(0.0, abs=1e-8)
     assert stats.max_angle.item() == pytest.approx(0.0, abs=1e-8)
-    assert stats.nc1.device.type == device
+    assert stats.nc1.device.type == device.type
 
 
 def test_neural_collapse_nc1_grows_with_within_class_noise() -> None:
@@ -295,16 +290,20 @@ def _np_nc2(h: np.ndarray, y: np.ndarray) -> list[float]:
     ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("num_classes", "dim"), [(3, 2), (5, 8), (7, 4)])
-def test_neural_collapse_nc2_statistics_match_numpy(num_classes: int, dim: int) -> None:
+def test_neural_collapse_nc2_statistics_match_numpy(
+    num_classes: int, dim: int, device: torch.device
+) -> None:
     # Imbalanced classes with random, unequal means: every statistic is well away from 0.
     labels = torch.randint(num_classes, (80,), generator=_gen(40 + dim))
     labels[:num_classes] = torch.arange(num_classes)  # every class present
     centres = torch.randn(num_classes, dim, generator=_gen(41), dtype=torch.float64) * 3
     features = centres[labels] + torch.randn(80, dim, generator=_gen(42), dtype=torch.float64)
-    stats = neural_collapse(features, labels)
+    stats = neural_collapse(features.to(device), labels.to(device))
     expected = _np_nc2(features.numpy(), labels.numpy())
     got = [stats.equinorm, stats.equiangularity, stats.max_angle, stats.etf_distance]
+    assert stats.equinorm.device.type == device.type
     np.testing.assert_allclose([v.item() for v in got], expected, rtol=1e-10)
     assert min(expected) > 1e-3  # a non-trivial case
 
@@ -403,15 +402,18 @@ def _np_separability(
     return nc1, accuracy, len(groups), len(y)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim", [6, 48])  # about 40 training tokens: primal and dual ridge
-def test_next_token_separability_matches_numpy(dim: int) -> None:
+def test_next_token_separability_matches_numpy(dim: int, device: torch.device) -> None:
     next_tokens = torch.randint(5, (6, 16), generator=_gen(50))
     next_tokens[0, :3] = torch.tensor([-100, 9, -100])  # ignored ids and a singleton group
     centres = torch.randn(10, dim, generator=_gen(51), dtype=torch.float64)
     noise = torch.randn(6, 16, dim, generator=_gen(52), dtype=torch.float64)
     x = centres[next_tokens.clamp_min(0)] + 1.5 * noise  # overlapping groups
     mask = _random_mask(6, 16, seed=53)
-    result = next_token_separability(x, next_tokens, mask, ridge=0.05)
+    on = (t.to(device) for t in (x, next_tokens, mask))
+    result = next_token_separability(*on, ridge=0.05)
+    assert result.nc1.device.type == device.type
     nc1, accuracy, groups, tokens = _np_separability(
         x.numpy(), next_tokens.numpy(), mask.numpy(), 2, 0.05
     )
@@ -441,11 +443,13 @@ def test_next_token_separability_bad_inputs() -> None:
 # ----------------------------------------------------------------- spectra
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("center", [True, False])
-def test_singular_spectrum_matches_numpy_svd(center: bool) -> None:
+def test_singular_spectrum_matches_numpy_svd(center: bool, device: torch.device) -> None:
     x = torch.randn(3, 7, 5, generator=_gen(15), dtype=torch.float64) + 2.0
-    s = singular_spectrum(x, center=center)
-    assert s.shape == (3, 5)
+    s = singular_spectrum(x.to(device), center=center)
+    assert s.shape == (3, 5) and s.device.type == device.type
+    s = s.cpu()
     xn = x.numpy()
     if center:
         xn = xn - xn.mean(-2, keepdims=True)
@@ -544,7 +548,7 @@ def _random_weighted_graph(n: int, seed: int) -> nx.Graph:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_dirichlet_energy_of_the_kernel_is_zero(device: str) -> None:
+def test_dirichlet_energy_of_the_kernel_is_zero(device: torch.device) -> None:
     w = torch.rand(2, 3, 6, 6, generator=_gen(30), dtype=torch.float64).to(device)  # directed
     graph = DenseGraph(w)
     ones = torch.ones(2, 3, 6, 2, dtype=torch.float64, device=device) * torch.tensor(
@@ -553,7 +557,7 @@ def test_dirichlet_energy_of_the_kernel_is_zero(device: str) -> None:
     for normalization in ("rw", "combinatorial"):
         energy = dirichlet_energy(graph, ones, normalization)
         assert energy.shape == (2, 3)
-        assert energy.device.type == device
+        assert energy.device.type == device.type
         torch.testing.assert_close(energy, torch.zeros_like(energy), atol=1e-12, rtol=0)
     # For "sym" the constant is not in the kernel, D^{1/2} 1 is (D: degrees of W_s).
     degree = (0.5 * (w + w.transpose(-1, -2))).sum(-1)  # (2, 3, 6)
@@ -563,10 +567,11 @@ def test_dirichlet_energy_of_the_kernel_is_zero(device: str) -> None:
     torch.testing.assert_close(energy, torch.zeros_like(energy), atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_dirichlet_energy_matches_networkx_laplacians(seed: int) -> None:
+def test_dirichlet_energy_matches_networkx_laplacians(seed: int, device: torch.device) -> None:
     graph = _random_weighted_graph(9, seed)
-    dense = DenseGraph.from_networkx(graph, dtype=torch.float64)
+    dense = DenseGraph(DenseGraph.from_networkx(graph, dtype=torch.float64).weight.to(device))
     x = torch.randn(9, 3, generator=_gen(seed), dtype=torch.float64)
     lap = nx.laplacian_matrix(graph).toarray()
     sym = nx.normalized_laplacian_matrix(graph).toarray()
@@ -574,7 +579,7 @@ def test_dirichlet_energy_matches_networkx_laplacians(seed: int) -> None:
     rw = lap / degree[:, None]
     for normalization, matrix in (("combinatorial", lap), ("sym", sym), ("rw", rw)):
         expected = np.trace(x.numpy().T @ matrix @ x.numpy())
-        energy = dirichlet_energy(dense, x, normalization)
+        energy = dirichlet_energy(dense, x.to(device), normalization)
         assert energy.item() == pytest.approx(expected, rel=1e-10), normalization
 
 

@@ -1,4 +1,7 @@
-"""Tests for heatformer.analysis.hooks: collect_token_states and snapshot_attention."""
+"""Tests for heatformer.analysis.hooks: collect_token_states and snapshot_attention.
+
+The equivalences take ``device`` (CPU; CUDA where available, marked ``cuda``): states stay on
+the model's device unless ``to_cpu``, and snapshots reproduce each layer's output there."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from device_helpers import DEVICES, close
 from heatformer.analysis import LayerSnapshot, collect_token_states, snapshot_attention
 from heatformer.checks import ArgumentError
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian
@@ -44,12 +48,12 @@ def _all_hooks_removed(model: nn.Module) -> bool:
     return all(len(m._forward_hooks) == 0 for m in model.modules())
 
 
-def test_sequential_states_equal_manual_intermediates() -> None:
+def test_sequential_states_equal_manual_intermediates(device: torch.device) -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
-    x = torch.randn(2, 4, 3)  # (B, N, D)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2)).to(device)
+    x = torch.randn(2, 4, 3).to(device)  # (B, N, D)
     states = collect_token_states(model, x, ["0", "1", "2"])
-    assert list(states) == ["0", "1", "2"]
+    assert list(states) == ["0", "1", "2"] and states["0"].device.type == device.type
     h0 = model[0](x)
     torch.testing.assert_close(states["0"], h0)
     torch.testing.assert_close(states["1"], h0.relu())
@@ -162,12 +166,11 @@ def test_to_cpu_returns_cpu_tensors() -> None:
     assert states["0"].device.type == "cpu"
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_states_on_cuda_stay_there_unless_to_cpu() -> None:
-    model = _ToyModel().cuda()
-    x = torch.randn(2, 3, 2, device="cuda")
-    assert collect_token_states(model, x)["blocks.0"].device.type == "cuda"
+@pytest.mark.parametrize("device", DEVICES)
+def test_states_stay_on_the_models_device_unless_to_cpu(device: torch.device) -> None:
+    model = _ToyModel().to(device)
+    x = torch.randn(2, 3, 2).to(device)
+    assert collect_token_states(model, x)["blocks.0"].device.type == device.type
     assert collect_token_states(model, x, to_cpu=True)["blocks.0"].device.type == "cpu"
 
 
@@ -219,20 +222,20 @@ def test_layer_without_tensor_output_raises() -> None:
 # ----------------------------------------------------------------- snapshot_attention
 
 
-def _gpt(*, dropout: float = 0.0, graph: str = "softmax") -> GPT:
+def _gpt(*, dropout: float = 0.0, graph: str = "softmax", device: str = "cpu") -> GPT:
     torch.manual_seed(5)
     config = GPTConfig(
         vocab_size=11, block_size=8, n_layer=3, n_head=3, n_embd=12, dropout=dropout,
         heads="attention:2,laplacian:1", graph=graph,
     )  # fmt: skip
-    return GPT(config)
+    return GPT(config).to(device)  # drawn on the CPU: the same weights on every device
 
 
-def test_snapshot_reproduces_every_attention_layer_output() -> None:
+def test_snapshot_reproduces_every_attention_layer_output(device: torch.device) -> None:
     """The heads' operators on the snapshot's graphs and values, merged by the layer's output
     projection, give what each attention layer returned in the model's own forward pass."""
-    model = _gpt()
-    idx = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
+    model = _gpt(device=device)
+    idx = torch.tensor([[3, 1, 4, 1, 5, 9, 2]], device=device)
     layers = snapshot_attention(model, idx)
     names = [f"blocks.{i}.attn" for i in range(3)]
     outputs = collect_token_states(model, idx, names)
@@ -241,6 +244,7 @@ def test_snapshot_reproduces_every_attention_layer_output() -> None:
         assert isinstance(snap, LayerSnapshot)
         assert snap.graph.to_dense().dtype == torch.float64
         assert snap.values.shape == (3, 7, 4) and snap.values.dtype == torch.float64
+        assert snap.values.device.type == device.type
         assert [type(op) for op in snap.operators] == [Attention, Attention, Laplacian]
         dense = snap.graph.to_dense()  # (H, N, N)
         heads = torch.stack(
@@ -249,13 +253,15 @@ def test_snapshot_reproduces_every_attention_layer_output() -> None:
         attn = model.get_submodule(name)
         with torch.no_grad():
             merged = attn.merge_heads(heads.to(torch.float32).unsqueeze(0))  # (1, N, D)
-        torch.testing.assert_close(merged, outputs[name], atol=1e-5, rtol=1e-5)
+        tol = close(device, torch.float32, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(merged, outputs[name], **tol)
 
 
-def test_snapshot_of_a_topk_layer_keeps_k_edges_per_query() -> None:
-    layers = snapshot_attention(_gpt(graph="topk[k=2]"), torch.tensor([[1, 2, 3, 4, 5, 6]]))
+def test_snapshot_of_a_topk_layer_keeps_k_edges_per_query(device: torch.device) -> None:
+    idx = torch.tensor([[1, 2, 3, 4, 5, 6]], device=device)
+    layers = snapshot_attention(_gpt(graph="topk[k=2]", device=device), idx)
     for snap in layers:
-        dense = snap.graph.to_dense()  # (H, N, N)
+        dense = snap.graph.to_dense().cpu()  # (H, N, N)
         edges = (dense > 0).sum(-1)  # (H, N)
         torch.testing.assert_close(
             edges, torch.minimum(torch.arange(1, 7), torch.tensor(2)).expand(3, 6)

@@ -1,4 +1,10 @@
-"""heatformer heads inside Hugging Face transformers models (tiny random configs, offline)."""
+"""heatformer heads inside Hugging Face transformers models (tiny random configs, offline).
+
+The equivalences (all-attention against the model's own sdpa, the heads against their
+definition, padding, cached generation) take ``device`` (CPU; CUDA where available, marked
+``cuda``); their float32 tolerances are the CPU's, scaled per device by ``close``
+(tests/device_helpers.py). Saving, reloading and fresh-process loading stay on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from device_helpers import close
 from heatformer.checks import ArgumentError
 from heatformer.graph_ops import DenseGraph, SoftmaxGraph
 
@@ -28,6 +35,12 @@ from heatformer.integrations._heads import HeadOperators  # noqa: E402
 from hf_helpers import CAUSAL, FAMILIES, VOCAB, configs, model_inputs, output_of  # noqa: E402
 
 MakeModel = Callable[..., Any]
+F32 = torch.float32
+
+
+def _on(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """The model inputs moved to ``device`` (drawn on the CPU: the same on every device)."""
+    return {key: value.to(device) for key, value in inputs.items()}
 
 
 def _pad(inputs: dict[str, Any], side: str) -> dict[str, Any]:
@@ -58,7 +71,8 @@ def _real(inputs: dict[str, Any]) -> torch.Tensor:
     """Bool ``(B, N)`` of the real tokens (every token for images)."""
     if "attention_mask" in inputs:
         return inputs["attention_mask"].bool()
-    return torch.ones(inputs["pixel_values"].shape[0], 17, dtype=torch.bool)  # cls + 16 patches
+    pixels = inputs["pixel_values"]
+    return torch.ones(pixels.shape[0], 17, dtype=torch.bool, device=pixels.device)  # cls + 16
 
 
 # ---- all-attention equals the model's own sdpa ----------------------------------------------
@@ -67,18 +81,19 @@ def _real(inputs: dict[str, Any]) -> torch.Tensor:
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_all_attention_equals_sdpa_forward_and_gradients(
-    make_model: MakeModel, family: str, side: str
+    make_model: MakeModel, family: str, side: str, device: torch.device
 ) -> None:
     if family in ("bert", "vit") and side == "left":
         pytest.skip("one padding side is enough for a bidirectional model")
-    ref = make_model(family)
+    ref = make_model(family).to(device)
     model = hf.convert(copy.deepcopy(ref), "attention")
     assert model.config._attn_implementation == "heatformer"
-    inputs = _pad(model_inputs(family), side)
+    inputs = _on(_pad(model_inputs(family), side), device)
     real = _real(inputs)
     out_ref, out = _forward(family, ref, inputs), _forward(family, model, inputs)
-    torch.testing.assert_close(out[real], out_ref[real], atol=2e-6, rtol=1e-5)
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    assert out.device.type == device.type
+    torch.testing.assert_close(out[real], out_ref[real], **close(device, F32, atol=2e-6, rtol=1e-5))
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(device)
     (out_ref * weight)[real].sum().backward()
     (out * weight)[real].sum().backward()
     grads = dict(ref.named_parameters())
@@ -88,7 +103,8 @@ def test_all_attention_equals_sdpa_forward_and_gradients(
         if expected is None:
             assert p.grad is None or not p.grad.any(), name
             continue
-        torch.testing.assert_close(p.grad, expected, atol=5e-6, rtol=1e-4, msg=name)
+        tol = close(device, F32, atol=5e-6, rtol=1e-4)
+        torch.testing.assert_close(p.grad, expected, **tol, msg=name)
         compared += 1
     assert compared >= 10
 
@@ -174,10 +190,11 @@ def _reference(
 
 def _allowed(family: str, inputs: dict[str, Any], n: int) -> torch.Tensor:
     """Bool ``(B, 1, N, N)`` built from the inputs alone (causal for LMs, padding)."""
-    b = next(iter(inputs.values())).shape[0]
-    allowed = torch.ones(b, 1, n, n, dtype=torch.bool)
+    first = next(iter(inputs.values()))
+    b, device = first.shape[0], first.device
+    allowed = torch.ones(b, 1, n, n, dtype=torch.bool, device=device)
     if family in CAUSAL:
-        allowed = allowed & torch.ones(n, n, dtype=torch.bool).tril()
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=device).tril()
     if "attention_mask" in inputs:
         allowed = allowed & inputs["attention_mask"].bool()[:, None, None, :]
     return allowed
@@ -185,13 +202,13 @@ def _allowed(family: str, inputs: dict[str, Any], n: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_diffusion_heads_equal_their_definition_on_the_models_qkv(
-    make_model: MakeModel, family: str
+    make_model: MakeModel, family: str, device: torch.device
 ) -> None:
     spec = "attention:1,laplacian:2,heat[t=0.7]:1"
     heads = [("attention", 0.0), ("laplacian", 0.0), ("laplacian", 0.0), ("heat", 0.7)]
-    model = hf.convert(make_model(family), spec)
+    model = hf.convert(make_model(family), spec).to(device)
     calls = _record(model)
-    inputs = _pad(model_inputs(family), "left" if family in CAUSAL else "right")
+    inputs = _on(_pad(model_inputs(family), "left" if family in CAUSAL else "right"), device)
     with torch.no_grad():
         _forward(family, model, inputs)
     assert len(calls) == 2  # one per layer
@@ -199,7 +216,8 @@ def test_diffusion_heads_equal_their_definition_on_the_models_qkv(
     for q, k, v, scale, out in calls:
         assert scale == pytest.approx(q.shape[-1] ** -0.5)
         expected = _reference(q, k, v, scale, _allowed(family, inputs, q.shape[2]), heads)
-        torch.testing.assert_close(out.double()[real], expected[real], atol=2e-5, rtol=1e-4)
+        tol = close(device, F32, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(out.double()[real], expected[real], **tol)
     if family == "llama":
         assert calls[0][1].shape[1] == 2 and calls[0][0].shape[1] == 4  # GQA: k/v repeated
 
@@ -220,19 +238,20 @@ def test_diffusion_heads_equal_their_definition_on_the_models_qkv(
     ],
 )
 def test_padded_batch_equals_unpadded_runs_on_real_tokens(
-    make_model: MakeModel, family: str, spec: str, graph: str
+    make_model: MakeModel, family: str, spec: str, graph: str, device: torch.device
 ) -> None:
-    model = hf.convert(make_model(family), spec, graph=graph)
+    model = hf.convert(make_model(family), spec, graph=graph).to(device)
     sides = ["left", "right"] if family in CAUSAL else ["right"]
+    tol = close(device, F32, atol=2e-5, rtol=1e-4)
     for side in sides:
-        inputs = _pad(model_inputs(family), side)
+        inputs = _on(_pad(model_inputs(family), side), device)
         with torch.no_grad():
             batched = _forward(family, model, inputs)
             for row in range(inputs["input_ids"].shape[0]):
                 real = inputs["attention_mask"][row].bool()
                 alone = {"input_ids": inputs["input_ids"][row, real][None]}
                 single = _forward(family, model, alone)[0]
-                torch.testing.assert_close(batched[row, real], single, atol=2e-5, rtol=1e-4)
+                torch.testing.assert_close(batched[row, real], single, **tol)
 
 
 def _generate(model: Any, inputs: dict[str, Any], **kwargs: Any) -> Any:
@@ -253,17 +272,17 @@ def _generate(model: Any, inputs: dict[str, Any], **kwargs: Any) -> Any:
     ],
 )
 def test_cached_generation_equals_recomputation(
-    make_model: MakeModel, family: str, spec: str, graph: str, padded: bool
+    make_model: MakeModel, family: str, spec: str, graph: str, padded: bool, device: torch.device
 ) -> None:
-    model = hf.convert(make_model(family), spec, graph=graph)
-    inputs = model_inputs(family, n=7)
+    model = hf.convert(make_model(family), spec, graph=graph).to(device)
+    inputs = _on(model_inputs(family, n=7), device)
     if padded:
         inputs = {k: v for k, v in _pad(inputs, "left").items() if k != "position_ids"}
     cached = _generate(model, inputs, use_cache=True)
     again = _generate(model, inputs, use_cache=False)
     assert torch.equal(cached.sequences, again.sequences)
     for a, b in zip(cached.scores, again.scores, strict=True):
-        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(a, b, **close(device, F32, atol=2e-5, rtol=1e-4))
     if padded:  # each row alone generates the same tokens
         for row in range(inputs["input_ids"].shape[0]):
             real = inputs["attention_mask"][row].bool()

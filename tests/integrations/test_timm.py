@@ -2,6 +2,10 @@
 
 Where torchvision is not installed, timm is imported with a placeholder for it (see
 tests/timm_helpers.py); the models and attention modules tested are timm's own.
+
+The equivalences against timm's own forward take ``device`` (CPU; CUDA where available, marked
+``cuda``); their float32 tolerances are the CPU's, scaled per device by ``close``
+(tests/device_helpers.py). State dicts through bytes stay on the CPU.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from typing import Any
 import pytest
 import torch
 
+from device_helpers import close
 from heatformer.checks import ArgumentError
 
+F32 = torch.float32
 SMALL = {"img_size": 32, "patch_size": 8, "num_classes": 5}
 
 
@@ -45,27 +51,32 @@ MODELS = [
 
 @pytest.mark.parametrize(("name", "kwargs"), MODELS, ids=["deit3", "vit-qknorm", "vit-avg"])
 def test_all_attention_equals_the_original_forward_and_gradients(
-    timm: Any, ht: Any, name: str, kwargs: dict
+    timm: Any, ht: Any, name: str, kwargs: dict, device: torch.device
 ) -> None:
-    ref = _model(timm, name, **kwargs)
+    ref = _model(timm, name, **kwargs).to(device)
     model = ht.convert(copy.deepcopy(ref), "attention")
     assert (
         all(type(b.attn).__name__ == "TimmDiffusionAttention" for b in model.blocks)
         and len(model.blocks) == 12
     )
     assert list(model.state_dict()) == list(ref.state_dict())  # timm's keys, the same weights
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)).to(device)
     out_ref, out = ref(x), model(x)
-    torch.testing.assert_close(out, out_ref, atol=2e-5, rtol=1e-4)
+    assert out.device.type == device.type
+    torch.testing.assert_close(out, out_ref, **close(device, F32, atol=2e-5, rtol=1e-4))
     out_ref.square().sum().backward()
     out.square().sum().backward()
     expected = dict(ref.named_parameters())
+    tol = close(device, F32, atol=1e-5, rtol=1e-3)
     for key, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, expected[key].grad, atol=1e-5, rtol=1e-3, msg=key)
+        torch.testing.assert_close(p.grad, expected[key].grad, **tol, msg=key)
 
 
-def test_trailing_laplacian_heads_equal_v_minus_pv_from_the_blocks_qkv(timm: Any, ht: Any) -> None:
-    model = ht.convert(_model(timm, "deit3_small_patch16_224"), "attention:3,laplacian:3")
+def test_trailing_laplacian_heads_equal_v_minus_pv_from_the_blocks_qkv(
+    timm: Any, ht: Any, device: torch.device
+) -> None:
+    model = _model(timm, "deit3_small_patch16_224").to(device)
+    model = ht.convert(model, "attention:3,laplacian:3")
     attn = model.blocks[4].attn
     assert attn.spec == "attention:3,laplacian:3"
     qkv = attn.qkv
@@ -75,7 +86,7 @@ def test_trailing_laplacian_heads_equal_v_minus_pv_from_the_blocks_qkv(timm: Any
     seen: dict[str, torch.Tensor] = {}
     attn.register_forward_hook(lambda m, args, out: seen.update(x=args[0], out=out))
     with torch.no_grad():
-        model(torch.randn(2, 3, 32, 32))
+        model(torch.randn(2, 3, 32, 32).to(device))
     x = seen["x"].double()
     b, n, d = x.shape
     qkv = x @ attn.qkv.weight.double().T + attn.qkv.bias.double()
@@ -85,7 +96,8 @@ def test_trailing_laplacian_heads_equal_v_minus_pv_from_the_blocks_qkv(timm: Any
     y[:, 3:] = v[:, 3:] - y[:, 3:]  # the "3L" heads: (I - P) v
     y = y.transpose(1, 2).reshape(b, n, d)
     expected = y @ attn.proj.weight.double().T + attn.proj.bias.double()
-    torch.testing.assert_close(seen["out"].double(), expected, atol=1e-5, rtol=1e-4)
+    tol = close(device, F32, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(seen["out"].double(), expected, **tol)
 
 
 def test_masks_dropout_and_errors(timm: Any, ht: Any) -> None:

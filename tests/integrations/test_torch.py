@@ -1,4 +1,9 @@
-"""heatformer heads as a drop-in for torch.nn.MultiheadAttention."""
+"""heatformer heads as a drop-in for torch.nn.MultiheadAttention.
+
+The equivalences take ``device`` (CPU; CUDA where available, marked ``cuda``); their float32
+tolerances are the CPU's, scaled per device by ``close`` (tests/device_helpers.py). Saving
+and loading state dicts through bytes stays on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,12 @@ import pytest
 import torch
 from torch import nn
 
+from device_helpers import close
 from heatformer.checks import ArgumentError
 from heatformer.integrations.torch import MultiheadDiffusionAttention, convert, load_state_dict
 
 E, H = 16, 4
+F32 = torch.float32
 
 
 def _encoder(batch_first: bool, seed: int = 0) -> nn.TransformerEncoder:
@@ -24,14 +31,16 @@ def _encoder(batch_first: bool, seed: int = 0) -> nn.TransformerEncoder:
     return nn.TransformerEncoder(layer, 2, enable_nested_tensor=batch_first)
 
 
-def _masks(n: int, b: int, kind: str, float_masks: bool) -> dict[str, torch.Tensor | bool]:
-    pad = torch.zeros(b, n, dtype=torch.bool)
+def _masks(
+    n: int, b: int, kind: str, float_masks: bool, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor | bool]:
+    pad = torch.zeros(b, n, dtype=torch.bool, device=device)
     pad[0, n - 2 :] = True  # True = padding (nn.MultiheadAttention's polarity)
     pad[2, n - 3 :] = True
-    causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+    causal = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
     if float_masks:
-        pad = torch.zeros(b, n).masked_fill(pad, -math.inf)
-        causal = nn.Transformer.generate_square_subsequent_mask(n)
+        pad = torch.zeros(b, n, device=device).masked_fill(pad, -math.inf)
+        causal = nn.Transformer.generate_square_subsequent_mask(n, device=device)
     return {
         "none": {},
         "padding": {"src_key_padding_mask": pad},
@@ -51,30 +60,32 @@ def _real(kwargs: dict, b: int, n: int) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["none", "padding", "causal", "both"])
 @pytest.mark.parametrize("float_masks", [False, True], ids=["bool", "float"])
 def test_encoder_with_all_attention_equals_the_original(
-    batch_first: bool, kind: str, float_masks: bool
+    batch_first: bool, kind: str, float_masks: bool, device: torch.device
 ) -> None:
-    ref = _encoder(batch_first)
+    ref = _encoder(batch_first).to(device)
     model = convert(copy.deepcopy(ref), "attention")
     assert all(
         isinstance(m, MultiheadDiffusionAttention)
         for m in (layer.self_attn for layer in model.layers)
     )
     b, n = 3, 7
-    x = torch.randn(b, n, E) if batch_first else torch.randn(n, b, E)
-    kwargs = _masks(n, b, kind, float_masks)
+    x = (torch.randn(b, n, E) if batch_first else torch.randn(n, b, E)).to(device)
+    kwargs = _masks(n, b, kind, float_masks, device)
     out_ref, out = ref(x, **kwargs), model(x, **kwargs)
     if not batch_first:
         out_ref, out = out_ref.transpose(0, 1), out.transpose(0, 1)
-    real = _real(kwargs, b, n)
-    torch.testing.assert_close(out[real], out_ref[real], atol=2e-6, rtol=1e-5)
-    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    real = _real(kwargs, b, n).to(device)
+    assert out.device.type == device.type
+    torch.testing.assert_close(out[real], out_ref[real], **close(device, F32, atol=2e-6, rtol=1e-5))
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
     (out_ref * w)[real].sum().backward()
     (out * w)[real].sum().backward()
     expected = dict(ref.named_parameters())
     names = [name for name, _ in model.named_parameters()]
     assert names == list(expected)  # nn.MultiheadAttention's own parameter names
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, expected[name].grad, atol=5e-6, rtol=1e-4, msg=name)
+        tol = close(device, F32, atol=5e-6, rtol=1e-4)
+        torch.testing.assert_close(p.grad, expected[name].grad, **tol, msg=name)
 
 
 def test_inference_runs_the_diffusion_heads_not_torchs_fused_kernel() -> None:
@@ -102,13 +113,14 @@ def _qkv(mha: MultiheadDiffusionAttention, x: torch.Tensor) -> tuple[torch.Tenso
     return qkv.view(b, n, 3, H, E // H).permute(2, 0, 3, 1, 4).unbind(0)
 
 
-def test_laplacian_heads_equal_v_minus_pv_from_the_modules_qkv() -> None:
+def test_laplacian_heads_equal_v_minus_pv_from_the_modules_qkv(device: torch.device) -> None:
     torch.manual_seed(0)
     mha = MultiheadDiffusionAttention(E, H, batch_first=True, heads="attention:1,laplacian:3")
     nn.init.normal_(mha.in_proj_bias)
-    x = torch.randn(2, 6, E)
-    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
-    causal = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    mha = mha.to(device)
+    x = torch.randn(2, 6, E).to(device)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2], device=device)
+    causal = torch.ones(6, 6, dtype=torch.bool, device=device).triu(1)
     out, weights = mha(x, x, x, key_padding_mask=pad, attn_mask=causal, average_attn_weights=False)
     q, k, v = _qkv(mha, x)
     allowed = ~causal & ~pad[:, None, None, :]  # (B, 1, N, N)
@@ -118,8 +130,9 @@ def test_laplacian_heads_equal_v_minus_pv_from_the_modules_qkv() -> None:
     y[:, 1:] = v[:, 1:] - y[:, 1:]  # heads 1-3: (I - P) v
     expected = y.transpose(1, 2).reshape(2, 6, E) @ mha.out_proj.weight.double().T
     expected = expected + mha.out_proj.bias.double()
-    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(weights.double(), p, atol=1e-6, rtol=1e-5)  # P of every head
+    torch.testing.assert_close(out.double(), expected, **close(device, F32, atol=1e-5, rtol=1e-5))
+    tol = close(device, F32, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(weights.double(), p, **tol)  # P of every head
 
 
 def test_decoder_layer_per_module_specs_and_cross_attention() -> None:
@@ -144,21 +157,22 @@ def test_decoder_layer_per_module_specs_and_cross_attention() -> None:
     assert err.value.argument == "heads"  # type: ignore[attr-defined]
 
 
-def test_the_multihead_attention_interface() -> None:
+def test_the_multihead_attention_interface(device: torch.device) -> None:
     torch.manual_seed(0)
-    mha = nn.MultiheadAttention(E, H)  # sequence first, the default
+    mha = nn.MultiheadAttention(E, H).to(device)  # sequence first, the default
     ours = MultiheadDiffusionAttention.from_mha(mha)
     for name in ("embed_dim", "num_heads", "head_dim", "dropout", "batch_first", "kdim", "vdim"):
         assert getattr(ours, name) == getattr(mha, name), name
-    q, kv = torch.randn(5, 2, E), torch.randn(8, 2, E)
+    q, kv = torch.randn(5, 2, E).to(device), torch.randn(8, 2, E).to(device)
+    tol = close(device, F32, atol=2e-6, rtol=1e-5)
     for args in ((q, q, q), (q, kv, kv), (q[:, 0], kv[:, 0], kv[:, 0])):  # self, cross, unbatched
         for average in (True, False):
             expected = mha(*args, average_attn_weights=average)
             got = ours(*args, average_attn_weights=average)
-            torch.testing.assert_close(got[0], expected[0], atol=2e-6, rtol=1e-5)
-            torch.testing.assert_close(got[1], expected[1], atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(got[0], expected[0], **tol)
+            torch.testing.assert_close(got[1], expected[1], **tol)
     assert ours(q, q, q, need_weights=False)[1] is None
-    back = nn.MultiheadAttention(E, H)
+    back = nn.MultiheadAttention(E, H, device=device)
     back.load_state_dict(ours.state_dict())  # the same keys both ways
     torch.testing.assert_close(back(q, q, q)[0], mha(q, q, q)[0])
     whole = convert(copy.deepcopy(mha), "attention:2,laplacian:2")  # the module itself

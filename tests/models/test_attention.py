@@ -2,7 +2,9 @@
 numpy/scipy references, dense == top-k at k = N, symmetries, masks, KV cache and errors.
 
 Numerical tests run in float64 so that equivalences are checked to ~1e-12, not to float32
-noise.
+noise. The equivalence tests take ``device`` (CPU; CUDA where available, marked ``cuda``):
+float64 is float64 on CUDA too, so their tolerances are the same on both (``TIGHT`` in
+``tests/device_helpers.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import model_helpers as mh
+from device_helpers import TIGHT
 from heatformer.graph_ops import (
     GRAPHS,
     GraphBuilder,
@@ -30,7 +33,6 @@ from heatformer.graph_ops._spec import format_entry
 from heatformer.models import DiffusionAttention, KVCache
 
 F64 = torch.float64
-TIGHT = {"atol": 1e-12, "rtol": 1e-10}
 
 #: One spec per operator kind (and normalization); "interleaved" puts the fused heads
 #: (attention, rw-Laplacian) at non-contiguous positions.
@@ -64,7 +66,8 @@ def spec_params(*, tight: bool = True) -> list:
 
 def clone_layer(layer: DiffusionAttention, **kwargs) -> DiffusionAttention:
     """A layer with the same operators and weights, other keyword options (e.g. topk)."""
-    options = {"causal": layer.causal, "dtype": layer.in_proj.weight.dtype}
+    weight = layer.in_proj.weight
+    options = {"causal": layer.causal, "dtype": weight.dtype, "device": weight.device}
     options.update(kwargs)
     ops = copy.deepcopy(layer.head_operators)  # keeps shared instances shared
     other = DiffusionAttention(layer.embed_dim, layer.num_heads, ops, **options)
@@ -78,7 +81,7 @@ def grads(layer: DiffusionAttention, x: torch.Tensor, key_mask=None, seed: int =
     x = x.detach().clone().requires_grad_(True)
     out = layer(x, key_mask)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
-    (out * g).sum().backward()
+    (out * g.to(out.device)).sum().backward()
     named = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
     return out.detach(), x.grad, named
 
@@ -103,31 +106,35 @@ def _mha(d: int, h: int, *, bias: bool = True, batch_first: bool = True, seed: i
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_all_attention_equals_multihead_attention(masked, causal, batch_first, bias) -> None:
+def test_all_attention_equals_multihead_attention(
+    masked, causal, batch_first, bias, device
+) -> None:
     d, h, b, n = 16, 4, 3, 6
-    mha = _mha(d, h, bias=bias, batch_first=batch_first)
+    mha = _mha(d, h, bias=bias, batch_first=batch_first).to(device)
     ours = DiffusionAttention.from_mha(mha, causal=causal)
     assert ours.in_proj.weight.dtype == F64 and (ours.in_proj.bias is not None) == bias
-    x = mh.random_input(1, b, n, d)
-    key_mask = mh.padding_mask(b, n, [6, 4, 1]) if masked else None  # True = real token
+    assert ours.in_proj.weight.device.type == device.type
+    x = mh.random_input(1, b, n, d, device=device)
+    key_mask = mh.padding_mask(b, n, [6, 4, 1], device) if masked else None  # True = real
     kwargs = {"need_weights": False}
     if masked:
         kwargs["key_padding_mask"] = ~key_mask  # MHA: True = pad
     if causal:
-        kwargs["attn_mask"] = torch.ones(n, n, dtype=torch.bool).triu(1)  # MHA: True = masked
+        kwargs["attn_mask"] = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)  # masked
         kwargs["is_causal"] = True
 
     xm = x.detach().clone().requires_grad_(True)
     inp = xm if batch_first else xm.transpose(0, 1)
     ref = mha(inp, inp, inp, **kwargs)[0]
     ref = ref if batch_first else ref.transpose(0, 1)
-    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2), dtype=F64).to(device)
     (ref * g).sum().backward()
 
     xo = x.detach().clone().requires_grad_(True)
     out = ours(xo, key_mask)
     (out * g).sum().backward()
 
+    assert out.device.type == device.type
     torch.testing.assert_close(out, ref, **TIGHT)
     torch.testing.assert_close(xo.grad, xm.grad, **TIGHT)
     torch.testing.assert_close(ours.in_proj.weight.grad, mha.in_proj_weight.grad, **TIGHT)
@@ -184,7 +191,7 @@ def explicit_update(layer: DiffusionAttention, x, key_mask=None):
     q, k, v = layer.project_qkv(x)  # (B, H, N, Dh)
     n = x.shape[1]
     scores = q @ k.transpose(-1, -2) / math.sqrt(layer.head_dim)  # (B, H, N, N)
-    allowed = torch.ones(n, n, dtype=torch.bool)
+    allowed = torch.ones(n, n, dtype=torch.bool, device=x.device)
     if layer.causal:
         allowed = allowed.tril()
     if key_mask is not None:
@@ -212,10 +219,10 @@ def explicit_update(layer: DiffusionAttention, x, key_mask=None):
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_mixed_heads_equal_the_explicit_update(spec, causal, masked) -> None:
-    layer = mh.random_layer(spec, causal=causal)
-    x = mh.random_input(4)
-    key_mask = mh.padding_mask(2, 6, [6, 3]) if masked else None
+def test_mixed_heads_equal_the_explicit_update(spec, causal, masked, device) -> None:
+    layer = mh.random_layer(spec, causal=causal, device=device)
+    x = mh.random_input(4, device=device)
+    key_mask = mh.padding_mask(2, 6, [6, 3], device) if masked else None
     q, k, v = layer.project_qkv(x)
     y_ref, out_ref = explicit_update(layer, x, key_mask)
     torch.testing.assert_close(layer.diffuse(q, k, v, key_mask), y_ref, **TIGHT)
@@ -246,10 +253,10 @@ def test_repeated_names_in_a_spec_are_separate_operators() -> None:
     ids=["two-heat-entries", "per-head-t", "learnable", "exact"],
 )
 @pytest.mark.parametrize("causal", [False, True])
-def test_heat_heads_equal_scipy_expm(spec, causal) -> None:
-    layer = mh.random_layer(spec, causal=causal)
-    x = mh.random_input(6)
-    key_mask = mh.padding_mask(2, 6, [6, 4])  # every row keeps at least one key
+def test_heat_heads_equal_scipy_expm(spec, causal, device) -> None:
+    layer = mh.random_layer(spec, causal=causal, device=device)
+    x = mh.random_input(6, device=device)
+    key_mask = mh.padding_mask(2, 6, [6, 4], device)  # every row keeps at least one key
     q, k, v = layer.project_qkv(x)
     y = layer.diffuse(q, k, v, key_mask)
     qn, kn, vn = (mh.to_numpy(t) for t in (q, k, v))
@@ -262,7 +269,7 @@ def test_heat_heads_equal_scipy_expm(spec, causal) -> None:
         t = mh.to_numpy(op.t)
         t_h = float(t) if t.ndim == 0 else float(t[sum(o is op for o in ops[:h])])
         for b in range(2):
-            allowed = mh.allowed_matrix(n, key_mask[b].numpy(), causal)
+            allowed = mh.allowed_matrix(n, key_mask[b].cpu().numpy(), causal)
             p = mh.softmax_probs(qn[b, h], kn[b, h], allowed)
             expected = scipy.linalg.expm(-t_h * (np.eye(n) - p)) @ vn[b, h]
             np.testing.assert_allclose(mh.to_numpy(y[b, h]), expected, atol=1e-10, rtol=0)
@@ -273,10 +280,10 @@ def test_heat_heads_equal_scipy_expm(spec, causal) -> None:
 @pytest.mark.parametrize("spec", spec_params())
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_every_operator_equals_the_reference(spec, causal, masked) -> None:
-    layer = mh.random_layer(spec, causal=causal)
-    x = mh.random_input(7)
-    key_mask = mh.padding_mask(2, 6, [4, 6]) if masked else None
+def test_every_operator_equals_the_reference(spec, causal, masked, device) -> None:
+    layer = mh.random_layer(spec, causal=causal, device=device)
+    x = mh.random_input(7, device=device)
+    key_mask = mh.padding_mask(2, 6, [4, 6], device) if masked else None
     y_ref, out_ref = mh.diffuse_ref(layer, x, key_mask)
     q, k, v = layer.project_qkv(x)
     mh_close = {"atol": 1e-9, "rtol": 0}
@@ -301,10 +308,10 @@ def test_shared_instances_at_non_contiguous_heads(causal) -> None:
     np.testing.assert_allclose(mh.to_numpy(layer(x, key_mask)), out_ref, atol=1e-10)
 
 
-def test_qk_norm_and_need_weights() -> None:
-    layer = mh.random_layer("attention:2,laplacian:2", qk_norm=True, causal=True)
-    x = mh.random_input(8)
-    key_mask = mh.padding_mask(2, 6, [6, 5])
+def test_qk_norm_and_need_weights(device) -> None:
+    layer = mh.random_layer("attention:2,laplacian:2", qk_norm=True, causal=True, device=device)
+    x = mh.random_input(8, device=device)
+    key_mask = mh.padding_mask(2, 6, [6, 5], device)
     _, out_ref = explicit_update(layer, x, key_mask)  # project_qkv applies the QK-norm
     out, weights = layer(x, key_mask, need_weights=True)
     torch.testing.assert_close(out, out_ref, **TIGHT)
@@ -312,7 +319,7 @@ def test_qk_norm_and_need_weights() -> None:
     q, k, _ = layer.project_qkv(x)
     qn, kn = mh.to_numpy(q), mh.to_numpy(k)
     for b in range(2):
-        allowed = mh.allowed_matrix(6, key_mask[b].numpy(), True)
+        allowed = mh.allowed_matrix(6, key_mask[b].cpu().numpy(), True)
         for h in range(4):
             expected = mh.softmax_probs(qn[b, h], kn[b, h], allowed)
             np.testing.assert_allclose(mh.to_numpy(weights[b, h]), expected, atol=1e-12)
@@ -373,12 +380,12 @@ def test_zero_init_makes_the_layer_output_exactly_zero(spec) -> None:
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_dense_equals_topk_at_k_equal_n(spec, causal, masked) -> None:
-    dense = mh.random_layer(spec, causal=causal)
+def test_dense_equals_topk_at_k_equal_n(spec, causal, masked, device) -> None:
+    dense = mh.random_layer(spec, causal=causal, device=device)
     sparse = clone_layer(dense, topk=6)
     assert sparse.topk == 6 and dense.topk is None
-    x = mh.random_input(11)
-    key_mask = mh.padding_mask(2, 6, [6, 4]) if masked else None
+    x = mh.random_input(11, device=device)
+    key_mask = mh.padding_mask(2, 6, [6, 4], device) if masked else None
     out_d, gx_d, gp_d = grads(dense, x, key_mask)
     out_s, gx_s, gp_s = grads(sparse, x, key_mask)
     torch.testing.assert_close(out_s, out_d, atol=1e-10, rtol=1e-8)
@@ -464,13 +471,13 @@ def test_causal_sym_heads_are_refused(spec) -> None:
 
 @pytest.mark.parametrize("spec", spec_params(tight=False))
 @pytest.mark.parametrize("topk", [None, 3])
-def test_causal_outputs_never_see_later_tokens(spec, topk) -> None:
-    layer = mh.random_layer(spec, causal=True, topk=topk)
-    x = mh.random_input(18, n=7)
+def test_causal_outputs_never_see_later_tokens(spec, topk, device) -> None:
+    layer = mh.random_layer(spec, causal=True, topk=topk, device=device)
+    x = mh.random_input(18, n=7, device=device)
     out = layer(x)
     for i in (0, 3, 5):
         moved = x.clone()
-        moved[:, i + 1 :] += 3.0 * mh.random_input(19, n=7)[:, i + 1 :]
+        moved[:, i + 1 :] += 3.0 * mh.random_input(19, n=7, device=device)[:, i + 1 :]
         torch.testing.assert_close(layer(moved)[:, : i + 1], out[:, : i + 1], atol=1e-12, rtol=0)
 
 
@@ -491,12 +498,12 @@ def test_causal_laplacian_head_is_exactly_zero_at_the_first_token(spec, topk) ->
 
 
 @pytest.mark.parametrize("spec", spec_params())
-def test_fully_masked_rows_follow_the_documented_convention(spec) -> None:
+def test_fully_masked_rows_follow_the_documented_convention(spec, device) -> None:
     """A sequence whose keys are all padding: attention heads output 0, Laplacian heads 0
     (a zero Laplacian row), heat heads exp(0) v = v; everything finite, also the gradients."""
-    layer = mh.random_layer(spec)
-    x = mh.random_input(21).requires_grad_(True)
-    key_mask = mh.padding_mask(2, 6, [6, 0])
+    layer = mh.random_layer(spec, device=device)
+    x = mh.random_input(21, device=device).requires_grad_(True)
+    key_mask = mh.padding_mask(2, 6, [6, 0], device)
     q, k, v = layer.project_qkv(x)
     y = layer.diffuse(q, k, v, key_mask)
     y_ref, _ = mh.diffuse_ref(layer, x, key_mask)
@@ -534,11 +541,11 @@ def test_left_padded_causal_gradients_are_finite(spec) -> None:
 @pytest.mark.parametrize(
     ("causal", "topk"), [(False, None), (True, None), (True, 3)], ids=["dense", "causal", "topk"]
 )
-def test_gradcheck_mixed_heads(causal, topk) -> None:
+def test_gradcheck_mixed_heads(causal, topk, device) -> None:
     spec = "attention:1,laplacian:1,heat[t=0.6;learnable=true;tol=1e-9]:1,ppr[alpha=0.5;tol=1e-9]:1"
-    layer = mh.random_layer(spec, embed_dim=8, causal=causal, topk=topk)
-    x = mh.random_input(23, 2, 4, 8).requires_grad_(True)
-    key_mask = mh.padding_mask(2, 4, [4, 3])
+    layer = mh.random_layer(spec, embed_dim=8, causal=causal, topk=topk, device=device)
+    x = mh.random_input(23, 2, 4, 8, device=device).requires_grad_(True)
+    key_mask = mh.padding_mask(2, 4, [4, 3], device)
     check = {"atol": 1e-7, "fast_mode": True}
     assert torch.autograd.gradcheck(lambda inp: layer(inp, key_mask), (x,), **check)
 
@@ -651,10 +658,10 @@ def test_dropout_only_in_training() -> None:
         "laplacian[step=0.5]:2,attention:1,laplacian[step=-1.5;learnable=true]:1",
     ],
 )
-def test_kv_cache_chunks_equal_the_full_forward(spec) -> None:
-    layer = mh.random_layer(spec, causal=True)
+def test_kv_cache_chunks_equal_the_full_forward(spec, device) -> None:
+    layer = mh.random_layer(spec, causal=True, device=device)
     assert layer.supports_cache
-    x = mh.random_input(25, n=8)
+    x = mh.random_input(25, n=8, device=device)
     full = layer(x)
     cache = KVCache()
     outs = []
@@ -673,12 +680,12 @@ INCREMENTAL_GRAPHS = [
 
 
 @pytest.mark.parametrize("graph", INCREMENTAL_GRAPHS)
-def test_kv_cache_equals_the_full_forward_on_every_incremental_graph_kind(graph) -> None:
+def test_kv_cache_equals_the_full_forward_on_every_incremental_graph_kind(graph, device) -> None:
     """Every graph kind that declares ``incremental`` decodes from the cache exactly as the full
     graph computes (top-k too: a causal row ranks only keys the cache already holds)."""
-    layer = mh.random_layer("attention:2,laplacian:2", causal=True, graph=graph)
+    layer = mh.random_layer("attention:2,laplacian:2", causal=True, graph=graph, device=device)
     assert layer.supports_cache
-    x = mh.random_input(31, n=9)
+    x = mh.random_input(31, n=9, device=device)
     full = layer(x)
     cache = KVCache()
     outs = [layer(x[:, a:b], cache=cache) for a, b in [(0, 2), (2, 3), (3, 7), (7, 9)]]
@@ -773,7 +780,7 @@ EVERY_KIND = [
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("graph", EVERY_KIND)
 def test_padded_positions_never_reach_real_rows_and_zeroing_them_keeps_nan_out(
-    graph: str, causal: bool
+    graph: str, causal: bool, device: torch.device
 ) -> None:
     """What padded positions hold changes no real row (every operator); a NaN there does reach
     them through the products, as in SDPA, and zeroing the padded inputs -- the documented
@@ -781,10 +788,12 @@ def test_padded_positions_never_reach_real_rows_and_zeroing_them_keeps_nan_out(
     heads = "attention:1,laplacian:1,heat:1,ppr:1,polynomial:1,mean:1"
     heads += "" if causal else ",laplacian[normalization=sym]:1"  # W^T: padded queries dropped
     h = heads.count(":")
-    layer = mh.random_layer(heads, embed_dim=4 * h, num_heads=h, causal=causal, graph=graph)
+    layer = mh.random_layer(
+        heads, embed_dim=4 * h, num_heads=h, causal=causal, graph=graph, device=device
+    )
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 7, 4 * h, generator=gen, dtype=F64)
-    key_mask = torch.ones(2, 7, dtype=torch.bool)
+    x = torch.randn(2, 7, 4 * h, generator=gen, dtype=F64).to(device)
+    key_mask = torch.ones(2, 7, dtype=torch.bool, device=device)
     key_mask[0, :2] = key_mask[1, -2:] = False  # left and right padding
     real = key_mask[..., None]  # (B, N, 1)
 
@@ -795,7 +804,8 @@ def test_padded_positions_never_reach_real_rows_and_zeroing_them_keeps_nan_out(
         return y.detach() * real, layer.in_proj.weight.grad.clone()
 
     clean = run(x.masked_fill(~real, 0.0))
-    noisy = run(torch.where(real, x, 100 * torch.randn(x.shape, generator=gen, dtype=F64)))
+    noise = 100 * torch.randn(x.shape, generator=gen, dtype=F64).to(device)
+    noisy = run(torch.where(real, x, noise))
     for a, b in zip(noisy, clean, strict=True):
         torch.testing.assert_close(a, b, **TIGHT)
     poisoned = torch.where(real, x, float("nan"))

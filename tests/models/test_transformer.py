@@ -1,5 +1,9 @@
 """Blocks and reference models: GPT (KV cache, generation), ViT, SequenceClassifier, configs,
-save/load, torch.compile and a short training run."""
+save/load, torch.compile and a short training run.
+
+GPT forward with and without the KV cache, generation and the ViT forward take ``device``
+(CPU; CUDA where available, marked ``cuda``), in float64 with the same tolerances on both.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import model_helpers as mh
+from device_helpers import TIGHT
 from heatformer.models import (
     GPT,
     DiffusionAttention,
@@ -27,22 +32,25 @@ from heatformer.models import (
 )
 
 F64 = torch.float64
-TIGHT = {"atol": 1e-12, "rtol": 1e-10}
 #: torch's own compile stack warns about its deprecated torch.jit internals
 COMPILE_WARNINGS = pytest.mark.filterwarnings(
     "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
 )
 
 
-def tiny_gpt(heads="attention:2,laplacian:2", *, dtype=F64, seed: int = 0, **kwargs) -> GPT:
+def tiny_gpt(
+    heads="attention:2,laplacian:2", *, dtype=F64, seed: int = 0, device="cpu", **kwargs
+) -> GPT:
+    """Drawn on the CPU, then moved to ``device``: the same weights on every device."""
     torch.manual_seed(seed)
     fields = {"vocab_size": 13, "block_size": 16, "n_layer": 2, "n_head": 4, "n_embd": 16}
     fields.update(kwargs)
-    return GPT(GPTConfig(heads=heads, **fields)).to(dtype).eval()
+    return GPT(GPTConfig(heads=heads, **fields)).to(device, dtype).eval()
 
 
-def tokens(seed: int, b: int, n: int, vocab: int = 13) -> torch.Tensor:
-    return torch.randint(0, vocab, (b, n), generator=torch.Generator().manual_seed(seed))
+def tokens(seed: int, b: int, n: int, vocab: int = 13, device="cpu") -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (b, n), generator=gen).to(device)
 
 
 # ---- blocks ------------------------------------------------------------------------------------
@@ -140,16 +148,17 @@ def test_compiled_block_with_heat_heads_matches_eager() -> None:
         ("attention:4", {"graph": "topk[k=2];softmax"}),  # a per-layer graph schedule
     ],
 )
-def test_cached_incremental_logits_equal_full_logits(heads, kwargs) -> None:
-    model = tiny_gpt(heads, **kwargs)
+def test_cached_incremental_logits_equal_full_logits(heads, kwargs, device) -> None:
+    model = tiny_gpt(heads, device=device, **kwargs)
     assert model.supports_cache
-    idx = tokens(0, 2, 11)
+    idx = tokens(0, 2, 11, device=device)
     full = model(idx)
     caches = [KVCache() for _ in model.blocks]
     steps = [model(idx[:, :4], caches)]  # the prompt in one chunk, then one token at a time
     for i in range(4, 11):
         steps.append(model(idx[:, i : i + 1], caches))
     assert [c.length for c in caches] == [11, 11]
+    assert full.device.type == device.type
     torch.testing.assert_close(torch.cat(steps, dim=1), full, **TIGHT)
 
 
@@ -167,8 +176,8 @@ def test_caches_are_one_per_layer() -> None:
 
 
 @pytest.mark.parametrize("heads", ["attention", "attention:2,laplacian:2", "laplacian"])
-def test_generate_with_cache_equals_without(heads, monkeypatch) -> None:
-    model = tiny_gpt(heads)
+def test_generate_with_cache_equals_without(heads, monkeypatch, device) -> None:
+    model = tiny_gpt(heads, device=device)
     calls = []
     cached = DiffusionAttention._forward_cached
 
@@ -177,17 +186,17 @@ def test_generate_with_cache_equals_without(heads, monkeypatch) -> None:
         return cached(self, *args, **kwargs)
 
     monkeypatch.setattr(DiffusionAttention, "_forward_cached", spy)
-    prompt = tokens(1, 3, 4)
+    prompt = tokens(1, 3, 4, device=device)
     out = {}
     for use_cache in (True, False):
-        gen = torch.Generator().manual_seed(7)
+        gen = torch.Generator(device).manual_seed(7)  # sampling draws on the model's device
         out[use_cache] = model.generate(prompt, 9, use_cache=use_cache, generator=gen)
     assert len(calls) == 9 * model.config.n_layer  # one cached call per step and layer
     assert out[True].shape == (3, 13) and torch.equal(out[True][:, :4], prompt)
     assert torch.equal(out[True], out[False])
     # same seed, same tokens; another seed differs (the sampling really is random)
-    again = model.generate(prompt, 9, generator=torch.Generator().manual_seed(7))
-    other = model.generate(prompt, 9, generator=torch.Generator().manual_seed(8))
+    again = model.generate(prompt, 9, generator=torch.Generator(device).manual_seed(7))
+    other = model.generate(prompt, 9, generator=torch.Generator(device).manual_seed(8))
     assert torch.equal(again, out[True]) and not torch.equal(other, out[True])
 
 
@@ -310,9 +319,9 @@ def test_token_ids_outside_the_vocabulary_are_named() -> None:
         clf(torch.full((1, 4), 13, dtype=torch.long))
 
 
-def test_gpt_is_causal() -> None:
-    model = tiny_gpt("attention:1,laplacian:1,heat:1,ppr:1")
-    idx = tokens(5, 2, 10)
+def test_gpt_is_causal(device) -> None:
+    model = tiny_gpt("attention:1,laplacian:1,heat:1,ppr:1", device=device)
+    idx = tokens(5, 2, 10, device=device)
     moved = idx.clone()
     moved[:, 6:] = (moved[:, 6:] + 1) % 13
     torch.testing.assert_close(model(moved)[:, :6], model(idx)[:, :6], atol=1e-12, rtol=0)
@@ -322,14 +331,14 @@ def test_gpt_is_causal() -> None:
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])
-def test_vit_shapes_and_patch_permutation_invariance(pool) -> None:
+def test_vit_shapes_and_patch_permutation_invariance(pool, device) -> None:
     torch.manual_seed(0)
     cfg = ViTConfig(
         image_size=8, patch_size=2, in_channels=3, num_classes=5, n_layer=2, n_head=4,
         n_embd=16, heads="attention:2,laplacian:1,heat:1", pool=pool,
     )  # fmt: skip
-    model = ViT(cfg).to(F64).eval()
-    images = torch.randn(3, 3, 8, 8, dtype=F64)
+    model = ViT(cfg).to(device, F64).eval()
+    images = torch.randn(3, 3, 8, 8, dtype=F64).to(device)
     logits = model(images)
     assert logits.shape == (3, 5) and torch.isfinite(logits).all()
     assert model.pos.shape == (1, 16 + (pool == "cls"), 16)

@@ -102,9 +102,10 @@ OPTION_SETS = {
 
 
 @pytest.mark.parametrize("options", list(OPTION_SETS.values()), ids=list(OPTION_SETS))
-def test_vit_equals_the_recipe_written_out(options: dict[str, Any]) -> None:
-    model = _randomize(ViT(ViTConfig(**SMALL, **options)).double()).eval()
+def test_vit_equals_the_recipe_written_out(options: dict[str, Any], device: torch.device) -> None:
+    model = _randomize(ViT(ViTConfig(**SMALL, **options)).double()).to(device).eval()
     images = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(1), dtype=F64)
+    images = images.to(device)
     torch.testing.assert_close(
         model(images), _reference_forward(model, images), atol=1e-12, rtol=1e-10
     )
@@ -221,7 +222,9 @@ def _timm_state(ref: nn.Module, pool: str) -> dict[str, Tensor]:
 
 
 @pytest.mark.parametrize("pool", ["cls", "avg"])
-def test_vit_equals_timm_deit3_with_the_same_weights(timm: Any, pool: str) -> None:
+def test_vit_equals_timm_deit3_with_the_same_weights(
+    timm: Any, pool: str, device: torch.device
+) -> None:
     """timm's VisionTransformer in the DeiT-3 setting (no_embed_class, init_values=1e-6,
     QK-norm, LayerNorm eps 1e-6), built with pretrained=False: the same logits to float64
     round-off after copying its weights (LayerScale randomized so that it matters)."""
@@ -234,12 +237,13 @@ def test_vit_equals_timm_deit3_with_the_same_weights(timm: Any, pool: str) -> No
         global_pool="token" if pool == "cls" else "avg",
         norm_layer=functools.partial(nn.LayerNorm, eps=1e-6), drop_path_rate=0.1,
     )  # fmt: skip
-    ref = _randomize(ref.double()).eval()
-    model = ViT(ViTConfig(**SMALL, **DEIT3, pool=pool, drop_path=0.1)).double().eval()
+    ref = _randomize(ref.double()).to(device).eval()
+    model = ViT(ViTConfig(**SMALL, **DEIT3, pool=pool, drop_path=0.1)).double().to(device).eval()
     state = _timm_state(ref, pool)
     assert sorted(state) == sorted(model.state_dict())
     model.load_state_dict(state)
     images = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(4), dtype=F64)
+    images = images.to(device)
     expected = ref(images)
     assert float(expected.detach().abs().max()) > 0.1
     torch.testing.assert_close(model(images), expected, atol=1e-12, rtol=1e-10)
