@@ -152,6 +152,7 @@ def window_mask_mod(
     num_global: int = 0,
     key_mask: Tensor | None = None,
     drop_masked_queries: bool = False,
+    device: torch.device | str | None = None,
 ) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
     """The window predicate as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool``.
 
@@ -167,6 +168,7 @@ def window_mask_mod(
         key_mask: bool ``(Bf, N)`` (``True`` = a real key), indexed by the kernel's batch index
             ``b`` (the flattened batch of the graph); None = every key is real.
         drop_masked_queries: padded queries lose their out-edges too.
+        device: the kernel's device (where ``w`` and ``g`` are kept, as 0-dim tensors).
 
     Returns:
         A function of scalar (or broadcasting) int tensors ``b, h, q_idx, kv_idx``; the head
@@ -182,7 +184,10 @@ def window_mask_mod(
                 [0, 0, 1, 1, 0],
                 [0, 0, 0, 1, 1]], dtype=torch.int32)
     """
-    w, g = min(window, max(num_nodes, 1)), num_global
+    # w and g as tensors: torch.compile lifts a captured tensor into an input, where it would
+    # guard on a captured int and compile the kernel again for every window and g
+    w = torch.tensor(min(window, max(num_nodes, 1)), device=device)
+    g = torch.tensor(num_global, device=device)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         gap = q_idx - kv_idx
@@ -337,7 +342,7 @@ def window_block_mask(
         full_num[:gb], full_idx[:gb] = _compact(full_g, cg.expand(gb, nb), nb)
     mask_mod = window_mask_mod(
         n, window=w, causal=causal, num_global=g, key_mask=key_mask,
-        drop_masked_queries=drop_masked_queries,
+        drop_masked_queries=drop_masked_queries, device=dev,
     )  # fmt: skip
     return BlockMask.from_kv_blocks(
         kv_num[None, None], kv_idx[None, None], full_num[None, None], full_idx[None, None],
