@@ -290,6 +290,17 @@ def test_compiled_cpu_kernel_reads_the_tiles_and_matches_the_kernels(monkeypatch
     assert (graph.q.float() @ graph.k.float().transpose(-1, -2)).abs().max() > 65504
 
 
+def test_flex_propagate_traces_into_one_graph(monkeypatch):
+    """Inside ``torch.compile`` the flex path (block mask built in the program, key mask and
+    global tokens included) has no graph break: ``torch._dynamo.explain``, no compilation."""
+    monkeypatch.setattr(window_module, "BACKEND", "flex")
+    graph, x = make_graph(37, 5, True, 2, True, False)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(graph.propagate)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
 def test_flex_backward_on_cpu_is_refused_clearly(monkeypatch):
     monkeypatch.setattr(window_module, "BACKEND", "flex")
     graph, x = make_graph(20, 4, True, 1, False, False)

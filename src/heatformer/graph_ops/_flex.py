@@ -93,11 +93,22 @@ _FLEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INT = torch.int32
 
 
-@functools.cache
+_AVAILABLE: bool | None = None  # flex_available(), once probed
+
+
 def flex_available() -> bool:
     """Whether this torch has FlexAttention with ``BlockMask.from_kv_blocks(seq_lengths=...)``
     (torch 2.6 and later; the declared floor, 2.5, has neither the keyword nor, for lengths not
-    a multiple of the block size, the semantics this module needs)."""
+    a multiple of the block size, the semantics this module needs). Probed once; a constant
+    inside ``torch.compile``."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        _AVAILABLE = _probe()
+    return _AVAILABLE
+
+
+@torch.compiler.assume_constant_result
+def _probe() -> bool:
     try:
         from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
     except ImportError:
@@ -436,7 +447,11 @@ def window_propagate(graph: WindowGraph, x: Tensor) -> Tensor:
     q4, k4 = q.unsqueeze(1), k.unsqueeze(1)  # (Bf, 1, N, E): one "head" per graph in the batch
     if cuda:
         q4, k4 = _pad_last(q4, _MIN_DIM), _pad_last(k4, _MIN_DIM)
-    mask, kernel = _graph_block_mask(graph), _kernel()
+    if torch.compiler.is_compiling():  # inside a compiled program: flex_attention itself
+        from torch.nn.attention.flex_attention import flex_attention as kernel
+    else:
+        kernel = _kernel()
+    mask = _graph_block_mask(graph)
     outs = []
     for lo in range(0, c, _MAX_VALUE_DIM):
         xc = xf[..., lo : lo + _MAX_VALUE_DIM].unsqueeze(1)  # (Bf, 1, N, C')
