@@ -670,7 +670,9 @@ def _child(name: str, out: Path, dry: bool, budget: float) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", name, "--out", str(out), "--budget", f"{budget}"]
     cmd += ["--dry-run"] if dry else []
     t0 = time.perf_counter()
-    timeout = budget + 30  # start-up and the last measurement's end
+    # start-up (imports, CUDA) and the last measurement's end; the dry run's start-up is most of
+    # it, and slow on a busy machine
+    timeout = budget + (90 if dry else 30)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         rc: int | None = proc.returncode
