@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch (an unpinned torch pulls a multi-GB CUDA build); override for CUDA.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-oldest lint typecheck pytest bench docs clean
+.PHONY: demo test test-oldest lint typecheck pytest bench gpu-check docs clean
 
 $(VENV)/.installed-base: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,13 @@ test-oldest: $(OLDEST_VENV)/.installed
 
 bench: $(VENV)/.installed-dev
 	$(PY) benchmarks/bench_graph_ops.py
+
+# The prepared GPU check (benchmarks/gpu_check.py): `pytest -m cuda -x` and the GPU benchmarks in
+# at most 8 minutes, with no download; one JSON + one Markdown table in gpu-check/. It needs a CUDA
+# build of torch in the venv: on a fresh machine `make gpu-check TORCH_SPEC=torch`. Without a GPU
+# it refuses (exit 2); `$(PY) benchmarks/gpu_check.py --dry-run` rehearses it on the CPU.
+gpu-check: $(VENV)/.installed-dev
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) build dist src/*.egg-info

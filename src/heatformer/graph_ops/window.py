@@ -40,6 +40,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
+from heatformer.graph_ops import _flex
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._window_attention import GradSink, shared, window_attention
 from heatformer.graph_ops.protocol import (
@@ -52,7 +53,15 @@ from heatformer.graph_ops.protocol import (
 )
 from heatformer.graph_ops.sparse import SparseGraph
 
-__all__ = ["WindowGraph"]
+__all__ = ["BACKEND", "WindowGraph"]
+
+#: The engine of :meth:`WindowGraph.propagate`, read at every call: ``"kernels"`` (the window
+#: kernels of :mod:`~heatformer.graph_ops._window_attention`, every device), ``"flex"``
+#: (FlexAttention on a block mask built from the window's arithmetic,
+#: :mod:`~heatformer.graph_ops._flex`; forward only on the CPU in torch 2.13) or ``"auto"``:
+#: FlexAttention on CUDA where it applies (:func:`~heatformer.graph_ops._flex.use_flex`), the
+#: kernels elsewhere. Transpose products, degrees and top-k always use the window kernels.
+BACKEND = "auto"
 
 
 def _tracing() -> bool:
@@ -429,6 +438,8 @@ class WindowGraph(Graph):
         )
 
     def propagate(self, x: Tensor) -> Tensor:
+        if _flex.use_flex(self, BACKEND):  # FlexAttention (see BACKEND)
+            return _flex.window_propagate(self, x)
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
         q, k = self._flat()
         n = self.num_nodes
