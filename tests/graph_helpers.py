@@ -349,3 +349,20 @@ def assert_close_np(actual: Tensor, expected: np.ndarray, *, atol: float, rtol: 
 
 
 # ---- fixtures ----------------------------------------------------------------------------------
+
+
+def band_mask(
+    n: int, w: int, causal: bool, g: int, key_mask: torch.Tensor | None, drop: bool
+) -> torch.Tensor:
+    """The dense mask the window graph stands for (written from its definition)."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+    gap = i - j
+    band = ((gap >= 0) & (gap < w)) if causal else gap.abs() <= w
+    glob = (i < g) | (j < g)
+    allowed = band | (glob & (gap >= 0)) if causal else band | glob
+    if key_mask is None:
+        return allowed
+    allowed = allowed & key_mask[:, None, :]
+    if drop:
+        allowed = allowed & key_mask[:, :, None]
+    return allowed[:, None]  # (B, 1, N, N)

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import heatformer.graph_ops.window as window_module
+from graph_helpers import band_mask
 from heatformer.graph_ops import OPERATORS, WindowGraph, _flex, resolve_operator
 
 pytestmark = pytest.mark.skipif(
@@ -33,15 +34,9 @@ F32, F64 = torch.float32, torch.float64
 
 def dense_allowed(n, w, causal, g, key_mask=None, drop=False):
     """The window graph's ``N x N`` mask, written from its definition (``(Bf, N, N)`` with a
-    key mask)."""
-    w = min(w, max(n, 1))
-    i, j = torch.arange(n)[:, None], torch.arange(n)[None]
-    gap = i - j
-    band = ((gap >= 0) & (gap < w)) if causal else gap.abs() <= w
-    glob = (i < g) | (j < g)
-    allowed = band | (glob & (gap >= 0)) if causal else band | glob
-    if key_mask is None:
-        return allowed
+    key mask; a window past ``N`` is ``N``)."""
+    allowed = band_mask(n, min(w, max(n, 1)), causal, g, key_mask, drop)
+    return allowed if key_mask is None else allowed[:, 0]
     allowed = allowed & key_mask[:, None, :]
     if drop:
         allowed = allowed & key_mask[:, :, None]

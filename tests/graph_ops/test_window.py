@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from graph_helpers import band_mask
 from heatformer.graph_ops import (
     HeatKernel,
     Laplacian,
@@ -28,21 +29,6 @@ from heatformer.graph_ops import (
 from heatformer.models import GPT, DiffusionAttention, GPTConfig, KVCache
 
 F64 = torch.float64
-
-
-def band_mask(n: int, w: int, causal: bool, g: int, key_mask, drop: bool) -> torch.Tensor:
-    """The dense mask the window graph stands for (written from its definition)."""
-    i, j = torch.arange(n)[:, None], torch.arange(n)[None]
-    gap = i - j
-    band = ((gap >= 0) & (gap < w)) if causal else gap.abs() <= w
-    glob = (i < g) | (j < g)
-    allowed = band | (glob & (gap >= 0)) if causal else band | glob
-    if key_mask is None:
-        return allowed
-    allowed = allowed & key_mask[:, None, :]
-    if drop:
-        allowed = allowed & key_mask[:, :, None]
-    return allowed[:, None]  # (B, 1, N, N)
 
 
 CASES = [
