@@ -635,10 +635,24 @@ def _device_name(env: Env) -> str:
 # ---- parent side --------------------------------------------------------------------------
 
 
+#: the CUDA tests run first by the ``pytest`` section, in this order
+FIRST_ON_CUDA = (
+    "tests/test_syncs.py",
+    "tests/graph_ops/test_flex.py",
+    "tests/models",
+    "tests/integrations",
+    "tests/analysis",
+    "tests/graph_ops",
+)
+
+
 def _pytest(out: Path, dry: bool, budget: float) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-x", "-q", "-p", "no:cacheprovider"]
     if dry:  # the CUDA tests of one file, which skip on the CPU
         cmd += ["tests/graph_ops/test_flex.py", "-k", "cuda_auto"]
+    else:  # what is new on CUDA first (syncs, FlexAttention, layers), the 3000-cell matrix last,
+        # so that a run cut by the budget has tested those (pytest collects a file once)
+        cmd += [*FIRST_ON_CUDA, "tests"]
     path = [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     t0 = time.perf_counter()
