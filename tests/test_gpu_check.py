@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from heatformer.graph_ops._flex import flex_available
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
@@ -68,6 +70,9 @@ def test_dry_run_reports_every_section_with_numbers(tmp_path: Path) -> None:
 
     window = sections["window_long"]["results"]
     assert window
+    if not flex_available():  # an older torch: the section says so
+        assert list(window) == ["all"] and "unavailable" in window["all"]["skipped"]
+        window = {}
     for record in window.values():
         assert record["auto_backend"] == "kernels"  # the CPU's default
         for name in ("heatformer auto", "heatformer kernels", "heatformer flex",
@@ -83,7 +88,9 @@ def test_dry_run_reports_every_section_with_numbers(tmp_path: Path) -> None:
     assert positive(moon["results"][f"N={moon['largest_N']}"]["time_s"])
 
     targets = [t for sec in sections.values() for t in sec.get("targets", [])]
-    assert len(targets) == 7 and all(positive(t["measured"]) for t in targets)
+    # one target per window size only where FlexAttention (the peer) exists
+    assert len(targets) == (7 if flex_available() else 6)
+    assert all(positive(t["measured"]) for t in targets)
     table = (tmp_path / "gpu_check.md").read_text()
     assert "## Targets" in table and "dry run" in table
     for name in script.SECTIONS:
