@@ -145,7 +145,7 @@ def _truncation(op: torch.nn.Module) -> float:
     return float(getattr(op, "tol", 0.0))
 
 
-def _key_mask(n: int, device: torch.device) -> Tensor:
+def _key_mask(n: int, device: torch.device | str = "cpu") -> Tensor:
     key_mask = torch.ones(B, n, dtype=torch.bool, device=device)
     key_mask[1, :3] = False
     return key_mask
