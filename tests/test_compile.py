@@ -44,8 +44,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: one head of every registered operator, and the variants whose code differs (the symmetric
-#: normalization reads W^T, here in a Laplacian head; a learnable time), with few series terms: tracing unrolls every
-#: propagation of a series, and what is checked is each code path, not the truncation
+#: normalization reads W^T, here in a Laplacian head; a learnable time), with few series
+#: terms: tracing unrolls every propagation of a series, and what is checked is each code
+#: path, not the truncation
 HEADS_BIDIRECTIONAL = [
     "attention",
     "laplacian",
