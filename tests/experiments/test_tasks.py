@@ -366,3 +366,47 @@ def test_layer_values_hold_nc2_and_the_decay_rate_of_the_analysis_functions() ->
     assert values["within_seq_frac"] == pytest.approx(0.0, abs=1e-12)
     assert math.isnan(values["decay_rate"])
     assert "nc2" in task.analysis_names and "nc2" not in Chars.analysis_names
+
+
+@pytest.mark.parametrize("name", ["chars", "recall"])
+def test_evaluation_and_analysis_in_slices_equal_whole_batches(name: str) -> None:
+    # long sequences run in slices of sequences_per_pass examples (memory near a training
+    # step's); every metric is a sum over examples, so the slicing changes no number
+    if name == "chars":
+        spec = CompareSpec(task="chars", heads=("attention:2,laplacian:2",), n_layer=2, n_embd=16,
+                           batch_size=2, options={"seq_len": 12, "eval_size": 10,
+                                                  "analysis_size": 7})  # fmt: skip
+        task = resolve_task("chars")(spec, _chars_data())
+    else:
+        spec = CompareSpec(task="recall", heads=("attention:2,heat:2",), n_layer=2, n_embd=16,
+                           batch_size=2, options={"seq_len": 40, "eval_size": 10,
+                                                  "analysis_size": 7})  # fmt: skip
+        task = resolve_task("recall")(spec)
+    assert task.sequences_per_pass == max(2, 8192 // task.model_config(spec.heads[0]).max_tokens())
+    torch.manual_seed(0)
+    model = task.build_model(spec.heads[0])
+    whole_eval = task.evaluate(model, torch.device("cpu"))
+    whole = task.layer_metrics(model, torch.device("cpu"))
+    task.sequences_per_pass = 3  # 7 analysis sequences: slices of 3, 3 and 1
+    sliced_eval = task.evaluate(model, torch.device("cpu"))
+    sliced = task.layer_metrics(model, torch.device("cpu"))
+    assert sliced_eval == pytest.approx(whole_eval, rel=1e-6)
+    assert sliced.keys() == whole.keys() and len(whole["within_seq_frac"]) == 2
+    for metric, values in whole.items():
+        assert sliced[metric] == pytest.approx(values, rel=1e-6, nan_ok=True), metric
+
+
+def test_layer_values_total_variance_merges_slices_exactly() -> None:
+    # the pairwise update of (count, mean, squared deviations) against the one-pass formula
+    task = resolve_task("digits")(CompareSpec(task="digits", heads=("attention:2",), n_embd=16))
+    x = torch.randn(9, 5, 16, generator=torch.Generator().manual_seed(1)) * 3 + 2  # (B, N, D)
+    labels = torch.arange(9) % 3
+    from heatformer.experiments.tasks.base import _LayerStats
+
+    merged = _LayerStats()
+    for part in (slice(0, 4), slice(4, 5), slice(5, 9)):
+        merged.add(task, x[part], labels[part])
+    flat = x.reshape(-1, 16).double()
+    total = float(((flat - flat.mean(0)) ** 2).sum(-1).mean())
+    assert merged.m2 / merged.count == pytest.approx(total, rel=1e-12)
+    assert merged.values(task) == pytest.approx(task.layer_values(x, labels), rel=1e-9)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,11 +51,18 @@ if TYPE_CHECKING:
     from heatformer.experiments.spec import CompareSpec
 
 __all__ = [
+    "PASS_TOKENS",
     "Task",
     "TaskOptions",
     "autocast",
     "option",
 ]
+
+
+#: Tokens per forward pass of evaluation and analysis (at least a training batch's): longer
+#: batches run in slices (:attr:`Task.sequences_per_pass`), so that evaluating a model of long
+#: sequences needs no more memory than training it.
+PASS_TOKENS = 8192
 
 
 def option(
@@ -235,10 +243,29 @@ class Task(abc.ABC):
 
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
+    @functools.cached_property
+    def sequences_per_pass(self) -> int | None:
+        """Examples per forward pass of :meth:`evaluate` and :meth:`layer_metrics`.
+
+        An evaluation or analysis batch of long sequences is run in slices of
+        ``max(batch_size, PASS_TOKENS // N)`` examples (``N``: the model's
+        ``config.max_tokens()``), so that these passes hold no more activations than a training
+        step; the results do not depend on the slicing (every metric is a sum over examples).
+        ``None`` when the model's config does not say its length: whole batches.
+        """
+        config = self.model_config(self.spec.heads[0])
+        max_tokens = getattr(config, "max_tokens", None)
+        tokens = max_tokens() if callable(max_tokens) else None
+        if not isinstance(tokens, int) or tokens <= 0:
+            return None
+        return max(self.spec.batch_size, PASS_TOKENS // tokens)
+
     def evaluate(
         self, model: nn.Module, device: torch.device, *, bf16: bool = False
     ) -> dict[str, float]:
         """Loss and accuracy on the fixed evaluation set (eval mode, no gradients).
+
+        Each batch of :meth:`eval_batches` runs in slices of :attr:`sequences_per_pass`.
 
         Args:
             model: the (unwrapped) model.
@@ -256,21 +283,26 @@ class Task(abc.ABC):
         total_loss, total_correct, total_count = 0.0, 0, 0
         try:
             with torch.no_grad():
-                for inputs, targets in self.eval_batches():
-                    inputs, targets = inputs.to(device), targets.to(device)
-                    with autocast(device, bf16):
-                        logits = model(inputs)
-                    flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
-                    flat_targets = targets.reshape(-1)  # (M,)
-                    total_loss += float(F.cross_entropy(flat, flat_targets, reduction="sum"))
-                    total_correct += int((flat.argmax(-1) == flat_targets).sum())
-                    total_count += flat_targets.numel()
+                for batch in self.eval_batches():
+                    for inputs, targets in _slices(batch, self.sequences_per_pass):
+                        inputs, targets = inputs.to(device), targets.to(device)
+                        with autocast(device, bf16):
+                            logits = model(inputs)
+                        flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
+                        flat_targets = targets.reshape(-1)  # (M,)
+                        total_loss += float(F.cross_entropy(flat, flat_targets, reduction="sum"))
+                        total_correct += int((flat.argmax(-1) == flat_targets).sum())
+                        total_count += flat_targets.numel()
         finally:
             model.train(was_training)
         return self.metrics(total_loss / total_count, total_correct / total_count)
 
     def layer_metrics(self, model: nn.Module, device: torch.device) -> dict[str, list[float]]:
         """Per-layer token-geometry metrics on the fixed analysis batch.
+
+        The batch runs in slices of :attr:`sequences_per_pass`; each layer keeps running sums
+        (:class:`_LayerStats`) and the :meth:`grouping_states`, never every token state of a
+        long-sequence batch at once.
 
         Args:
             model: the (unwrapped) model; its ``blocks`` are the layers.
@@ -282,38 +314,108 @@ class Task(abc.ABC):
         """
         from heatformer.analysis import collect_token_states
 
-        inputs, labels = self.analysis_batch()
-        states = collect_token_states(model, inputs.to(device), to_cpu=True)
+        layers: list[_LayerStats] = []
+        for inputs, labels in _slices(self.analysis_batch(), self.sequences_per_pass):
+            states = collect_token_states(model, inputs.to(device), to_cpu=True)
+            layers = layers or [_LayerStats() for _ in states]
+            for stats, x in zip(layers, states.values()):
+                stats.add(self, x.float(), labels)
         out: dict[str, list[float]] = {name: [] for name in self.analysis_names}
-        for x in states.values():
-            for name, value in self.layer_values(x.float(), labels).items():
+        for stats in layers:
+            for name, value in stats.values(self).items():
                 out[name].append(value if math.isfinite(value) else math.nan)
         return out
 
     def layer_values(self, x: Tensor, labels: Tensor) -> dict[str, float]:
         """The analysis metrics of one layer's token states ``x`` ``(B, N, D)``."""
-        from heatformer.analysis import spectral_decay, within_sequence_variance
+        return _LayerStats().add(self, x, labels).values(self)
 
-        within = float(within_sequence_variance(x))
-        flat = x.reshape(-1, x.shape[-1]).double()  # (B * N, D)
-        total = float(((flat - flat.mean(0)) ** 2).sum(-1).mean())
-        spectrum = spectral_decay(x)
-        rates = spectrum.decay_rate[spectrum.decay_rate.isfinite()]  # (B',) with an exponent
-        return {
-            "within_seq_var": within,
-            "within_seq_frac": within / total if total > 0 else math.nan,
-            "effective_rank": float(spectrum.effective_rank.mean()),
-            "decay_rate": float(rates.mean()) if rates.numel() else math.nan,
-            **self.grouping_values(x, labels),
-        }
+    def grouping_states(self, x: Tensor) -> Tensor:
+        """What :meth:`grouping_values` reads of a slice ``x`` ``(b, N, D)``, concatenated over
+        slices along dim 0: by default the :meth:`pooled` states ``(b, D)``."""
+        return self.pooled(x)
 
-    def grouping_values(self, x: Tensor, labels: Tensor) -> dict[str, float]:
-        """``nc1``, ``nc2``: Neural Collapse of the :meth:`pooled` states grouped by ``labels``."""
+    def grouping_values(self, states: Tensor, labels: Tensor) -> dict[str, float]:
+        """``nc1``, ``nc2``: Neural Collapse of the :meth:`grouping_states` (the pooled states)
+        grouped by ``labels``."""
         from heatformer.analysis import neural_collapse
 
-        collapse = neural_collapse(self.pooled(x), labels)
+        collapse = neural_collapse(states, labels)
         return {"nc1": float(collapse.nc1), "nc2": float(collapse.etf_distance)}
 
     def pooled(self, x: Tensor) -> Tensor:
         """One feature per sequence from ``x`` ``(B, N, D)``: the mean over its tokens."""
         return x.mean(1)  # (B, D)
+
+
+def _slices(batch: tuple[Tensor, Tensor], size: int | None) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(inputs, targets)`` in slices of at most ``size`` examples along dim 0 (``None``: the
+    whole batch)."""
+    inputs, targets = batch
+    count = inputs.shape[0]
+    if size is None or count <= size:
+        yield inputs, targets
+        return
+    for start in range(0, count, size):
+        yield inputs[start : start + size], targets[start : start + size]
+
+
+class _LayerStats:
+    r"""One layer's analysis, accumulated over slices of the analysis batch.
+
+    Per-sequence values (within-sequence variance, effective rank, decay rate) are kept per
+    sequence and averaged at the end; the total token variance merges each slice's count
+    :math:`n`, mean :math:`\mu` and sum of squared deviations :math:`M` in float64 (Chan et
+    al.'s pairwise update, :math:`M = M_a + M_b + \lVert\mu_b - \mu_a\rVert^2 n_a n_b / n`);
+    the :meth:`Task.grouping_states` of the slices and their labels are concatenated. One
+    slice gives the values of the whole batch at once.
+    """
+
+    def __init__(self) -> None:
+        self.within: list[Tensor] = []  # (b,) float64 per slice
+        self.rank: list[Tensor] = []
+        self.rate: list[Tensor] = []
+        self.grouped: list[Tensor] = []
+        self.labels: list[Tensor] = []
+        self.count = 0
+        self.mean: Tensor | None = None  # (D,) float64
+        self.m2 = 0.0
+
+    def add(self, task: Task, x: Tensor, labels: Tensor) -> _LayerStats:
+        """Add a slice of token states ``x`` ``(b, N, D)`` with its ``labels``."""
+        from heatformer.analysis import spectral_decay, within_sequence_variance
+
+        self.within.append(within_sequence_variance(x, reduction="none").reshape(-1))
+        spectrum = spectral_decay(x)
+        self.rank.append(spectrum.effective_rank.reshape(-1))
+        self.rate.append(spectrum.decay_rate.reshape(-1))
+        flat = x.reshape(-1, x.shape[-1]).double()  # (b * N, D)
+        if flat.shape[0]:
+            n, mean = flat.shape[0], flat.mean(0)
+            m2 = float(((flat - mean) ** 2).sum(-1).sum())
+            if self.mean is None:
+                self.count, self.mean, self.m2 = n, mean, m2
+            else:
+                total, delta = self.count + n, mean - self.mean
+                self.m2 += m2 + float(delta.square().sum()) * self.count * n / total
+                self.mean = self.mean + delta * (n / total)
+                self.count = total
+        self.grouped.append(task.grouping_states(x))
+        self.labels.append(labels)
+        return self
+
+    def values(self, task: Task) -> dict[str, float]:
+        """The metrics of :attr:`Task.analysis_names` over every slice added."""
+        import torch
+
+        within = float(torch.cat(self.within).mean())
+        total = self.m2 / self.count if self.count else math.nan
+        rates = torch.cat(self.rate)
+        rates = rates[rates.isfinite()]  # (B',) the sequences with an exponent
+        return {
+            "within_seq_var": within,
+            "within_seq_frac": within / total if total > 0 else math.nan,
+            "effective_rank": float(torch.cat(self.rank).mean()),
+            "decay_rate": float(rates.mean()) if rates.numel() else math.nan,
+            **task.grouping_values(torch.cat(self.grouped), torch.cat(self.labels)),
+        }

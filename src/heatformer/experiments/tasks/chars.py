@@ -500,8 +500,11 @@ class Chars(Task):
     def metrics(self, loss: float, accuracy: float) -> dict[str, float]:
         return {"val_bpc": bits_per_char(loss), "val_loss": loss}
 
-    def grouping_values(self, x: Tensor, labels: Tensor) -> dict[str, float]:
+    def grouping_states(self, x: Tensor) -> Tensor:
+        return x  # every token, grouped by the byte that follows it
+
+    def grouping_values(self, states: Tensor, labels: Tensor) -> dict[str, float]:
         from heatformer.analysis import next_token_separability
 
-        result = next_token_separability(x, labels)
+        result = next_token_separability(states, labels)
         return {"nc1": float(result.nc1), "probe_acc": float(result.probe_accuracy)}
