@@ -37,6 +37,7 @@ from types import FrameType
 import heatformer
 from heatformer._atomic import FolderInUse
 from heatformer.cli import _demo, _experiments, _ops
+from heatformer.cli._heap import fix_mmap_threshold
 from heatformer.cli._options import OptionParser
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -182,6 +183,7 @@ def main(argv: Sequence[str] | None = None, *, sigterm_pending: bool = False) ->
     which keeps a SIGTERM that comes while this package loads: ``sigterm_pending``)."""
     sigterm = _Sigterm()
     sigterm.pending = sigterm_pending
+    fix_mmap_threshold()  # freed tensors leave the process (see heatformer.cli._heap)
     with sigterm.installed():  # first: a SIGTERM while torch loads is no silent -15
         return _main(argv, sigterm)
 
