@@ -33,8 +33,8 @@ Under DDP (``torchrun``) nothing is interrupted mid-step: the ranks meet in coll
 inside a step, and a rank that left one would leave the others waiting. There the flag is
 all-reduced after each optimizer step, as before, and every rank stops at the same step
 boundary (skipping that step's evaluation); a step or evaluation longer than the launcher's
-own grace period (``torchrun`` kills its workers 30 s after forwarding a signal) ends with
-the workers killed and the run resumes from its last periodic checkpoint.
+own grace period (``torchrun`` kills its workers 30 s after forwarding a signal, by default)
+ends with the workers killed and the run resumes from its last periodic checkpoint.
 
 A second Ctrl-C (more than 2 s after the first) stops at once (a plain
 :class:`KeyboardInterrupt`, e.g. while a checkpoint is written); the run then resumes
@@ -215,11 +215,12 @@ class StopSignal:
             >>> stop = StopSignal()
             >>> with stop.interruptible():
             ...     stop.request("test")  # set by code: read on entry to the next region
-            >>> with stop.interruptible():
-            ...     pass
-            Traceback (most recent call last):
-            ...
-            heatformer.experiments.trainer.StopRequested: test
+            >>> try:
+            ...     with stop.interruptible():
+            ...         print("not reached")
+            ... except StopRequested as err:
+            ...     print(f"stopped: {err}")
+            stopped: test
         """
         if not enabled:
             yield
@@ -483,7 +484,11 @@ def _train(
                     stacklevel=2,
                 )
 
+    saved_step = step  # the step in checkpoint.pt (step 0: none needed, a fresh start is that)
+
     def checkpoint() -> None:
+        nonlocal saved_step
+        saved_step = step
         if ctx.is_main:
             save_checkpoint(
                 run_dir / CHECKPOINT_NAME,
@@ -542,7 +547,6 @@ def _train(
             metrics = task.evaluate(model, device, bf16=spec.bf16)
         evals.append({"step": step, **metrics})
 
-    final_saved = False
     model.train()
     try:
         if step and due(step) and not (evals and evals[-1]["step"] == step):
@@ -595,13 +599,12 @@ def _train(
                 checkpoint()
         bar.close()
         checkpoint()  # the final weights, read by ``heatformer analyze``
-        final_saved = True
         analysis: dict[str, list[float]] = {}
         if spec.analysis and ctx.is_main:
             with stop.interruptible(interruptible):
                 analysis = task.layer_metrics(model, device)
     except StopRequested:  # raised in one process only (``interruptible``)
-        if not final_saved:
+        if step != saved_step:
             checkpoint()  # the last completed step
         raise TrainingInterrupted(run_dir, step, spec.steps) from None
     finally:
