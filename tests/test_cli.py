@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -11,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -425,6 +427,73 @@ def test_sigterm_stops_with_a_checkpoint_and_exit_130(text: Path, tmp_path: Path
         rf"saved; resume with: heatformer train --resume {re.escape(str(out))}",
         message,
     )
+
+
+_SLOW_ARGV = [
+    "train", "--task", "slow-recall", "--seq-len", "40", "--eval-size", "16", "--layers", "1",
+    "--embd", "16", "--steps", "4", "--batch-size", "4", "--eval-every", "2", "--ckpt-every",
+    "100", "--no-analysis", "--device", "cpu", "--threads", "1", "--no-progress",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def slow_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The task ``slow-recall`` of ``tests/stop_helpers.py`` registered here (the stall is off
+    in this process), and the record of its run by :data:`_SLOW_ARGV`, never interrupted."""
+    from heatformer.experiments.tasks import TASKS
+    from stop_helpers import SlowRecall
+
+    TASKS[SlowRecall.name] = SlowRecall
+    try:
+        out = tmp_path_factory.mktemp("slow") / "ref"
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main([*_SLOW_ARGV, "--out", str(out)]) == 0
+        (record,) = json.loads((out / "results.json").read_text())["runs"]
+        yield record
+    finally:
+        del TASKS[SlowRecall.name]
+
+
+@pytest.mark.parametrize("stall", ["eval:1", "train:3"])
+def test_sigterm_mid_evaluation_or_step_exits_130_within_seconds_and_resume_matches(
+    stall: str, slow_reference: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM while an evaluation (or a training step) of a slow task runs: it used to be
+    honoured only after the evaluation (the step) ended, minutes later for a long one. The
+    stall here lasts 60 s; the command must exit 130 in seconds, with the resume line, and the
+    resumed run must equal an uninterrupted one."""
+    from stop_helpers import STALL_S
+
+    cut, marker = tmp_path / "cut", tmp_path / "stalled"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HEATFORMER_TEST_STALL": stall,
+           "HEATFORMER_TEST_MARKER": str(marker)}  # fmt: skip
+    helper = Path(__file__).parent / "stop_helpers.py"
+    command = [sys.executable, str(helper), *_SLOW_ARGV, "--out", str(cut)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=STALL_S / 2)
+        took = time.monotonic() - sent
+    finally:
+        process.kill()
+    assert process.returncode == 130
+    assert took < 10  # measured: about 1 s on a busy 2-core machine
+    assert err.decode().strip().splitlines()[-1] == (
+        "heatformer train: SIGTERM: run c00-attention-s0 stopped at step 2/4, checkpoint "
+        f"saved; resume with: heatformer train --resume {cut}"
+    )  # the step after which it evaluated, or the one before the step that was cut
+    assert not (cut / "results.json").exists()
+
+    assert main(["train", "--resume", str(cut), "--no-progress"]) == 0
+    capsys.readouterr()
+    (resumed,) = json.loads((cut / "results.json").read_text())["runs"]
+    for key in ("train_loss", "evals", "final"):
+        assert resumed[key] == slow_reference[key], key
 
 
 def _sigterm_when(argv: list[str], ready: Callable[[int], bool]) -> tuple[int, str]:

@@ -23,6 +23,7 @@ from heatformer.experiments.spec import CompareSpec
 from heatformer.experiments.trainer import (
     CHECKPOINT_NAME,
     RESULT_NAME,
+    StopRequested,
     StopSignal,
     TrainingDiverged,
     TrainingInterrupted,
@@ -146,32 +147,127 @@ def test_resume_skips_finished_runs(tiny_spec: SpecFactory, tmp_path: Path) -> N
     assert {p.parent.name: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")} == finished
 
 
-def test_sigint_saves_a_checkpoint_and_resume_matches(
-    tiny_spec: SpecFactory, tmp_path: Path
-) -> None:
-    spec = tiny_spec(heads=("attention:2",), steps=10, ckpt_every=100, analysis=False)
-    reference = run_compare(spec, tmp_path / "ref").results["runs"][0]
+def _signal_then_stall(
+    signum: int, *, training: bool, at_call: int, stalls: list[float]
+) -> Callable[[Task, str], nn.Module]:
+    """A model factory whose ``at_call``-th forward pass in training (or eval) mode sends
+    ``signum`` to this process and then stalls for 30 s in small sleeps, as a long torch
+    computation would; ``stalls`` gets the time each stall began."""
     calls = {"n": 0}
 
     def factory(task: Task, heads: str) -> nn.Module:
         model = task.build_model(heads)
 
-        def ctrl_c(module: nn.Module, args: object) -> None:
+        def hook(module: nn.Module, args: object) -> None:
+            if module.training != training:
+                return
             calls["n"] += 1
-            if calls["n"] == 4:  # the 4th training forward pass, i.e. during step 4
-                os.kill(os.getpid(), signal.SIGINT)
+            if calls["n"] == at_call:
+                stalls.append(time.monotonic())
+                os.kill(os.getpid(), signum)
+                for _ in range(3000):  # many short operations, 30 s in all
+                    time.sleep(0.01)
 
-        model.blocks[0].register_forward_pre_hook(ctrl_c)
+        model.blocks[0].register_forward_pre_hook(hook)
         return model
+
+    return factory
+
+
+def _assert_same_runs(a: list[dict], b: list[dict], dir_a: Path, dir_b: Path) -> None:
+    """The two comparisons' runs have the same curves, evaluations and final weights."""
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["train_loss"] == rb["train_loss"]  # bit for bit
+        assert ra["evals"] == rb["evals"]
+        assert ra["final"] == rb["final"]
+        wa = load_checkpoint(dir_a / "runs" / ra["run"] / CHECKPOINT_NAME)["model"]
+        wb = load_checkpoint(dir_b / "runs" / rb["run"] / CHECKPOINT_NAME)["model"]
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_sigint_mid_step_discards_the_step_saves_the_last_and_resume_matches(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    """A signal during a long training step stops within seconds, not after the step; the
+    step is discarded (batch order and dropout RNG put back), the checkpoint holds the step
+    before it, and the resumed run equals an uninterrupted one bit for bit."""
+    spec = tiny_spec(heads=("attention:2",), steps=10, ckpt_every=100, analysis=False,
+                     dropout=0.1)  # fmt: skip
+    reference = run_compare(spec, tmp_path / "ref").results["runs"]
+    stalls: list[float] = []
+    factory = _signal_then_stall(signal.SIGINT, training=True, at_call=4, stalls=stalls)
 
     stop = StopSignal()
     before = signal.getsignal(signal.SIGINT)
     with stop.installed(), pytest.raises(TrainingInterrupted) as info:
         run_compare(spec, tmp_path / "cut", stop=stop, model_factory=factory)
+    took = time.monotonic() - stalls[0]
+    assert took < 5  # the stall lasts 30 s; it used to be sat out
     assert signal.getsignal(signal.SIGINT) is before  # handler restored
-    assert stop.reason == "SIGINT" and info.value.step == 4  # the step finished, then stopped
-    resumed = run_compare(spec, tmp_path / "cut", resume=True).results["runs"][0]
-    assert resumed["train_loss"] == reference["train_loss"]
+    assert stop.reason == "SIGINT" and info.value.step == 3  # step 4 was cut: discarded
+    saved = load_checkpoint(info.value.run_dir / CHECKPOINT_NAME)
+    assert saved["step"] == 3 and len(saved["train_loss"]) == 3
+    resumed = run_compare(spec, tmp_path / "cut", resume=True).results["runs"]
+    _assert_same_runs(reference, resumed, tmp_path / "ref", tmp_path / "cut")
+
+
+def test_sigterm_mid_evaluation_stops_at_once_and_resume_evaluates_first(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    """A signal during a long evaluation stops within seconds; the checkpoint holds the step
+    just completed, and the resumed run does the cut evaluation first, so its record equals
+    an uninterrupted run's."""
+    spec = tiny_spec(heads=("attention:2",), steps=8, eval_every=4, ckpt_every=100,
+                     analysis=False)  # fmt: skip
+    reference = run_compare(spec, tmp_path / "ref").results["runs"]
+    stalls: list[float] = []
+    factory = _signal_then_stall(signal.SIGTERM, training=False, at_call=1, stalls=stalls)
+
+    stop = StopSignal()
+    with stop.installed(), pytest.raises(TrainingInterrupted) as info:
+        run_compare(spec, tmp_path / "cut", stop=stop, model_factory=factory)
+    assert time.monotonic() - stalls[0] < 5
+    assert stop.reason == "SIGTERM" and info.value.step == 4  # the step after which it evaluated
+    saved = load_checkpoint(info.value.run_dir / CHECKPOINT_NAME)
+    assert saved["step"] == 4 and saved["evals"] == []  # the cut evaluation is not recorded
+    resumed = run_compare(spec, tmp_path / "cut", resume=True).results["runs"]
+    assert [e["step"] for e in resumed[0]["evals"]] == [4, 8]
+    _assert_same_runs(reference, resumed, tmp_path / "ref", tmp_path / "cut")
+
+
+def test_stop_requested_during_the_final_analysis_keeps_the_final_checkpoint(
+    tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    """The per-layer analysis after the last step is cut as well; the run is not finished,
+    its final checkpoint is kept, and the resume only redoes the analysis."""
+    spec = tiny_spec(heads=("attention:2",), steps=4, eval_every=4)
+    reference = run_compare(spec, tmp_path / "ref").results["runs"]
+    stalls: list[float] = []
+    # eval mode: call 1 is the final evaluation, call 2 the analysis
+    factory = _signal_then_stall(signal.SIGTERM, training=False, at_call=2, stalls=stalls)
+
+    stop = StopSignal()
+    with stop.installed(), pytest.raises(TrainingInterrupted) as info:
+        run_compare(spec, tmp_path / "cut", stop=stop, model_factory=factory)
+    assert time.monotonic() - stalls[0] < 5
+    assert info.value.step == 4 and not (info.value.run_dir / RESULT_NAME).exists()
+    assert load_checkpoint(info.value.run_dir / CHECKPOINT_NAME)["step"] == 4
+    resumed = run_compare(spec, tmp_path / "cut", resume=True).results["runs"]
+    assert resumed[0]["analysis"] == reference[0]["analysis"]
+    _assert_same_runs(reference, resumed, tmp_path / "ref", tmp_path / "cut")
+
+
+def test_a_region_not_interruptible_only_sets_the_flag() -> None:
+    """Under DDP the regions are plain blocks: a signal there must not leave a collective."""
+    stop = StopSignal()
+    with stop.installed():
+        with stop.interruptible(enabled=False):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # the handler has run by now
+        assert stop.requested and stop.reason == "SIGTERM"
+        with pytest.raises(StopRequested):  # an interruptible region refuses to start
+            with stop.interruptible():
+                pass  # pragma: no cover
 
 
 def test_checkpoint_of_another_configuration_is_refused(

@@ -24,7 +24,8 @@ The runner (``heatformer train`` / ``compare`` / ``analyze`` on the command line
   ``results.json``, ``results.csv`` and plots; returns a :class:`CompareReport`.
 - :func:`analyze` -- recompute the per-layer token-geometry analysis from checkpoints.
 - :func:`train_run` -- one run; :class:`StopSignal` / :class:`TrainingInterrupted` for
-  cooperative Ctrl-C handling; :class:`TrainingDiverged` when the loss stops being finite.
+  Ctrl-C and SIGTERM (honoured within seconds, the last completed step saved);
+  :class:`TrainingDiverged` when the loss stops being finite.
 
 The names are imported on first use (PEP 562), so importing a submodule such as
 :mod:`heatformer.experiments.spec` does not load torch and the trainer.

@@ -15,10 +15,30 @@ The seed sets the global torch RNG right before the model is built (the weights)
 seeds a private CPU :class:`torch.Generator` that draws every training batch (the
 batch order); dropout uses the global RNG, whose state is checkpointed too.
 
-Stops are cooperative: :class:`StopSignal` turns SIGINT/SIGTERM into a flag that the
-loop reads after each optimizer step, so the checkpoint always holds a consistent
-state. A second Ctrl-C (more than 2 s after the first) stops at once (a plain
-:class:`KeyboardInterrupt`); the run then resumes from its last periodic checkpoint.
+Stops are honoured within seconds, and the checkpoint always holds a completed step.
+:class:`StopSignal` turns SIGINT/SIGTERM into a flag; inside the regions the loop marks
+interruptible (:meth:`StopSignal.interruptible`: drawing the batch, the forward and
+backward passes, an evaluation, the final analysis) the handler also raises
+:class:`StopRequested` at the next Python bytecode, i.e. within one torch operation. The
+optimizer step and the checkpoint writes are never interrupted:
+
+- a step cut short is discarded: its gradients are dropped and the data generator, the
+  torch RNG states and the model's persistent buffers are put back as they were before it,
+  so the checkpoint holds the last completed step, exactly;
+- an evaluation cut short (or skipped because the stop came first) is done first when
+  the run resumes, so the record is the same as an uninterrupted run's;
+- an analysis cut short is redone on resume (the final checkpoint is already saved).
+
+Under DDP (``torchrun``) nothing is interrupted mid-step: the ranks meet in collectives
+inside a step, and a rank that left one would leave the others waiting. There the flag is
+all-reduced after each optimizer step, as before, and every rank stops at the same step
+boundary (skipping that step's evaluation); a step or evaluation longer than the launcher's
+own grace period (``torchrun`` kills its workers 30 s after forwarding a signal, by default)
+ends with the workers killed and the run resumes from its last periodic checkpoint.
+
+A second Ctrl-C (more than 2 s after the first) stops at once (a plain
+:class:`KeyboardInterrupt`, e.g. while a checkpoint is written); the run then resumes
+from its last saved checkpoint.
 """
 
 from __future__ import annotations
@@ -56,6 +76,7 @@ __all__ = [
     "CHECKPOINT_NAME",
     "RESULT_NAME",
     "ModelFactory",
+    "StopRequested",
     "StopSignal",
     "TrainingDiverged",
     "TrainingInterrupted",
@@ -124,6 +145,16 @@ class WorldSizeChanged(UserWarning):
     """
 
 
+class StopRequested(KeyboardInterrupt):
+    """A stop signal raised inside a region that :meth:`StopSignal.interruptible` marks.
+
+    The training loop catches it, saves the last completed step and raises
+    :class:`TrainingInterrupted`. It is a :class:`KeyboardInterrupt` (not an
+    :class:`Exception`), so that no ``except Exception`` on its way swallows it, and so that
+    one that escaped a caller's own region still ends the command as an interrupt.
+    """
+
+
 class StopSignal:
     """A stop request set by SIGINT/SIGTERM (while :meth:`installed`) or by code.
 
@@ -144,9 +175,11 @@ class StopSignal:
         self.requested = False
         self.reason = ""
         self._first_signal: float | None = None
+        self._armed = False  # inside an interruptible region: the handler raises
 
     def request(self, reason: str = "stop requested") -> None:
-        """Ask the training loop to stop after the current step."""
+        """Ask the training loop to stop (after the current step, or at once inside an
+        :meth:`interruptible` region when the request comes from a signal)."""
         if not self.requested:
             self.requested, self.reason = True, reason
 
@@ -157,6 +190,48 @@ class StopSignal:
         elif signum == signal.SIGINT and now - self._first_signal > self.grace_s:
             raise KeyboardInterrupt  # a second, deliberate Ctrl-C: stop now
         self.request(signal.Signals(signum).name)
+        if self._armed:
+            self._armed = False  # one raise per region, even if its exit is interrupted
+            raise StopRequested(self.reason)
+
+    @contextlib.contextmanager
+    def interruptible(self, enabled: bool = True) -> Iterator[None]:
+        """A region where a stop signal raises :class:`StopRequested` at once.
+
+        On entry a stop already requested raises at once; inside, the signal handler of
+        :meth:`installed` raises it at the next Python bytecode (torch operations return to
+        Python between layers, so within one operation). The caller catches it and restores
+        what the region changed; code that must not be cut (an optimizer step, a checkpoint
+        write) stays outside. Regions do not nest.
+
+        Args:
+            enabled: ``False`` makes the region an ordinary block (under DDP, where a rank
+                must not leave a collective alone): a signal only sets the flag.
+
+        Raises:
+            StopRequested: a stop was requested before or inside the region.
+
+        Examples:
+            >>> stop = StopSignal()
+            >>> with stop.interruptible():
+            ...     stop.request("test")  # set by code: read on entry to the next region
+            >>> try:
+            ...     with stop.interruptible():
+            ...         print("not reached")
+            ... except StopRequested as err:
+            ...     print(f"stopped: {err}")
+            stopped: test
+        """
+        if not enabled:
+            yield
+            return
+        if self.requested:
+            raise StopRequested(self.reason)
+        self._armed = True
+        try:
+            yield
+        finally:
+            self._armed = False
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopSignal]:
@@ -176,6 +251,28 @@ class StopSignal:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _restorer(
+    generator: torch.Generator, device: torch.device, buffers: list[torch.Tensor]
+) -> Callable[[], None]:
+    """A function that puts back what a training step changes besides the weights and the
+    optimizer: the data generator, the torch RNG states and the checkpointed ``buffers``
+    (e.g. running statistics), as they are now."""
+    data_state, cpu_state = generator.get_state(), torch.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    saved = [b.detach().clone() for b in buffers]
+
+    def restore() -> None:
+        generator.set_state(data_state)
+        torch.set_rng_state(cpu_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state, device)
+        with torch.no_grad():
+            for buffer, value in zip(buffers, saved, strict=True):
+                buffer.copy_(value)
+
+    return restore
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -387,7 +484,11 @@ def _train(
                     stacklevel=2,
                 )
 
+    saved_step = step  # the step in checkpoint.pt (step 0: none needed, a fresh start is that)
+
     def checkpoint() -> None:
+        nonlocal saved_step
+        saved_step = step
         if ctx.is_main:
             save_checkpoint(
                 run_dir / CHECKPOINT_NAME,
@@ -434,19 +535,40 @@ def _train(
         enabled=progress and ctx.is_main,
     )
     smoothed = train_loss[-1] if train_loss else math.nan
+    interruptible = not ctx.distributed  # see the module docstring
+    state_names = set(model.state_dict())
+    buffers = [b for name, b in model.named_buffers() if name in state_names]  # checkpointed
+
+    def due(at: int) -> bool:  # an evaluation is due after step ``at``
+        return at % eval_every == 0 or at == spec.steps
+
+    def evaluate() -> None:  # the evaluation due after ``step``
+        with stop.interruptible(interruptible):
+            metrics = task.evaluate(model, device, bf16=spec.bf16)
+        evals.append({"step": step, **metrics})
+
     model.train()
     try:
+        if step and due(step) and not (evals and evals[-1]["step"] == step):
+            evaluate()  # cut short (or skipped) by the stop that saved the checkpoint
         while step < spec.steps:
             started = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = spec.lr_at(step)
-            inputs, targets = task.train_batch(spec.batch_size, generator)  # global batch
-            inputs, targets = inputs[shard].to(device), targets[shard].to(device)
-            with autocast(device, spec.bf16):
-                logits = train_model(inputs)
-            loss = task.loss(logits, targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            restore = _restorer(generator, device, buffers)
+            try:
+                with stop.interruptible(interruptible):
+                    inputs, targets = task.train_batch(spec.batch_size, generator)  # global
+                    inputs, targets = inputs[shard].to(device), targets[shard].to(device)
+                    with autocast(device, spec.bf16):
+                        logits = train_model(inputs)
+                    loss = task.loss(logits, targets)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+            except StopRequested:  # the step is discarded: back to the last completed one
+                optimizer.zero_grad(set_to_none=True)
+                restore()
+                raise
             if spec.grad_clip > 0:
                 nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
             optimizer.step()
@@ -467,18 +589,27 @@ def _train(
             train_time += time.perf_counter() - started
             smoothed = value if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * value
             bar.update(1, loss=smoothed)
-            if step % eval_every == 0 or step == spec.steps:
-                evals.append({"step": step, **task.evaluate(model, device, bf16=spec.bf16)})
-            if stop_requested and step < spec.steps:
+            if stop_requested and step < spec.steps:  # the evaluation waits for the resume
                 checkpoint()
                 ctx.barrier()
                 raise TrainingInterrupted(run_dir, step, spec.steps)
+            if due(step):
+                evaluate()
             if step % ckpt_every == 0 and step < spec.steps:
                 checkpoint()
+        bar.close()
+        checkpoint()  # the final weights, read by ``heatformer analyze``
+        analysis: dict[str, list[float]] = {}
+        if spec.analysis and ctx.is_main:
+            with stop.interruptible(interruptible):
+                analysis = task.layer_metrics(model, device)
+    except StopRequested:  # raised in one process only (``interruptible``)
+        if step != saved_step:
+            checkpoint()  # the last completed step
+        raise TrainingInterrupted(run_dir, step, spec.steps) from None
     finally:
         bar.close()
 
-    checkpoint()  # the final weights, read by ``heatformer analyze``
     record = {
         "heads": heads,
         "seed": seed,
@@ -488,7 +619,7 @@ def _train(
         "train_loss": train_loss,
         "evals": evals,
         "final": {k: v for k, v in evals[-1].items() if k != "step"},
-        "analysis": task.layer_metrics(model, device) if spec.analysis and ctx.is_main else {},
+        "analysis": analysis,
         "train_time_s": train_time,
         "model_config": _model_config_dict(model),
         "world_size": ctx.world_size,
