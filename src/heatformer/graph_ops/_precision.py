@@ -73,4 +73,4 @@ def attention_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
     """
     work = accumulation_dtype(q.dtype)
     with full_precision(q.device.type):
-        return (q.to(work) @ k.to(work).transpose(-1, -2)) * scale
+        return (q.to(work) @ k.to(work).transpose(-1, -2)).mul_(scale)  # in place: one slab

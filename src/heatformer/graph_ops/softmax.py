@@ -166,7 +166,8 @@ class SoftmaxGraph(Graph):
         q, k = self._flat()
         s = attention_scores(q[:, start:stop], k, self.scale)  # (Bf, rows, N), float32 for half
         allowed = self._allowed_rows(start, stop)
-        return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
+        # in place: the selection holds one score slab, not two (no autograd reads these)
+        return s if allowed is None else s.masked_fill_(~allowed, float("-inf"))
 
     def _weight_rows(self, start: int, stop: int) -> Tensor:
         return self._weight_rows_from(*self._flat(), start, stop)
