@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from heatformer.viz.demo import DemoData, compute_hf_demo  # noqa: E402
 from heatformer.viz.demo.facts import demo_facts  # noqa: E402
 from hf_helpers import VOCAB, configs  # noqa: E402
 from viz_helpers import page_text  # noqa: E402
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 WORDS = "heat flows along the edges of an attention graph".split()
 TEXT = "heat flows along the edges of an attention graph"
@@ -279,3 +282,17 @@ def test_the_page_of_a_bidirectional_bert_says_so(bert_checkpoint: Path, tmp_pat
     _assert_bidirectional_page(words, data)
     assert "queries read later word pieces as well as earlier ones" in words["matrices"]
 
+
+def test_the_docs_count_the_pictures_the_demo_writes(
+    checkpoint: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """The HF page's example prints what the command prints: 8 pictures (it said 7), the GIF
+    included."""
+    doc = (DOCS / "integrations" / "huggingface.md").read_text(encoding="utf-8")
+    said = int(re.search(r"# wrote (\d+) pictures", doc).group(1))
+    out = tmp_path / "page"
+    assert main(["demo", "--hf-model", str(checkpoint), "--text", TEXT, "--out", str(out),
+                 "--no-progress"]) == 0  # fmt: skip
+    wrote = int(re.search(r"wrote (\d+) pictures", capsys.readouterr().out).group(1))
+    pictures = [p for p in out.iterdir() if p.suffix in (".png", ".gif")]
+    assert said == wrote == len(pictures) == 8
