@@ -283,6 +283,24 @@ def _first_head(ops: Sequence[DiffusionOperator], kind: type) -> int | None:
     return None
 
 
+def _check_snapshots(
+    layers: Sequence[LayerSnapshot], *, layer: int, text: str, tokens: Sequence[str] | None
+) -> int:
+    """The number of nodes ``N`` of ``layers[layer]``, after the checks of
+    :func:`demo_from_snapshots` on ``layers``, ``layer``, ``text`` and ``tokens``."""
+    if not layers:
+        raise bad_value("layers", "expected at least one LayerSnapshot")
+    if not -len(layers) <= layer < len(layers):
+        raise bad_value("layer", f"expected an index into {len(layers)} layers, got {layer}")
+    n = layers[layer].graph.num_nodes
+    if tokens is not None:
+        if len(tokens) != n or not all(isinstance(t, str) for t in tokens):
+            raise bad_value("tokens", f"expected {n} strings (one per node), got {tokens!r}")
+    elif len(text) != n:
+        raise bad_value("text", f"expected {n} characters (one per node), got {len(text)}")
+    return n
+
+
 def demo_from_snapshots(
     layers: Sequence[LayerSnapshot],
     *,
@@ -322,17 +340,8 @@ def demo_from_snapshots(
         ValueError: no layers, layers of different shapes, ``layer`` or ``source`` out of
             range, ``text`` not of ``N`` characters (or ``tokens`` not ``N`` labels).
     """
-    if not layers:
-        raise bad_value("layers", "expected at least one LayerSnapshot")
-    if not -len(layers) <= layer < len(layers):
-        raise bad_value("layer", f"expected an index into {len(layers)} layers, got {layer}")
+    n = _check_snapshots(layers, layer=layer, text=text, tokens=tokens)
     snap = layers[layer]
-    n = snap.graph.num_nodes
-    if tokens is not None:
-        if len(tokens) != n or not all(isinstance(t, str) for t in tokens):
-            raise bad_value("tokens", f"expected {n} strings (one per node), got {tokens!r}")
-    elif len(text) != n:
-        raise bad_value("text", f"expected {n} characters (one per node), got {len(text)}")
     att = _first_head(snap.operators, Attention)
     att = 0 if att is None else att
     lap = _first_head(snap.operators, Laplacian)
