@@ -52,3 +52,22 @@ def gif_frames(path: Path) -> int:
     with Image.open(path) as image:
         assert image.format == "GIF"
         return int(image.n_frames)
+
+
+def page_text(path: Path) -> dict[str, str]:
+    """The words of a demo ``index.html``, tags removed: ``{"intro", "meta", section id: text}``."""
+    import html
+    import re
+
+    page = path.read_text(encoding="utf-8")
+
+    def plain(fragment: str) -> str:
+        return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+    words = {
+        "intro": plain(re.search(r"</h1>\s*<p>(.*?)</p>", page, re.S).group(1)),
+        "meta": plain(re.search(r'<p class="meta">(.*?)</p>', page, re.S).group(1)),
+    }
+    for key, body in re.findall(r'<section id="([^"]+)">(.*?)</section>', page, re.S):
+        words[key] = plain(re.search(r"<p>(.*?)</p>", body, re.S).group(1))
+    return words

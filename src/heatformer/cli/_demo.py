@@ -80,7 +80,7 @@ def run_demo(args: argparse.Namespace) -> int:
         compare=not args.no_compare, gif=not args.no_gif, progress=not args.no_progress,
     )  # fmt: skip
     for name, (first, last) in result.losses.items():
-        print(f"{name:<26} training loss {first:.3f} -> {last:.3f} nats/byte")
+        print(f"{name:<26} training loss {first:.3f} -> {last:.3f} bits/byte")
     print(f"wrote {len(result.files)} pictures in {result.seconds:.1f} s")
     print(f"open {result.index_html.resolve()}")
     if result.explore_html is not None:

@@ -657,10 +657,11 @@ def attention_snapshots(model: nn.Module, **inputs: Any) -> list[LayerSnapshot]:
 
     The counterpart of :func:`heatformer.analysis.snapshot_attention` for a transformers model:
     one :class:`~heatformer.analysis.LayerSnapshot` per attention module that ran, holding the
-    dense float64 graphs ``(H, N, N)``, the values ``(H, N, Dh)`` (grouped values repeated per
-    query head) and the operator of every head (all ``attention`` for a model that was not
-    converted). :func:`heatformer.viz.demo.demo_from_snapshots` and ``heatformer demo
-    --hf-model DIR`` draw them.
+    dense float64 graphs ``(H, N, N)`` (and ``source_dtype``, the dtype the model computed them
+    in), the values ``(H, N, Dh)`` (grouped values repeated per query head) and the operator of
+    every head (all ``attention`` for a model that was not converted).
+    :func:`heatformer.viz.demo.demo_from_snapshots` and ``heatformer demo --hf-model DIR`` draw
+    them.
 
     Args:
         model: a transformers model, converted or not.
@@ -679,11 +680,13 @@ def attention_snapshots(model: nn.Module, **inputs: Any) -> list[LayerSnapshot]:
             raise checks.bad_value(
                 "inputs", f"expected one sequence (batch size 1), got {graph.batch_shape[0]}"
             )
+        weights = graph.to_dense()[0]  # (H, N, N), the model's dtype
         snapshots.append(
             LayerSnapshot(
-                graph=DenseGraph(graph.to_dense()[0].to(torch.float64)),  # (H, N, N)
+                graph=DenseGraph(weights.to(torch.float64)),
                 values=values[0].to(torch.float64),  # (H, N, Dh)
                 operators=tuple(heads.head_operators),
+                source_dtype=weights.dtype,
             )
         )
     return snapshots

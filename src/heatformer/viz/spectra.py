@@ -92,16 +92,18 @@ def _draw_spectra(
     spectra: Mapping[str, Tensor],
     *,
     titles: Mapping[str, str] | None = None,
+    imag_tol: float = 1e-9,
     save: PathLike | None,
 ) -> Figure:
     """The figure of :func:`plot_spectra` for given eigenvalues, ``{normalization: (N,)}``;
-    ``titles`` replaces the default title of some normalizations."""
+    ``titles`` replaces the default title of some normalizations; a spectrum is drawn in the
+    complex plane when an imaginary part exceeds ``imag_tol``, else sorted along a line."""
     import numpy as np
 
     fig = new_figure((4.2 * len(spectra), 3.8))
     for c, (name, ev) in enumerate(spectra.items()):
         ax = fig.add_subplot(1, len(spectra), c + 1)
-        if ev.is_complex() and float(ev.imag.abs().max()) > 1e-9:
+        if ev.is_complex() and float(ev.imag.abs().max()) > imag_tol:
             ax.scatter(ev.real.numpy(), ev.imag.numpy(), s=18, color="C0", label="eigenvalues")
             if name == "rw":
                 theta = np.linspace(0.0, 2 * np.pi, 200)

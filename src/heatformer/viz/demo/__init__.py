@@ -16,7 +16,11 @@ Computing and drawing are apart:
 - :mod:`~heatformer.viz.demo.data` holds :class:`DemoData`, plain tensors and numbers that
   :meth:`DemoData.to_dict` turns into lists for JSON;
 - :mod:`~heatformer.viz.demo.page` draws the pictures and ``index.html`` from a
-  :class:`DemoData` alone (:func:`write_demo`);
+  :class:`DemoData` alone (:func:`write_demo`); its words come from
+  :mod:`~heatformer.viz.demo.text`, which says of the model only what
+  :mod:`~heatformer.viz.demo.facts` measured on the data (:func:`demo_facts`: causal or
+  bidirectional, bytes or word pieces, real or complex eigenvalues, which panels coincide,
+  with tolerances from the dtype the model computed its weights in);
 - :mod:`~heatformer.viz.demo.explore` computes the interactive page's numbers from it with
   the library's operators (:func:`explorer_data`) and writes ``explore.html``, one offline
   file with those numbers as JSON and the packaged ``explore.js`` inline
@@ -50,8 +54,9 @@ from heatformer.viz.demo.compute import (
 )
 from heatformer.viz.demo.data import DemoData
 from heatformer.viz.demo.explore import explorer_data, write_explorer
+from heatformer.viz.demo.facts import PageFacts, demo_facts
 from heatformer.viz.demo.hf import build_hf_demo, compute_hf_demo
-from heatformer.viz.demo.page import DemoResult, check_writable, write_demo
+from heatformer.viz.demo.page import DemoResult, check_writable, demo_pictures, write_demo
 
 __all__ = [
     "CORPUS_MODULES",
@@ -61,12 +66,15 @@ __all__ = [
     "DemoData",
     "DemoResult",
     "LayerSnapshot",
+    "PageFacts",
     "build_demo",
     "build_hf_demo",
     "compute_demo",
     "compute_hf_demo",
     "demo_corpus",
+    "demo_facts",
     "demo_from_snapshots",
+    "demo_pictures",
     "explorer_data",
     "mass_frames",
     "render_demo",

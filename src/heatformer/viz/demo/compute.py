@@ -19,7 +19,7 @@ import inspect
 import os
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -143,7 +143,9 @@ def train_tiny_gpt(
         run_dir: the run folder (checkpoint and result); default a temporary one.
 
     Returns:
-        ``(model in eval mode, training loss of every completed step)``.
+        ``(model in eval mode, training loss of every completed step)``; the losses are
+        cross-entropies in nats per byte (:func:`heatformer.experiments.bits_per_char` turns
+        them into bits).
     """
     from heatformer.experiments import CompareSpec, StopSignal, TrainingInterrupted, train_run
     from heatformer.experiments.checkpoint import load_checkpoint
@@ -281,6 +283,24 @@ def _first_head(ops: Sequence[DiffusionOperator], kind: type) -> int | None:
     return None
 
 
+def _check_snapshots(
+    layers: Sequence[LayerSnapshot], *, layer: int, text: str, tokens: Sequence[str] | None
+) -> int:
+    """The number of nodes ``N`` of ``layers[layer]``, after the checks of
+    :func:`demo_from_snapshots` on ``layers``, ``layer``, ``text`` and ``tokens``."""
+    if not layers:
+        raise bad_value("layers", "expected at least one LayerSnapshot")
+    if not -len(layers) <= layer < len(layers):
+        raise bad_value("layer", f"expected an index into {len(layers)} layers, got {layer}")
+    n = layers[layer].graph.num_nodes
+    if tokens is not None:
+        if len(tokens) != n or not all(isinstance(t, str) for t in tokens):
+            raise bad_value("tokens", f"expected {n} strings (one per node), got {tokens!r}")
+    elif len(text) != n:
+        raise bad_value("text", f"expected {n} characters (one per node), got {len(text)}")
+    return n
+
+
 def demo_from_snapshots(
     layers: Sequence[LayerSnapshot],
     *,
@@ -291,6 +311,7 @@ def demo_from_snapshots(
     losses: Mapping[str, tuple[float, float]] | None = None,
     meta: str = "",
     tokens: Sequence[str] | None = None,
+    token_unit: str | None = None,
 ) -> DemoData:
     """Compute everything the demo page shows from attention snapshots (no model needed).
 
@@ -304,29 +325,23 @@ def demo_from_snapshots(
         source: the token that receives the drop of heat (default: the token after the first
             that receives the most attention in the attention head).
         per_layer: ``{config: [within-sequence variance share per layer]}``, or ``None``.
-        losses: ``{config: (first, last)}`` training losses.
+        losses: ``{config: (first, last)}`` training losses, in bits per token.
         meta: a line of text about the run.
         tokens: the ``N`` token labels, when tokens are not single characters of ``text``
             (a subword tokenizer's).
+        token_unit: what a token is, for the page's text (``"byte"``, ``"word piece"``, ...);
+            default ``"character"``, or ``"token"`` when ``tokens`` are given.
 
     Returns:
-        The :class:`DemoData`.
+        The :class:`DemoData`; its ``source_dtype`` is the least precise
+        :attr:`~heatformer.analysis.LayerSnapshot.weight_dtype` of the layers.
 
     Raises:
         ValueError: no layers, layers of different shapes, ``layer`` or ``source`` out of
             range, ``text`` not of ``N`` characters (or ``tokens`` not ``N`` labels).
     """
-    if not layers:
-        raise bad_value("layers", "expected at least one LayerSnapshot")
-    if not -len(layers) <= layer < len(layers):
-        raise bad_value("layer", f"expected an index into {len(layers)} layers, got {layer}")
+    n = _check_snapshots(layers, layer=layer, text=text, tokens=tokens)
     snap = layers[layer]
-    n = snap.graph.num_nodes
-    if tokens is not None:
-        if len(tokens) != n or not all(isinstance(t, str) for t in tokens):
-            raise bad_value("tokens", f"expected {n} strings (one per node), got {tokens!r}")
-    elif len(text) != n:
-        raise bad_value("text", f"expected {n} characters (one per node), got {len(text)}")
     att = _first_head(snap.operators, Attention)
     att = 0 if att is None else att
     lap = _first_head(snap.operators, Laplacian)
@@ -376,7 +391,14 @@ def demo_from_snapshots(
         losses=dict(losses or {}),
         meta=meta,
         tokens=tuple(tokens or ()),
+        source_dtype=str(_least_precise(s.weight_dtype for s in layers)).removeprefix("torch."),
+        token_unit=token_unit or ("character" if tokens is None else "token"),
     )
+
+
+def _least_precise(dtypes: Iterable[torch.dtype]) -> torch.dtype:
+    """The floating dtype of the largest machine epsilon among ``dtypes``."""
+    return max(dtypes, key=lambda dtype: torch.finfo(dtype).eps)
 
 
 @contextlib.contextmanager
@@ -425,6 +447,8 @@ def compute_demo(
     Raises:
         ValueError: as :func:`check_demo_arguments` (checked before any training).
     """
+    from heatformer.experiments.tasks.chars import bits_per_char
+
     check_demo_arguments(text=text, layer=layer, steps=steps)
     raw = text.encode("utf-8")
     labels = [chr(b) if b < 128 else "·" for b in raw]
@@ -441,7 +465,8 @@ def compute_demo(
                 max_seconds=max_train_seconds, progress=progress,
             )  # fmt: skip
             models[name] = model
-            losses[name] = (curve[0], float(sum(curve[-10:]) / len(curve[-10:])))
+            last = sum(curve[-10:]) / len(curve[-10:])
+            losses[name] = (bits_per_char(curve[0]), bits_per_char(last))  # bits per byte
             done = min(done, len(curve))
         main = models["attention:2,laplacian:2"]
         layers = snapshot_attention(main, _byte_ids(raw).unsqueeze(0))
@@ -452,6 +477,7 @@ def compute_demo(
         )
         return demo_from_snapshots(
             layers, text="".join(labels), layer=layer, per_layer=per_layer, losses=losses,
+            token_unit="byte",
             meta=f"Two-layer byte-level GPTs (4 heads, width 64) trained for {done} steps "
             f"(seed {seed}) on the source of {len(CORPUS_MODULES)} standard-library modules.",
         )  # fmt: skip

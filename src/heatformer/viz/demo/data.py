@@ -21,6 +21,8 @@ __all__ = ["DemoData"]
 
 _TENSORS = ("attention", "heat", "mass", "animation", "lam", "eigenvalues", "channel")
 _TENSOR_MAPS = ("spectra", "responses", "outputs", "topk")
+#: Fields that data written by an older version lacks, with the value they stand for there.
+_LATER: dict[str, Any] = {"tokens": (), "source_dtype": "float64", "token_unit": "character"}
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,16 @@ class DemoData:
             of every query for each ``k`` of the picture.
         per_layer: ``{configuration: [within-sequence variance share per layer]}``, or
             ``None``.
-        losses: ``{configuration: (first, last)}`` training loss (nats/byte).
+        losses: ``{configuration: (first, last)}`` training loss in bits per token (per
+            byte for the demo's byte-level GPTs).
         meta: a line about the run (plain text).
         tokens: the label of every node when a token is more than one character (a
             subword tokenizer's tokens, ``N`` of them); empty: the characters of ``text``.
+        source_dtype: the name of the dtype the model computed the attention weights in
+            (``"float32"``); :mod:`~heatformer.viz.demo.facts` judges "zero" and "one" at its
+            resolution.
+        token_unit: what a token is, for the page's text: ``"byte"``, ``"character"``,
+            ``"word piece"``, ``"word"``, ``"subword token"`` or ``"token"``.
     """
 
     text: str
@@ -88,6 +96,8 @@ class DemoData:
     losses: dict[str, tuple[float, float]]
     meta: str
     tokens: tuple[str, ...] = ()
+    source_dtype: str = "float64"
+    token_unit: str = "character"
 
     @property
     def labels(self) -> list[str]:
@@ -107,10 +117,10 @@ class DemoData:
             ValueError: ``data`` does not have exactly the fields of :class:`DemoData`.
         """
         names = [f.name for f in fields(cls)]
-        if sorted({**data, "tokens": ()}) != sorted(names):  # tokens may be absent (older data)
+        if sorted({**_LATER, **data}) != sorted(names):  # fields of later versions may be absent
             raise bad_value("data", f"expected the fields {names}, got {sorted(data)}")
-        kw = dict(data)
-        kw["tokens"] = tuple(kw.get("tokens", ()))
+        kw = {**_LATER, **data}
+        kw["tokens"] = tuple(kw["tokens"])
         for name in _TENSORS:
             kw[name] = _tensor(kw[name])
         for name in _TENSOR_MAPS:

@@ -29,9 +29,11 @@ from heatformer.viz.demo.page import DemoResult, check_writable, write_demo
 __all__ = [
     "MAX_TOKENS",
     "TOKENIZER_FILES",
+    "TOKEN_UNITS",
     "build_hf_demo",
     "compute_hf_demo",
     "load_checkpoint_folder",
+    "token_unit",
 ]
 
 #: Files of which a checkpoint folder needs one to hold a tokenizer (transformers 5 makes an
@@ -92,6 +94,22 @@ def load_checkpoint_folder(model_dir: str | os.PathLike[str]) -> tuple[Any, Any]
     return model.eval(), tokenizer
 
 
+#: What a token is, by the class name of a fast tokenizer's model (``tokenizers.models``).
+TOKEN_UNITS = {
+    "WordPiece": "word piece", "BPE": "subword token", "Unigram": "subword token",
+    "WordLevel": "word",
+}  # fmt: skip
+
+
+def token_unit(tokenizer: Any) -> str:
+    """What one of ``tokenizer``'s tokens is, for the page's text: ``"word piece"`` (BERT's
+    WordPiece), ``"subword token"`` (BPE, Unigram), ``"word"`` (a word-level vocabulary), or
+    ``"token"`` when the tokenizer does not say (a slow tokenizer without a backend)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    model = getattr(backend, "model", None)
+    return TOKEN_UNITS.get(type(model).__name__, "token")
+
+
 def _labels(tokenizer: Any, ids: list[int]) -> list[str]:
     """A readable label per token: its text, or the raw token where that is blank."""
     labels = []
@@ -145,6 +163,7 @@ def compute_hf_demo(
     name = getattr(model.config, "model_type", type(model).__name__)
     return demo_from_snapshots(
         layers, text=text, layer=layer, tokens=_labels(tokenizer, ids),
+        token_unit=token_unit(tokenizer),
         meta=f"The {name} checkpoint {Path(model_dir).name} ({len(layers)} layers, {n_heads} "
         f"heads), its pretrained attention on {len(ids)} tokens; nothing was trained here.",
     )  # fmt: skip
