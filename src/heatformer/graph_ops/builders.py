@@ -15,7 +15,9 @@ a spec string at the boundary (a config, the command line) by :func:`resolve_gra
 
 An entry declares what it supports -- causal masking, key masks, incremental decoding
 (:meth:`GraphBuilder.decode`, which the KV cache calls), which past keys decoding needs
-(:meth:`GraphBuilder.cache_keep`) -- and code that uses a kind asks the entry, never its class.
+(:meth:`GraphBuilder.cache_keep`), what a graph costs in memory (:meth:`GraphBuilder.edges_per_row`,
+:meth:`GraphBuilder.saved_bytes_per_edge`, which the memory preflight of ``heatformer compare``
+reads) -- and code that uses a kind asks the entry, never its class.
 A new kind from outside the library is one subclass and ``GRAPHS["name"] = MyBuilder`` (see
 ``examples/custom_graph.py``).
 """
@@ -128,6 +130,27 @@ class GraphBuilder:
         """Refuse parameters that no graph of at most ``max_nodes`` nodes can honour (a config
         calls this with its longest sequence)."""
 
+    def edges_per_row(self, num_nodes: int, *, causal: bool = False) -> int:
+        """The most edges (allowed keys) one query row has in a graph of ``num_nodes`` nodes.
+
+        The default is every key (a dense graph); sparse kinds say how many they keep.
+
+        Example:
+            >>> resolve_graph("window[w=4,global=1]").edges_per_row(100, causal=True)
+            5
+        """
+        return num_nodes
+
+    def saved_bytes_per_edge(self, itemsize: int) -> int:
+        """Bytes a graph of this kind keeps per edge for the backward pass, for values of
+        ``itemsize`` bytes (4: float32).
+
+        The default is a weight and an int64 key index per edge (an explicit edge list);
+        a kind that recomputes its edges in backward (the fused SDPA path) says 0. Memory
+        estimates multiply this by :meth:`edges_per_row`, the rows and the heads.
+        """
+        return itemsize + 8
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"
 
@@ -180,6 +203,11 @@ class SoftmaxBuilder(GraphBuilder):
     name = "softmax"
     incremental = True
 
+    def saved_bytes_per_edge(self, itemsize: int) -> int:
+        # propagate is one fused SDPA call: it saves its output and one log-sum-exp per row,
+        # never the N x N weights (counted with the layer's activations)
+        return 0
+
     def build(
         self,
         q: Tensor,
@@ -224,6 +252,9 @@ class TopkBuilder(GraphBuilder):
                 f"{self.spec}: expected k at most the {max_nodes} tokens a sequence can hold, "
                 f"got {self.k}",
             )
+
+    def edges_per_row(self, num_nodes: int, *, causal: bool = False) -> int:
+        return min(self.k, num_nodes)
 
     def build(
         self,
@@ -291,6 +322,13 @@ class WindowBuilder(GraphBuilder):
                 f"{self.spec}: expected at most the {max_nodes} tokens a sequence can hold as "
                 f"global tokens, got {self.num_global}",
             )
+
+    def edges_per_row(self, num_nodes: int, *, causal: bool = False) -> int:
+        band = self.w if causal else 2 * self.w + 1  # the w most recent keys, or a band
+        return min(band + self.num_global, num_nodes)
+
+    def saved_bytes_per_edge(self, itemsize: int) -> int:
+        return itemsize  # weights in a band; the keys' positions follow from the row
 
     def build(
         self,
