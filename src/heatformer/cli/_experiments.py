@@ -176,6 +176,17 @@ def _add_common(parser: OptionParser) -> None:
         "fastest for small models or on a busy machine)",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (runs x steps, evaluations), the time estimated from a few timed "
+        "steps of each configuration and the estimated peak memory, then exit; writes nothing",
+    )
+    g.add_argument(
+        "--force",
+        action="store_true",
+        help="run even when the estimated peak memory exceeds the memory available",
+    )
 
 
 def add_train_args(parser: OptionParser) -> None:
@@ -398,6 +409,8 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
     try:
         out = resume_dir or (Path(args.out) if args.out else _default_out(spec, ctx))
         task = validate_spec(spec)
+        if _preflight(args, command, spec, task, ctx, out):
+            return 0  # a dry run: nothing trained, nothing written
         say = print if ctx.is_main else (lambda *a, **k: None)
         runs = len(spec.heads) * len(spec.seeds)
         say(
@@ -457,6 +470,59 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
         return 0
     finally:
         ctx.close()
+
+
+def _preflight(
+    args: argparse.Namespace, command: str, spec: Any, task: Any, ctx: Any, out: Path
+) -> bool:
+    """The memory check before training (refused unless ``--force``) and, with ``--dry-run``,
+    the plan, its estimated time and memory; returns whether it was a dry run."""
+    from heatformer.experiments.preflight import (
+        available_memory,
+        check_memory,
+        estimate_memory,
+        evaluations_per_run,
+        plan_time,
+        time_steps,
+    )
+
+    schedules = list(dict.fromkeys(spec.heads))
+    local = max(1, spec.batch_size // ctx.world_size)
+    estimates = [estimate_memory(task, heads, batch_size=local) for heads in schedules]
+    worst = max(estimates, key=lambda e: e.total)
+    available = available_memory(ctx.device)
+    if not args.force:
+        check_memory(worst, available, seq_len=getattr(spec.options, "seq_len", None))
+    if not args.dry_run:
+        return False
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    runs, evals = len(spec.heads) * len(spec.seeds), evaluations_per_run(spec)
+    import torch
+
+    say(
+        f"heatformer {command}: dry run: {len(spec.heads)} configuration(s) x "
+        f"{len(spec.seeds)} seed(s) = {runs} run(s) x {spec.steps} steps, {evals} "
+        f"evaluation(s) per run, on {spec.task!r} ({ctx.device}, {ctx.world_size} process(es), "
+        f"{torch.get_num_threads()} thread(s)); would write {out}",
+        flush=True,
+    )
+    times = {}
+    for heads, estimate in zip(schedules, estimates, strict=True):
+        t = times[heads] = time_steps(task, heads, ctx.device)
+        say(
+            f"  {heads}: {t.step:.3g} s/step, {t.evaluation:.3g} s/evaluation"
+            + (f", {t.analysis:.3g} s analysis" if spec.analysis else "")
+            + f"; peak memory {estimate.describe()}",
+            flush=True,
+        )
+    free = f", {available[0] / 1e9:.1f} GB available ({available[1]})" if available else ""
+    say(
+        f"estimated time: {plan_time(spec, times) / 60:.1f} min for {runs} run(s) (from 2 timed "
+        f"steps after a warm-up, one evaluation and one analysis per configuration)"
+    )
+    say(f"estimated peak memory: {worst.describe()}{free}")
+    say("dry run: nothing trained, nothing written")
+    return True
 
 
 @contextlib.contextmanager

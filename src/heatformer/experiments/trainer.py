@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 from heatformer._progress import Progress
 from heatformer.experiments._checks import bad_value
@@ -81,9 +81,11 @@ __all__ = [
     "TrainingDiverged",
     "TrainingInterrupted",
     "WorldSizeChanged",
+    "backward_pass",
     "build_optimizer",
     "is_finished",
     "load_run_checkpoint",
+    "optimizer_step",
     "train_run",
 ]
 
@@ -297,6 +299,45 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.o
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+
+def backward_pass(
+    task: Task,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: Tensor,
+    targets: Tensor,
+    train_model: nn.Module | None = None,
+) -> Tensor:
+    """The forward and backward pass of one training step on a batch already on the model's
+    device: forward (under bfloat16 autocast if ``task.spec.bf16``), :meth:`Task.loss`, the
+    gradients cleared, backward. :func:`optimizer_step` completes the step.
+
+    Args:
+        task: the task (its spec and loss).
+        model: the model.
+        optimizer: its optimizer (whose gradients are cleared first).
+        inputs, targets: the batch.
+        train_model: what runs the forward pass (a DDP or compiled wrapper of ``model``);
+            default ``model``.
+
+    Returns:
+        The loss (a scalar tensor, still attached to the graph).
+    """
+    with autocast(inputs.device, task.spec.bf16):
+        logits = (train_model or model)(inputs)
+    loss = task.loss(logits, targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss
+
+
+def optimizer_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The end of a training step: gradient clipping at ``task.spec.grad_clip`` (0: none),
+    then ``optimizer.step()`` (learning rates set by the caller)."""
+    if task.spec.grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), task.spec.grad_clip)
+    optimizer.step()
 
 
 def _model_config_dict(model: nn.Module) -> dict[str, Any] | None:
@@ -560,18 +601,12 @@ def _train(
                 with stop.interruptible(interruptible):
                     inputs, targets = task.train_batch(spec.batch_size, generator)  # global
                     inputs, targets = inputs[shard].to(device), targets[shard].to(device)
-                    with autocast(device, spec.bf16):
-                        logits = train_model(inputs)
-                    loss = task.loss(logits, targets)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
+                    loss = backward_pass(task, model, optimizer, inputs, targets, train_model)
             except StopRequested:  # the step is discarded: back to the last completed one
                 optimizer.zero_grad(set_to_none=True)
                 restore()
                 raise
-            if spec.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-            optimizer.step()
+            optimizer_step(task, model, optimizer)
             step += 1
             if stop_at_step is not None and step == stop_at_step < spec.steps:
                 stop.request(f"--stop-at-step {stop_at_step}")
