@@ -1,0 +1,198 @@
+"""The memory preflight and ``--dry-run`` of ``heatformer compare`` / ``train``.
+
+The estimate (:func:`heatformer.experiments.preflight.estimate_memory`) is checked against the
+measured peak of real runs: each runs in a fresh subprocess with one thread, which loads the
+task's data, then resets its peak resident size (``5 > /proc/self/clear_refs``), reads its
+resident size (the baseline: the interpreter, torch, heatformer and the data), trains one whole
+run (steps, evaluations, analysis) and reports its peak resident size (``VmHWM``) minus the
+baseline. That difference is what the estimate predicts; it must lie within 30 %.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from heatformer.cli import main
+from heatformer.experiments import CompareSpec, preflight
+from heatformer.experiments.compare import validate_spec
+from heatformer.experiments.preflight import (
+    MemoryEstimate,
+    StepTimes,
+    check_memory,
+    estimate_memory,
+    evaluations_per_run,
+    plan_time,
+)
+from heatformer.graph_ops import resolve_graph
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_PROBE = r"""
+import json, re, sys, tempfile
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from heatformer.cli import main
+from heatformer.experiments import CompareSpec, preflight
+from heatformer.experiments.compare import validate_spec
+from heatformer.experiments.trainer import train_run
+
+def status(key):
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(key + r":\s+(\d+)", text).group(1)) * 1024
+
+spec = CompareSpec(**json.loads(sys.argv[1]))
+task = validate_spec(spec)
+Path("/proc/self/clear_refs").write_text("5")  # the peak so far: the loading is not the run's
+base = status("VmRSS")
+with tempfile.TemporaryDirectory() as folder:
+    train_run(task, spec.heads[0], spec.seeds[0], Path(folder) / "run")
+print(json.dumps({"baseline": base, "peak": status("VmHWM") - base}))
+"""
+
+#: small whole runs (5 steps: the peak settles after a few), a few seconds each
+CASES = {
+    "chars softmax": {"task": "chars", "n_layer": 2, "options": {"eval_size": 64}},
+    "recall window": {"task": "recall", "n_layer": 2, "graph": "window[w=32]",
+                      "options": {"seq_len": 256, "eval_size": 32, "analysis_size": 32}},
+    "digits": {"task": "digits", "n_layer": 2},
+}  # fmt: skip
+TOPK = {"task": "recall", "n_layer": 2, "topk": 16,
+        "options": {"seq_len": 256, "eval_size": 32, "analysis_size": 32}}  # fmt: skip
+HEAT = {"task": "chars", "n_layer": 2, "heads": ["attention:2,heat:2"],
+        "options": {"eval_size": 64}}  # fmt: skip
+STEPS = {"steps": 4, "eval_every": 4}
+
+
+def _probe(values: dict[str, object]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", _PROBE, json.dumps(values)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def measured_peaks(cases: dict[str, dict[str, object]]) -> dict[str, int]:
+    """The peak bytes each run adds to a process that loaded its data (see the module
+    docstring), the runs side by side (one thread each)."""
+    probes = {name: _probe(values) for name, values in cases.items()}
+    peaks = {}
+    for name, probe in probes.items():
+        out, err = probe.communicate(timeout=300)
+        assert probe.returncode == 0, err
+        peaks[name] = int(json.loads(out.splitlines()[-1])["peak"])
+    return peaks
+
+
+def estimated_peak(values: dict[str, object]) -> int:
+    spec = CompareSpec(**values)  # type: ignore[arg-type]
+    return estimate_memory(validate_spec(spec), spec.heads[0]).total
+
+
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/clear_refs").exists(), reason="measures peaks through Linux's /proc"
+)
+
+
+@pytest.fixture(scope="module")
+def peaks() -> dict[str, int]:
+    return measured_peaks({name: {**values, **STEPS} for name, values in CASES.items()})
+
+
+@needs_proc
+@pytest.mark.parametrize("name", CASES)
+def test_estimate_within_30_percent_of_measured_peak(name: str, peaks: dict[str, int]) -> None:
+    estimate = estimated_peak({**CASES[name], **STEPS})
+    assert 0.7 <= estimate / peaks[name] <= 1.3, (estimate, peaks[name])
+
+
+@needs_proc
+@pytest.mark.slow
+@pytest.mark.xfail(
+    reason="top-k backward keeps score blocks until the N*k training fix (issue 24) lands; "
+    "the estimate declares a weight and an index per edge (measured 0.52 of the peak before)",
+    strict=False,
+)
+def test_topk_estimate_within_30_percent_of_measured_peak() -> None:
+    values = {**TOPK, **STEPS}
+    estimate, measured = estimated_peak(values), measured_peaks({"topk": values})["topk"]
+    assert 0.7 <= estimate / measured <= 1.3, (estimate, measured)
+
+
+def test_graph_kinds_declare_their_edges() -> None:
+    assert resolve_graph("softmax").edges_per_row(100) == 100
+    assert resolve_graph("softmax").saved_bytes_per_edge(4) == 0  # the fused SDPA path
+    assert resolve_graph("topk[k=8]").edges_per_row(100) == 8
+    assert resolve_graph("topk[k=8]").edges_per_row(5) == 5
+    assert resolve_graph("topk[k=8]").saved_bytes_per_edge(4) == 12
+    window = resolve_graph("window[w=4,global=2]")
+    assert window.edges_per_row(100, causal=True) == 6
+    assert window.edges_per_row(100) == 11
+    assert window.saved_bytes_per_edge(4) == 4
+
+
+def test_estimate_grows_linearly_in_batch_and_edges() -> None:
+    spec = CompareSpec(task="recall", options={"seq_len": 64, "eval_size": 8}, analysis=False)
+    task = validate_spec(spec)
+    one, two = (estimate_memory(task, "attention", batch_size=b).training for b in (8, 16))
+    assert two == pytest.approx(2 * one, rel=1e-6)
+    soft = estimate_memory(task, "attention").training
+    topk = estimate_memory(validate_spec(CompareSpec(task="recall", topk=16, options={
+        "seq_len": 64, "eval_size": 8}, analysis=False)), "attention").training  # fmt: skip
+    # 4 layers x 4 heads x 16 edges x 12 bytes per token, times the allocator's factor
+    assert topk - soft == pytest.approx(1.2 * 32 * 64 * 4 * 4 * 16 * 12, rel=1e-3)
+
+
+def test_check_memory_refuses_naming_the_flags() -> None:
+    estimate = MemoryEstimate(weights=10**9, training=4 * 10**9, evaluation=10**9)
+    check_memory(estimate, (8 * 10**9, "MemAvailable"))  # fits: no error
+    check_memory(estimate, None)  # unknown: no error
+    with pytest.raises(ValueError, match=r"--batch-size or --seq-len \(now 4096\)") as info:
+        check_memory(estimate, (2 * 10**9, "MemAvailable"), seq_len=4096)
+    assert info.value.argument == "batch_size"  # type: ignore[attr-defined]
+    assert "--force" in str(info.value) and "2.00 GB available" in str(info.value)
+
+
+def test_plan_time_counts_steps_evaluations_and_analysis() -> None:
+    spec = CompareSpec(heads=("attention", "attention:2,heat:2"), seeds=(0, 1), steps=10,
+                       eval_every=4)  # fmt: skip
+    assert evaluations_per_run(spec) == 3  # steps 4, 8 and the last
+    times = {"attention": StepTimes(1.0, 2.0, 5.0), "attention:2,heat:2": StepTimes(2.0, 3.0, 5.0)}
+    assert plan_time(spec, times) == 2 * ((10 + 6 + 5) + (20 + 9 + 5))
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", "--task", "digits", "--layers", "1", "--embd", "32", "--steps", "40",
+                 "--out", str(tmp_path / "run"), "--dry-run"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "1 run(s) x 40 steps, 10 evaluation(s) per run" in out
+    assert "estimated time:" in out and "estimated peak memory:" in out
+    assert list(tmp_path.iterdir()) == []  # no run folder, no runs/
+
+
+def test_memory_refusal_is_status_2_and_force_passes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["compare", "--task", "recall", "--seq-len", "16384", "--batch-size", "4096",
+            "--steps", "1", "--no-analysis", "--dry-run"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("heatformer compare: error: --batch-size: the estimated peak")
+    assert "--seq-len (now 16384)" in err and "--force" in err
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(preflight, "time_steps", lambda *a, **k: StepTimes(1.0, 1.0, 0.0))
+    assert main([*args, "--force"]) == 0  # the check is skipped (nothing is timed here)
+    out = capsys.readouterr().out
+    assert "estimated time: 0.0 min for 1 run(s)" in out  # 1 step + 1 evaluation of 1 s
+    assert "dry run: nothing trained, nothing written" in out
