@@ -26,16 +26,16 @@ evaluation batch and ``B_a`` the analysis batch:
   keeps ``c_op = 32`` values of its width per token more (measured on ``heat[t=1]``, the
   most expensive default); and the logits ``(B, n, V)`` of ``n`` scored positions per
   sequence, their float32 copy and their gradient.
-- ``f = 1.3``: the C allocator keeps the blocks a step frees and the next step takes fresh
+- ``f = 1.2``: the C allocator keeps the blocks a step frees and the next step takes fresh
   ones beside them; the peak resident size of a run settles after a few steps at 1.3 to 1.65
   times that of its first step (measured on the CPU with glibc), and the passes without
-  gradients reuse some of what it keeps (fitted on the measured peaks below).
-- :math:`A_\text{eval} = B_e N (s (2 + r) D + \max_\ell \sum_h e\,b) + 2 s B_e n V`: one
-  layer's values at a time under ``no_grad`` (its input and output, the MLP's hidden layer),
-  and the logits.
-- :math:`A_\text{analysis} = B_a N s D (L + 2 + r)`: every block's token states of the
+  gradients then reuse part of what it keeps (``f`` is fitted to the measured peaks).
+- :math:`A_\text{eval} = B_e N (s (4 + 2r) D + \max_\ell \sum_h e\,b) + 2 s B_e n V`:
+  one layer's values at a time under ``no_grad`` (its input, ``q, k, v``, the heads' output,
+  the MLP's hidden layer before and after GELU), and the logits.
+- :math:`A_\text{analysis} = B_a N s D (L + 4 + 2r)`: every block's token states of the
   analysis batch, kept together, and one layer's values while they are made.
-- ``R_0 = 48 MiB``: what the first steps load and keep (kernels, lazily imported modules).
+- ``R_0 = 32 MiB``: what the first steps load and keep (kernels, lazily imported modules).
 
 The formula was checked against measured peaks (the peak resident set of a subprocess after
 the data are loaded, minus its resident set at that moment): see ``tests/experiments/
@@ -78,9 +78,9 @@ __all__ = [
 ]
 
 #: ``f``: peak resident size of a run over the live size of its first step (see above).
-ALLOCATOR_FACTOR = 1.3
+ALLOCATOR_FACTOR = 1.2
 #: ``R_0``: bytes the first steps load and keep whatever the model.
-RUNTIME_BYTES = 48 * 2**20
+RUNTIME_BYTES = 32 * 2**20
 #: ``c_op``: values per token a head keeps whose operator is not affine in ``P v``.
 OPERATOR_VALUES = 32
 
@@ -157,9 +157,9 @@ def estimate_memory(task: Task, heads: str, *, batch_size: int | None = None) ->
     train = batch * n * per_token + 3 * itemsize * batch * scored * classes
     eval_batch, analysis_batch = _batch_sizes(task)
     widest = max((e for e, _ in graph_bytes), default=0)
-    evaluation = eval_batch * n * (itemsize * (2 + r) * d + widest)
+    evaluation = eval_batch * n * (itemsize * (4 + 2 * r) * d + widest)
     evaluation += 2 * itemsize * eval_batch * scored * classes
-    analysis = analysis_batch * n * itemsize * d * (len(layers) + 2 + r) if spec.analysis else 0
+    analysis = analysis_batch * n * itemsize * d * (len(layers) + 4 + 2 * r) if spec.analysis else 0
     params = sum(p.numel() for p in model.parameters())
     return MemoryEstimate(
         weights=4 * itemsize * params,
