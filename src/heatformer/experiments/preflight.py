@@ -6,11 +6,11 @@ then), from the model (built on the meta device: no weights are allocated), the 
 every layer, the batch and the sequence length. With ``s`` bytes per value (4: float32),
 ``P`` parameters, ``L`` layers of width ``D``, ``H`` heads (head width ``D_h``), MLP ratio
 ``r``, ``N`` tokens per sequence, ``B`` the training batch per process, ``B_e`` the
-evaluation batch and ``B_a`` the analysis batch:
+examples of one evaluation or analysis pass:
 
 .. math::
 
-    \text{peak} = R_0 + 4 s P + f\,A_\text{train} + \max(A_\text{eval}, A_\text{analysis})
+    \text{peak} = R_0 + 4 s P + \max(f\,A_\text{train}, A_\text{eval})
 
 - ``4 s P``: the weights, their gradients and AdamW's two moments.
 - :math:`A_\text{train} = \sum_\ell B N \big(s\,(12 + 2r) D
@@ -26,15 +26,15 @@ evaluation batch and ``B_a`` the analysis batch:
   keeps ``c_op = 32`` values of its width per token more (measured on ``heat[t=1]``, the
   most expensive default); and the logits ``(B, n, V)`` of ``n`` scored positions per
   sequence, their float32 copy and their gradient.
-- ``f = 1.2``: the C allocator keeps the blocks a step frees and the next step takes fresh
-  ones beside them; the peak resident size of a run settles after a few steps at 1.3 to 1.65
-  times that of its first step (measured on the CPU with glibc), and the passes without
-  gradients then reuse part of what it keeps (``f`` is fitted to the measured peaks).
+- ``f = 1.1``: what a step frees is not all reused at once (fitted to the measured peaks,
+  with glibc's mmap threshold fixed at 4 MiB as the command does,
+  :mod:`heatformer.cli._heap`: freed large blocks leave the process, so the passes without
+  gradients start from the weights, not on top of the training's activations).
 - :math:`A_\text{eval} = B_e N (s (4 + 2r) D + \max_\ell \sum_h e\,b) + 2 s B_e n V`:
   one layer's values at a time under ``no_grad`` (its input, ``q, k, v``, the heads' output,
-  the MLP's hidden layer before and after GELU), and the logits.
-- :math:`A_\text{analysis} = B_a N s D (L + 4 + 2r)`: every block's token states of the
-  analysis batch, kept together, and one layer's values while they are made.
+  the MLP's hidden layer before and after GELU), and the logits, for the evaluation and the
+  analysis passes, which run ``B_e`` examples at a time (the larger of their batches, in
+  slices of :attr:`~heatformer.experiments.Task.sequences_per_pass`).
 - ``R_0 = 32 MiB``: what the first steps load and keep (kernels, lazily imported modules).
 
 The formula was checked against measured peaks (the peak resident set of a subprocess after
@@ -78,7 +78,7 @@ __all__ = [
 ]
 
 #: ``f``: peak resident size of a run over the live size of its first step (see above).
-ALLOCATOR_FACTOR = 1.2
+ALLOCATOR_FACTOR = 1.1
 #: ``R_0``: bytes the first steps load and keep whatever the model.
 RUNTIME_BYTES = 32 * 2**20
 #: ``c_op``: values per token a head keeps whose operator is not affine in ``P v``.
@@ -92,7 +92,7 @@ class MemoryEstimate:
     Attributes:
         weights: weights, gradients and the two AdamW moments (``4 s P``), bytes.
         training: ``f A_train``: what backward keeps, with the allocator's factor.
-        evaluation: ``max(A_eval, A_analysis)``: the largest no-grad pass.
+        evaluation: ``A_eval``: the largest pass without gradients.
         runtime: ``R_0``.
     """
 
@@ -104,7 +104,7 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         """The estimated peak, in bytes."""
-        return self.weights + self.training + self.evaluation + self.runtime
+        return self.weights + self.runtime + max(self.training, self.evaluation)
 
     def describe(self) -> str:
         """``"1.21 GB (weights and optimizer 0.01, training 1.0, evaluation 0.2 GB)"``."""
@@ -155,16 +155,15 @@ def estimate_memory(task: Task, heads: str, *, batch_size: int | None = None) ->
     per_token = sum(itemsize * (12 + 2 * r) * d + e + u for e, u in graph_bytes)
     scored, classes = _logits_shape(task, model)
     train = batch * n * per_token + 3 * itemsize * batch * scored * classes
-    eval_batch, analysis_batch = _batch_sizes(task)
+    passes = _pass_size(task)
     widest = max((e for e, _ in graph_bytes), default=0)
-    evaluation = eval_batch * n * (itemsize * (4 + 2 * r) * d + widest)
-    evaluation += 2 * itemsize * eval_batch * scored * classes
-    analysis = analysis_batch * n * itemsize * d * (len(layers) + 4 + 2 * r) if spec.analysis else 0
+    evaluation = passes * n * (itemsize * (4 + 2 * r) * d + widest)
+    evaluation += 2 * itemsize * passes * scored * classes
     params = sum(p.numel() for p in model.parameters())
     return MemoryEstimate(
         weights=4 * itemsize * params,
         training=math.ceil(ALLOCATOR_FACTOR * train),
-        evaluation=max(evaluation, analysis),
+        evaluation=evaluation,
     )
 
 
@@ -179,11 +178,14 @@ def _logits_shape(task: Task, model: nn.Module) -> tuple[int, int]:
     return targets[0].numel(), classes
 
 
-def _batch_sizes(task: Task) -> tuple[int, int]:
-    """``(B_e, B_a)``: the first evaluation batch's size and the analysis batch's."""
+def _pass_size(task: Task) -> int:
+    """``B_e``: examples per no-grad pass -- the larger of the first evaluation batch and the
+    analysis batch, in slices of at most :attr:`~heatformer.experiments.Task.
+    sequences_per_pass`."""
     inputs, _ = next(iter(task.eval_batches()))
-    analysis = task.analysis_batch()[0].shape[0] if task.spec.analysis else 0
-    return int(inputs.shape[0]), int(analysis)
+    largest = max(inputs.shape[0], task.analysis_batch()[0].shape[0] if task.spec.analysis else 0)
+    per_pass = task.sequences_per_pass
+    return int(largest if per_pass is None else min(largest, per_pass))
 
 
 def available_memory(device: torch.device) -> tuple[int, str] | None:
