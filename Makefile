@@ -19,11 +19,12 @@ $(VENV)/.installed-base: setup.cfg pyproject.toml
 
 # The tests also cover the integrations: transformers (the hf extra) and timm. timm requires
 # torchvision, whose only wheel for the CPU torch pin is a CUDA build that replaces torch, so
-# timm comes without dependencies (its others arrive with transformers); the tests import it
-# with a placeholder for the torchvision names its vision transformers never call.
+# timm comes without dependencies (its others with the timm extra), as docs/integrations/timm.md
+# says; heatformer.integrations.timm.import_timm() imports it with a placeholder for the
+# torchvision names its vision transformers never call.
 $(VENV)/.installed-dev: $(VENV)/.installed-base
-	$(PY) -m pip install -q -e ".[dev,viz,hf]"
-	$(PY) -m pip install -q --no-deps "timm>=1.0"
+	$(PY) -m pip install -q -e ".[dev,viz,hf,timm]"
+	$(PY) -m pip install -q --no-deps "timm>=1.0.3"
 	touch $@
 
 # The main job: attention vs 2 Laplacian heads vs 2 heat heads on the `chars` task, 3 seeds
@@ -66,7 +67,7 @@ $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml $(OLDEST_PINS)
 	@$(OLDEST_PY) -c 'import sys; v = sys.version_info[:2]; v == (3, 10) or print("test-oldest: \
 	no Python 3.10 here (the oldest setup.cfg declares): Python %d.%d instead" % v)'
 	$(OLDEST_PY) -m pip install -q --upgrade pip
-	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) -e ".[dev,viz,hf]"
+	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) -e ".[dev,viz,hf,timm]"
 	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) --no-deps timm
 	touch $@
 
