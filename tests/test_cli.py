@@ -180,6 +180,11 @@ def test_python_m_heatformer_runs_the_command() -> None:
             ["train", "--topk", "8", "--graph", "topk[k=8]"],
             "--topk: is shorthand for graph='topk[k=8]'; expected topk or graph, got both",
         ),
+        (  # the README says both are refused; --graph softmax is the spec's default
+            ["train", "--topk", "8", "--graph", "softmax"],
+            "--topk: is shorthand for graph='topk[k=8]'; expected topk or graph, got both "
+            "(topk=8, graph='softmax')",
+        ),
         (["train", "--task", "digits", "--analysis-size", "0"], "--analysis-size: expected a "),
         (
             ["train", "--task", "recall", "--text", "x.txt"],
