@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import signal
 import sys
 import threading
@@ -42,6 +41,7 @@ from types import FrameType
 
 import heatformer
 from heatformer._atomic import FolderInUse
+from heatformer._suggest import closest
 from heatformer.cli import _demo, _experiments, _ops
 from heatformer.cli._options import OptionParser, speaks
 
@@ -125,14 +125,14 @@ def _unrecognized(extras: Sequence[str], parser: OptionParser) -> str:
     """``"unrecognized arguments: --seeds 3 (did you mean --seed?)"`` for ``parser``'s options.
 
     Each unknown option (``--name`` or ``--name=value``) gets the closest of the
-    subcommand's own options, if one is close (:func:`difflib.get_close_matches`).
+    subcommand's own options, if one is close (:func:`heatformer._suggest.closest`).
     """
     known = [option[2:] for option in parser.long_options]
     hints = []
     for extra in extras:  # compared without the "--" that every option shares
         if extra.startswith("--"):
-            close = difflib.get_close_matches(extra[2:].partition("=")[0], known, n=1)
-            hints += [f"--{name}" for name in close]
+            close = closest(extra[2:].partition("=")[0], known)
+            hints += [] if close is None else [f"--{close}"]
     message = f"unrecognized arguments: {' '.join(extras)}"
     if hints:
         message += f" (did you mean {' or '.join(dict.fromkeys(hints))}?)"
