@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 # The CPU build of torch (an unpinned torch pulls a multi-GB CUDA build); override for CUDA.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-oldest lint typecheck pytest bench gpu-check docs clean
+.PHONY: demo test test-oldest lint typecheck pytest browser-notice chromium bench gpu-check docs \
+	clean
 
 $(VENV)/.installed-base: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,8 +42,30 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy src/heatformer
 
-pytest: $(VENV)/.installed-dev
-	$(PY) -m pytest -q -m "not slow"
+# -rs: what was skipped and why, one line per reason (CUDA tests without a GPU, the browser test
+# without Chromium, ...).
+pytest: $(VENV)/.installed-dev browser-notice
+	$(PY) -m pytest -q -rs -m "not slow"
+
+# Headless Chromium renders the teaching demo's interactive page in tests/viz/test_demo_browser.py,
+# which skips without it: `make test` says so, and `make chromium` installs Debian's package
+# (apt-get; through sudo when not root), as CI (.ci/run) does.
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser)
+
+browser-notice:
+	@test -n "$(CHROMIUM)" || echo "make: no Chromium on PATH, so tests/viz/test_demo_browser.py \
+	skips (the interactive demo page is not rendered); 'make chromium' installs it \
+	(apt-get install chromium)" >&2
+
+chromium:
+	@if [ -n "$(CHROMIUM)" ]; then echo "make chromium: $(CHROMIUM) is installed"; \
+	elif command -v apt-get >/dev/null 2>&1 && \
+		{ [ "$$(id -u)" -eq 0 ] || command -v sudo >/dev/null 2>&1; }; then \
+		as_root=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+		$$as_root apt-get update -qq >/dev/null && \
+		$$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "make chromium: no apt-get (or neither root nor sudo) here; install Chromium \
+	with your package manager" >&2; exit 1; fi
 
 # The documentation site: figures from docs/gen_figures.py (a mkdocs hook), then a strict build.
 docs: $(VENV)/.installed-dev
@@ -71,8 +94,8 @@ $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml $(OLDEST_PINS)
 	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) --no-deps timm
 	touch $@
 
-test-oldest: $(OLDEST_VENV)/.installed
-	$(OLDEST_PY) -m pytest -q -m "not slow"
+test-oldest: $(OLDEST_VENV)/.installed browser-notice
+	$(OLDEST_PY) -m pytest -q -rs -m "not slow"
 
 bench: $(VENV)/.installed-dev
 	$(PY) benchmarks/bench_graph_ops.py
