@@ -42,10 +42,10 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy src/heatformer
 
-# -rs: what was skipped and why, one line per reason (CUDA tests without a GPU, the browser test
-# without Chromium, ...).
+# The run ends with what it skipped, one line per reason (conftest.py: CUDA tests without a GPU,
+# the browser test without Chromium, ...).
 pytest: $(VENV)/.installed-dev browser-notice
-	$(PY) -m pytest -q -rs -m "not slow"
+	$(PY) -m pytest -q -m "not slow"
 
 # Headless Chromium renders the teaching demo's interactive page in tests/viz/test_demo_browser.py,
 # which skips without it: `make test` says so, and `make chromium` installs Debian's package
@@ -95,7 +95,7 @@ $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml $(OLDEST_PINS)
 	touch $@
 
 test-oldest: $(OLDEST_VENV)/.installed browser-notice
-	$(OLDEST_PY) -m pytest -q -rs -m "not slow"
+	$(OLDEST_PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.installed-dev
 	$(PY) benchmarks/bench_graph_ops.py
