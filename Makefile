@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 # The CPU build of torch (an unpinned torch pulls a multi-GB CUDA build); override for CUDA.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-oldest lint typecheck pytest bench gpu-check docs clean
+.PHONY: demo test test-oldest lint typecheck pytest browser-notice chromium bench gpu-check docs \
+	clean
 
 $(VENV)/.installed-base: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,11 +20,12 @@ $(VENV)/.installed-base: setup.cfg pyproject.toml
 
 # The tests also cover the integrations: transformers (the hf extra) and timm. timm requires
 # torchvision, whose only wheel for the CPU torch pin is a CUDA build that replaces torch, so
-# timm comes without dependencies (its others arrive with transformers); the tests import it
-# with a placeholder for the torchvision names its vision transformers never call.
+# timm comes without dependencies (its others with the timm extra), as docs/integrations/timm.md
+# says; heatformer.integrations.timm.import_timm() imports it with a placeholder for the
+# torchvision names its vision transformers never call.
 $(VENV)/.installed-dev: $(VENV)/.installed-base
-	$(PY) -m pip install -q -e ".[dev,viz,hf]"
-	$(PY) -m pip install -q --no-deps "timm>=1.0"
+	$(PY) -m pip install -q -e ".[dev,viz,hf,timm]"
+	$(PY) -m pip install -q --no-deps "timm>=1.0.3"
 	touch $@
 
 # The main job: attention vs 2 Laplacian heads vs 2 heat heads on the `chars` task, 3 seeds
@@ -40,8 +42,30 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy src/heatformer
 
-pytest: $(VENV)/.installed-dev
+# The run ends with what it skipped, one line per reason (conftest.py: CUDA tests without a GPU,
+# the browser test without Chromium, ...).
+pytest: $(VENV)/.installed-dev browser-notice
 	$(PY) -m pytest -q -m "not slow"
+
+# Headless Chromium renders the teaching demo's interactive page in tests/viz/test_demo_browser.py,
+# which skips without it: `make test` says so, and `make chromium` installs Debian's package
+# (apt-get; through sudo when not root), as CI (.ci/run) does.
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser)
+
+browser-notice:
+	@test -n "$(CHROMIUM)" || echo "make: no Chromium on PATH, so tests/viz/test_demo_browser.py \
+	skips (the interactive demo page is not rendered); 'make chromium' installs it \
+	(apt-get install chromium)" >&2
+
+chromium:
+	@if [ -n "$(CHROMIUM)" ]; then echo "make chromium: $(CHROMIUM) is installed"; \
+	elif command -v apt-get >/dev/null 2>&1 && \
+		{ [ "$$(id -u)" -eq 0 ] || command -v sudo >/dev/null 2>&1; }; then \
+		as_root=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+		$$as_root apt-get update -qq >/dev/null && \
+		$$as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "make chromium: no apt-get (or neither root nor sudo) here; install Chromium \
+	with your package manager" >&2; exit 1; fi
 
 # The documentation site: figures from docs/gen_figures.py (a mkdocs hook), then a strict build.
 docs: $(VENV)/.installed-dev
@@ -66,11 +90,11 @@ $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml $(OLDEST_PINS)
 	@$(OLDEST_PY) -c 'import sys; v = sys.version_info[:2]; v == (3, 10) or print("test-oldest: \
 	no Python 3.10 here (the oldest setup.cfg declares): Python %d.%d instead" % v)'
 	$(OLDEST_PY) -m pip install -q --upgrade pip
-	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) -e ".[dev,viz,hf]"
+	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) -e ".[dev,viz,hf,timm]"
 	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) --no-deps timm
 	touch $@
 
-test-oldest: $(OLDEST_VENV)/.installed
+test-oldest: $(OLDEST_VENV)/.installed browser-notice
 	$(OLDEST_PY) -m pytest -q -m "not slow"
 
 bench: $(VENV)/.installed-dev

@@ -3,6 +3,7 @@ timm (skipped where it is not installed)."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,11 +46,11 @@ def dtype(request: pytest.FixtureRequest) -> torch.dtype:
 
 
 @pytest.fixture(scope="module")
-def timm() -> Iterator[Any]:
-    """The ``timm`` module (imported with the placeholder of ``timm_helpers``), or a skip."""
-    from timm_helpers import import_timm
+def timm() -> Any:
+    """The ``timm`` module, as :func:`heatformer.integrations.timm.import_timm` imports it
+    (with its placeholder for torchvision where torchvision is missing), or a skip."""
+    if importlib.util.find_spec("timm") is None:
+        pytest.skip("timm is not installed")
+    from heatformer.integrations.timm import import_timm
 
-    with import_timm() as module:
-        if module is None:
-            pytest.skip("timm is not installed")
-        yield module
+    return import_timm()

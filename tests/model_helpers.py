@@ -67,7 +67,9 @@ def _group_time(op: DiffusionOperator, head: int) -> float:
 #: ``(op, P, v, head) -> op(P, v)``, reading the operator's public parameters
 REFERENCES: dict[str, Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]] = {
     "attention": lambda op, p, v, h: adjacency_reference(p, "rw") @ v,
-    "laplacian": lambda op, p, v, h: float(op.step) * laplacian_reference(p, op.normalization) @ v,
+    "laplacian": lambda op, p, v, h: (
+        float(to_numpy(op.step)) * laplacian_reference(p, op.normalization) @ v
+    ),
     "heat": lambda op, p, v, h: (
         scipy.linalg.expm(-_group_time(op, h) * laplacian_reference(p, op.normalization)) @ v
     ),
@@ -81,7 +83,7 @@ REFERENCES: dict[str, Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]] 
         c * np.linalg.matrix_power(laplacian_reference(p, op.normalization), i) @ v
         for i, c in enumerate(to_numpy(op.coeffs))
     ),
-    "mean": lambda op, p, v, h: float(op.scale) * uniform_reference(p) @ v,
+    "mean": lambda op, p, v, h: float(to_numpy(op.scale)) * uniform_reference(p) @ v,
 }
 
 

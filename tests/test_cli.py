@@ -85,6 +85,39 @@ def test_help_and_flag_errors_answer_without_importing_torch() -> None:
     assert "(default 'def add(a, b): return a + b')" in done.stdout
 
 
+def test_under_torchrun_only_rank_0_prints_argument_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``torchrun --nproc_per_node 2 -m heatformer train --embd 30`` printed the error once per
+    rank. Rank 1 now waits for torchrun to stop it (rank 0 fails alike and reports), and
+    prints its error itself only if no stop comes; every rank exits 2."""
+    import heatformer.cli as cli
+
+    def stopped_by_torchrun(seconds: float) -> None:
+        assert seconds == cli.QUIET_RANK_WAIT_S
+        raise cli.Terminated("terminated (SIGTERM)")
+
+    line = "heatformer train: error: --embd: expected a multiple of the 4 heads per layer"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, sleep, printed in (
+        ("1", stopped_by_torchrun, False),
+        ("1", lambda seconds: None, True),  # no stop came: an error of this rank's own
+        ("0", stopped_by_torchrun, True),  # rank 0 does not wait
+    ):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setattr(cli.time, "sleep", sleep)
+        assert main(["train", "--embd", "30"]) == 2
+        assert (line in capsys.readouterr().err) is printed
+    for rank, printed in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as exit:  # argparse's own errors, and its usage line
+            main(["train", "--steps", "x"])
+        assert exit.value.code == 2
+        err = capsys.readouterr().err
+        assert ("argument --steps: invalid int value: 'x'" in err) is printed
+        assert ("usage: heatformer train" in err) is printed
+
+
 def test_demo_default_text_is_the_library_default() -> None:
     from heatformer.cli import _demo
     from heatformer.viz.demo import DEFAULT_TEXT
@@ -181,6 +214,11 @@ def test_python_m_heatformer_runs_the_command() -> None:
         (
             ["train", "--topk", "8", "--graph", "topk[k=8]"],
             "--topk: is shorthand for graph='topk[k=8]'; expected topk or graph, got both",
+        ),
+        (  # the README says both are refused; --graph softmax is the spec's default
+            ["train", "--topk", "8", "--graph", "softmax"],
+            "--topk: is shorthand for graph='topk[k=8]'; expected topk or graph, got both "
+            "(topk=8, graph='softmax')",
         ),
         (["train", "--task", "digits", "--analysis-size", "0"], "--analysis-size: expected a "),
         (

@@ -9,6 +9,8 @@ the documentation must state the same floors.
 from __future__ import annotations
 
 import configparser
+import importlib.metadata
+import re
 from pathlib import Path
 
 import pytest
@@ -16,20 +18,55 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from heatformer.integrations.timm import MIN_TIMM
+
 ROOT = Path(__file__).resolve().parents[1]
 #: the extras whose requirements the oldest cell installs, and the dev tools that run it
-EXTRAS = ("viz", "hf", "timm")
+EXTRAS = ("viz", "hf")
 DEV_TOOLS = ("pytest", "hypothesis")
+#: the install line of timm, which comes without its dependencies (its torchvision would
+#: replace the CPU torch); its floor is heatformer.integrations.timm.MIN_TIMM
+TIMM_INSTALL = f"pip install --no-deps 'timm>={MIN_TIMM}'"
+
+
+def _setup_cfg() -> configparser.ConfigParser:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    return cfg
 
 
 def _requirements() -> dict[str, Requirement]:
-    cfg = configparser.ConfigParser()
-    cfg.read(ROOT / "setup.cfg")
+    cfg = _setup_cfg()
     extras = cfg["options.extras_require"]
     values = [cfg["options"]["install_requires"], *(extras[extra] for extra in EXTRAS)]
     reqs = [Requirement(line) for value in values for line in value.split() if line]
+    reqs.append(Requirement(f"timm>={MIN_TIMM}"))
     dev = [Requirement(line) for line in extras["dev"].split()]
     return {r.name: r for r in reqs + [r for r in dev if r.name in DEV_TOOLS]}
+
+
+def test_the_timm_extra_is_timms_dependencies_but_torch_and_torchvision() -> None:
+    """``pip install 'heatformer[timm]'`` must not pull torchvision (for a CPU torch, a CUDA
+    build that replaces it): the extra lists what timm needs besides torch and torchvision,
+    plus pillow, which ``timm.data`` imports and torchvision would bring; timm itself is
+    installed with ``--no-deps``."""
+    try:
+        declared = importlib.metadata.requires("timm") or []
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("timm is not installed")
+    needed = {_name(r) for r in declared} - {"torch", "torchvision"} | {"pillow"}
+    assert {_name(r) for r in _setup_cfg()["options.extras_require"]["timm"].split()} == needed
+
+
+def _name(requirement: str) -> str:
+    """The normalized name of a requirement (``huggingface_hub`` -> ``huggingface-hub``)."""
+    return re.sub(r"[-_.]+", "-", Requirement(requirement).name).lower()
+
+
+@pytest.mark.parametrize("path", ["docs/integrations/timm.md", "Makefile"])
+def test_timm_is_installed_without_dependencies_at_its_floor(path: str) -> None:
+    text = (ROOT / path).read_text().replace('"', "'").replace("$(PY) -m pip", "pip")
+    assert TIMM_INSTALL in text.replace("-q ", "")
 
 
 def _floor(req: Requirement) -> Version:
@@ -66,9 +103,7 @@ def test_the_docs_state_the_declared_floors(page: str) -> None:
 
 
 def test_the_oldest_cell_runs_on_the_oldest_declared_python() -> None:
-    cfg = configparser.ConfigParser()
-    cfg.read(ROOT / "setup.cfg")
-    (spec,) = SpecifierSet(cfg["options"]["python_requires"])
+    (spec,) = SpecifierSet(_setup_cfg()["options"]["python_requires"])
     major, minor = Version(spec.version).release[:2]
     makefile = (ROOT / "Makefile").read_text()
     for needle in (

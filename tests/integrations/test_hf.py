@@ -13,9 +13,11 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
+import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -544,6 +546,31 @@ def test_the_config_records_the_conversion_and_revert_drops_it(
     assert "heatformer" not in config and "attn_implementation" not in config
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "reverted")
     assert again.config._attn_implementation == "sdpa"
+
+
+def test_output_attentions_on_a_converted_model_warns_once_naming_attention_graphs(
+    make_model: MakeModel, tmp_path: Path
+) -> None:
+    """The attention function returns no weights, so ``attentions`` is ``()``: it used to say
+    nothing; the model warns once, per model, also when loaded converted, and not after
+    ``revert``."""
+    model = hf.convert(make_model("gpt2"), "attention:3,laplacian:1")
+    inputs = model_inputs("gpt2")
+    pointer = r"heatformer\.integrations\.hf\.attention_graphs\(model, \*\*inputs\)"
+    with pytest.warns(UserWarning, match=r"^output_attentions=True on GPT2LMHeadModel ") as seen:
+        assert model(**inputs, output_attentions=True).attentions == ()
+    assert len(seen) == 1 and re.search(pointer, str(seen[0].message))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(**inputs, output_attentions=True)  # once
+    model.save_pretrained(tmp_path / "converted")
+    loaded = hf.from_pretrained(transformers.AutoModelForCausalLM, tmp_path / "converted")
+    with pytest.warns(UserWarning, match=pointer):
+        loaded(**inputs, output_attentions=True)
+    hf.revert(loaded)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded(**inputs, output_attentions=True)
 
 
 def test_converting_again_with_the_same_spec_keeps_learned_parameters(

@@ -1,7 +1,8 @@
 """heatformer heads inside timm vision transformers (timm's own ViT and DeiT-3 code).
 
-Where torchvision is not installed, timm is imported with a placeholder for it (see
-tests/timm_helpers.py); the models and attention modules tested are timm's own.
+Where torchvision is not installed, timm is imported with a placeholder for it
+(``heatformer.integrations.timm.import_timm``, tested first); the models and attention modules
+tested are timm's own.
 
 The equivalences against timm's own forward take ``device`` (CPU; CUDA where available, marked
 ``cuda``); their float32 tolerances are the CPU's, scaled per device by ``close``
@@ -11,8 +12,14 @@ The equivalences against timm's own forward take ``device`` (CPU; CUDA where ava
 from __future__ import annotations
 
 import copy
+import importlib.util
 import inspect
 import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +37,105 @@ def ht(timm: Any) -> Any:
     from heatformer.integrations import timm as adapter
 
     return adapter
+
+
+def _fresh_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a new interpreter (no timm imported yet), on one thread."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+# ---- import_timm: timm without torchvision ---------------------------------------------------
+
+
+def test_import_timm_imports_timm_with_a_placeholder_it_removes_afterwards() -> None:
+    if importlib.util.find_spec("timm") is None:
+        pytest.skip("timm is not installed")
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: import_timm imports timm as it is")
+    done = _fresh_python(
+        """
+        import sys
+        from heatformer.integrations.timm import import_timm
+
+        timm = import_timm()
+        import timm as again
+        print(again is timm, import_timm() is timm)
+        print(sorted(n for n in sys.modules if n.startswith("torchvision")), len(sys.meta_path))
+        try:
+            import torchvision
+        except ModuleNotFoundError as err:
+            print("ModuleNotFoundError", err.name)
+        try:
+            timm.layers.norm_act.FrozenBatchNorm2d(4)
+        except RuntimeError as err:
+            print(err)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "True True"
+    assert lines[1].startswith("[] ")  # no placeholder module left
+    assert lines[2] == "ModuleNotFoundError torchvision"
+    assert lines[3] == (
+        "torchvision.ops.misc.FrozenBatchNorm2d is heatformer's placeholder: torchvision is not "
+        "installed (heatformer.integrations.timm.import_timm imported timm without it)"
+    )
+
+
+def test_import_timm_warns_about_a_torchvision_that_does_not_import(tmp_path: Path) -> None:
+    if importlib.util.find_spec("timm") is None:
+        pytest.skip("timm is not installed")
+    broken = tmp_path / "torchvision"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")'
+    )
+    done = _fresh_python(
+        """
+        import warnings
+        from heatformer.integrations.timm import import_timm
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            timm = import_timm()
+        print(timm.create_model("vit_tiny_patch16_224", pretrained=False).num_classes)
+        for warning in caught:
+            print(warning.message) if warning.category is RuntimeWarning else None
+        """,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    )
+    assert done.returncode == 0, done.stderr
+    count, warned = done.stdout.splitlines()
+    assert count == "1000"
+    assert warned == (
+        "torchvision is installed but does not import (RuntimeError: operator torchvision::nms "
+        "does not exist); importing timm with heatformer's placeholder for it"
+    )
+
+
+def test_import_timm_names_the_install_line_and_the_floor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from heatformer.integrations import timm as adapter
+
+    with pytest.raises(ImportError, match=r"needs timm >= 1\.0\.3, found 1\.0\.2: .*--no-deps"):
+        adapter._check_timm_version("1.0.2")
+    adapter._check_timm_version(adapter.MIN_TIMM)
+    monkeypatch.delitem(sys.modules, "timm", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=r"needs timm: pip install 'heatformer\[timm\]' "
+        r"&& pip install --no-deps 'timm>=1\.0\.3'",
+    ):
+        adapter.import_timm()
 
 
 def _model(timm: Any, name: str, seed: int = 0, **kwargs: Any) -> Any:

@@ -462,6 +462,31 @@ def test_key_mask_all_true_equals_no_mask() -> None:
     )
 
 
+def test_key_padding_mask_is_the_key_mask_in_multihead_attentions_polarity() -> None:
+    """``key_padding_mask`` (True = padding, nn.MultiheadAttention's) is ``~key_mask``; one of
+    the two, and its errors name it."""
+    layer = mh.random_layer(OPERATOR_SPECS["interleaved"], causal=False)
+    x = mh.random_input(18, 2, 7)
+    key_mask = mh.padding_mask(2, 7, [7, 4])
+    expected, weights = layer(x, key_mask, need_weights=True)
+    out, padded_weights = layer(x, key_padding_mask=~key_mask, need_weights=True)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    torch.testing.assert_close(padded_weights, weights, atol=0, rtol=0)
+    torch.testing.assert_close(
+        layer.graphs(x, key_padding_mask=~key_mask).to_dense(), weights, atol=0, rtol=0
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^key_padding_mask: expected key_mask \(True = real token, SDPA's polarity\) or "
+        r"key_padding_mask \(True = padding, nn.MultiheadAttention's\), got both",
+    ):
+        layer(x, key_mask, key_padding_mask=~key_mask)
+    with pytest.raises(TypeError, match=r"^key_padding_mask: expected a bool tensor \(True = pad"):
+        layer(x, key_padding_mask=torch.zeros(2, 7))
+    with pytest.raises(ValueError, match=r"^key_padding_mask: expected shape \(2, 7\), got"):
+        layer(x, key_padding_mask=~key_mask[:, :5])
+
+
 @pytest.mark.parametrize("spec", ["laplacian[normalization=sym]:4", "heat[normalization=sym]:4"])
 def test_causal_sym_heads_are_refused(spec) -> None:
     """(W + W^T)/2 would let earlier tokens see later ones: a clear error instead."""

@@ -32,10 +32,6 @@ from heatformer.models import (
 )
 
 F64 = torch.float64
-#: torch's own compile stack warns about its deprecated torch.jit internals
-COMPILE_WARNINGS = pytest.mark.filterwarnings(
-    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
-)
 
 
 def tiny_gpt(
@@ -111,7 +107,6 @@ def test_model_parameter_count_is_independent_of_the_operator_mix(heads) -> None
     assert ViT(dataclasses.replace(vit, heads=heads)).num_parameters() == ViT(vit).num_parameters()
 
 
-@COMPILE_WARNINGS
 def test_compiled_block_matches_eager() -> None:
     torch.manual_seed(0)
     block = TransformerBlock(8, 2, "attention:1,laplacian:1", causal=True).eval()
@@ -127,7 +122,6 @@ def test_compiled_block_matches_eager() -> None:
 
 
 @pytest.mark.slow  # ~20 s cold: graph breaks (float(t), the series order) mean several graphs
-@COMPILE_WARNINGS
 def test_compiled_block_with_heat_heads_matches_eager() -> None:
     torch.manual_seed(0)
     block = TransformerBlock(8, 2, "attention:1,heat[t=0.5]:1").eval()

@@ -3,7 +3,12 @@
 Subcommands are registered in :data:`COMMANDS` (name -> (help, add_arguments, run)); each
 ``run`` returns the process exit code. Errors in user input (``ValueError``, ``TypeError``,
 ``FileNotFoundError``) print one clear line to stderr, naming the option, and exit with
-status 2; other file-system errors print one line and exit with status 1.
+status 2; other file-system errors print one line and exit with status 1. Under ``torchrun``
+argparse's usage errors are printed by rank 0 alone
+(:func:`~heatformer.cli._options.speaks`), and so are these lines when every rank fails
+alike: another rank waits for ``torchrun`` to stop it once rank 0 has failed, and prints its
+line itself only if that does not come (an error of its own). It does not exit at once: its
+exit would make ``torchrun`` stop rank 0, maybe before rank 0 has said why.
 
 The library names the argument that was wrong on the exception (``err.argument``, see
 :mod:`heatformer.checks`); the command line turns it into the option the user typed through
@@ -27,18 +32,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
 
 import heatformer
 from heatformer._atomic import FolderInUse
+from heatformer._suggest import closest
 from heatformer.cli import _demo, _experiments, _ops
 from heatformer.cli._heap import fix_mmap_threshold
-from heatformer.cli._options import OptionParser
+from heatformer.cli._options import OptionParser, speaks
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -120,18 +126,33 @@ def _unrecognized(extras: Sequence[str], parser: OptionParser) -> str:
     """``"unrecognized arguments: --seeds 3 (did you mean --seed?)"`` for ``parser``'s options.
 
     Each unknown option (``--name`` or ``--name=value``) gets the closest of the
-    subcommand's own options, if one is close (:func:`difflib.get_close_matches`).
+    subcommand's own options, if one is close (:func:`heatformer._suggest.closest`).
     """
     known = [option[2:] for option in parser.long_options]
     hints = []
     for extra in extras:  # compared without the "--" that every option shares
         if extra.startswith("--"):
-            close = difflib.get_close_matches(extra[2:].partition("=")[0], known, n=1)
-            hints += [f"--{name}" for name in close]
+            close = closest(extra[2:].partition("=")[0], known)
+            hints += [] if close is None else [f"--{close}"]
     message = f"unrecognized arguments: {' '.join(extras)}"
     if hints:
         message += f" (did you mean {' or '.join(dict.fromkeys(hints))}?)"
     return message
+
+
+#: seconds a ``torchrun`` rank other than 0 waits, after an error, for ``torchrun`` to stop it
+#: (which it does once rank 0 has failed too, and said why) before it prints its own error
+QUIET_RANK_WAIT_S = 30.0
+
+
+def _error(line: str) -> None:
+    """Print an error line to stderr, once under ``torchrun`` (see the module's docstring)."""
+    if not speaks():
+        try:
+            time.sleep(QUIET_RANK_WAIT_S)
+        except KeyboardInterrupt:  # Terminated: torchrun stops this rank, rank 0 has reported
+            return
+    print(line, file=sys.stderr)
 
 
 class Terminated(KeyboardInterrupt):
@@ -202,10 +223,10 @@ def _main(argv: Sequence[str] | None, sigterm: _Sigterm) -> int:
         return COMMANDS[args.command][2](args)
     except (ValueError, TypeError, FileNotFoundError, FolderInUse) as err:
         message = _name_the_option(err, subparsers[args.command].option_of)
-        print(f"heatformer {args.command}: error: {message}", file=sys.stderr)
+        _error(f"heatformer {args.command}: error: {message}")
         return 2
     except OSError as err:  # the file system refused (disk full, permissions): no traceback
-        print(f"heatformer {args.command}: error: {err}", file=sys.stderr)
+        _error(f"heatformer {args.command}: error: {err}")
         return 1
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated) outside a run
         print(f"heatformer {args.command}: {err or 'interrupted'}", file=sys.stderr)

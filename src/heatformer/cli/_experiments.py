@@ -35,7 +35,13 @@ from typing import Any, TextIO
 from heatformer._atomic import FolderLock
 from heatformer.cli._options import OptionGroup, OptionParser
 from heatformer.experiments._checks import bad_value, check_positive_int
-from heatformer.experiments.spec import PRESETS, SPEC_NAME, CompareSpec, parse_seeds
+from heatformer.experiments.spec import (
+    PRESETS,
+    SPEC_NAME,
+    CompareSpec,
+    parse_seeds,
+    topk_and_graph,
+)
 from heatformer.experiments.tasks import TASKS, options_by_name
 
 __all__ = [
@@ -278,6 +284,8 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
     if compare and args.preset:
         values.update(PRESETS[args.preset])
     given = _given(args)
+    if "topk" in given and "graph" in given:  # also --graph softmax, the spec's default
+        raise topk_and_graph(given["topk"], given["graph"])
     options = dict(values.pop("options", {}))
     if "task" in given and given["task"] != values.get("task") and given["task"] in TASKS:
         taken = options_by_name()  # a preset's options for another task: those this one takes

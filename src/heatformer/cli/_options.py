@@ -4,14 +4,29 @@
 :meth:`OptionParser.group`), which option sets each destination: the command line names the
 option a user typed when the library names an argument (``err.argument`` -> ``--embd``), and
 suggests the closest option for a mistyped one, without reading argparse's private state.
+
+Under ``torchrun`` every rank runs the command: :func:`speaks` is true on rank 0 alone, and
+the parser's messages (usage, errors, help: the same on every rank, which parse the same
+arguments) are printed there only, so a wrong argument reads once; every rank still exits
+with the same status.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["OptionGroup", "OptionParser"]
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
+__all__ = ["OptionGroup", "OptionParser", "speaks"]
+
+
+def speaks() -> bool:
+    """Whether this process prints the command's messages: not a ``torchrun`` rank other than
+    0 (``RANK`` and ``WORLD_SIZE`` in the environment, set before the command starts)."""
+    return os.environ.get("RANK", "0") == "0" or os.environ.get("WORLD_SIZE", "1") == "1"
 
 
 class OptionParser(argparse.ArgumentParser):
@@ -31,6 +46,10 @@ class OptionParser(argparse.ArgumentParser):
 
     def add_argument(self, *name_or_flags: str, **kwargs: Any) -> argparse.Action:
         return self.keep(super().add_argument(*name_or_flags, **kwargs))
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        if speaks():  # argparse prints usage, errors and help through here
+            super()._print_message(message, file)
 
     def group(self, title: str, description: str | None = None) -> OptionGroup:
         """An argument group (a section of ``--help``) whose options this parser records."""

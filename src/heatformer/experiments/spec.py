@@ -59,6 +59,7 @@ __all__ = [
     "parse_seeds",
     "run_name",
     "split_layers",
+    "topk_and_graph",
 ]
 
 #: The file of a comparison folder that holds its :class:`CompareSpec` (``OUT/spec.json``).
@@ -73,6 +74,17 @@ _DEFAULT_NUM_HEADS = 4
 _LEGACY_TASK_FIELDS = frozenset(
     {"seq_len", "patch_size", "text", "npz", "max_bytes", "eval_size", "analysis_size"}
 )
+
+
+def topk_and_graph(topk: int, graph: str) -> ValueError:
+    """The error for ``topk`` given together with ``graph``: ``topk`` is the shorthand for
+    ``graph="topk[k=...]"``, so one of the two (the spec refuses a ``graph`` other than the
+    default ``"softmax"``; the command line refuses ``--topk`` with any ``--graph``)."""
+    return bad_value(
+        "topk",
+        f"is shorthand for graph='topk[k={topk}]'; expected topk or graph, got both "
+        f"(topk={topk}, graph={graph!r})",
+    )
 
 
 @dataclass(frozen=True)
@@ -184,11 +196,7 @@ class CompareSpec:
         if not isinstance(self.graph, str) or not self.graph.strip():
             raise bad_type("graph", f"expected a graph spec string, got {self.graph!r}")
         if self.topk is not None and self.graph.strip() != "softmax":
-            raise bad_value(
-                "topk",
-                f"is shorthand for graph='topk[k={self.topk}]'; expected topk or graph, got "
-                f"both (topk={self.topk}, graph={self.graph!r})",
-            )
+            raise topk_and_graph(self.topk, self.graph)
         builders = [resolve_graph(g) for g in parse_layer_graphs(self.graph, self.n_layer)]
         tokens = self.options.max_tokens()
         if tokens is None:

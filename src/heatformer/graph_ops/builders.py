@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer._suggest import did_you_mean
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._spec import format_entry, parse_entry
 from heatformer.graph_ops.protocol import Graph, _check_key_mask
@@ -368,7 +369,8 @@ def resolve_graph(spec: str | GraphBuilder) -> GraphBuilder:
     """Turn a graph spec (``"softmax"``, ``"topk[k=32]"``) into a builder; a builder passes.
 
     Raises:
-        ValueError: an unknown kind (the valid names are listed), bad syntax or parameters.
+        ValueError: an unknown kind (the valid names are listed, the closest suggested), bad
+            syntax or parameters.
         TypeError: ``spec`` of the wrong type.
 
     Example:
@@ -384,7 +386,11 @@ def resolve_graph(spec: str | GraphBuilder) -> GraphBuilder:
     name, params = parse_entry(spec, what="graph")
     key = name.lower()
     if key not in GRAPHS:
-        raise V.bad_value("graph", f"expected one of {sorted(GRAPHS)}, got {name!r} in {spec!r}")
+        raise V.bad_value(
+            "graph",
+            f"expected one of {sorted(GRAPHS)}, got {name!r} in {spec!r}"
+            f"{did_you_mean(key, GRAPHS)}",
+        )
     factory = GRAPHS[key]
     aliases = getattr(factory, "spec_aliases", {})
     named: dict[str, object] = {}

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -212,7 +213,8 @@ def heatformer_attention(
 ) -> tuple[Tensor, None]:
     """transformers' attention function for ``"heatformer"`` (the ``sdpa_attention_forward``
     signature): ``(B, H, Nq, Dh)`` queries, ``(B, Hkv, T, Dh)`` keys and values ->
-    ``(B, Nq, H, Dh)`` and no weights (use :func:`attention_graphs` for those)."""
+    ``(B, Nq, H, Dh)`` and no weights (use :func:`attention_graphs` for those; a converted
+    model called with ``output_attentions=True`` warns once, saying so)."""
     heads = getattr(module, HEADS_ATTRIBUTE, None)
     if not isinstance(heads, HeadOperators):
         restore = _restore_call(getattr(module, "config", None))
@@ -345,8 +347,47 @@ def _attach(
         )
 
 
+class _NoAttentionWeights:
+    """A forward pre-hook of a converted model: ``output_attentions`` (the call's, or the
+    config's) gets one :class:`UserWarning` per model, pointing to :func:`attention_graphs`.
+
+    heatformer's attention function returns no weights (it never forms ``P``; for a Laplacian
+    or heat head ``P`` is not what the head applies either), and transformers learns nothing
+    of ``output_attentions`` in the attention function, so ``outputs.attentions`` is ``()``.
+    """
+
+    def __init__(self) -> None:
+        self.warned = False
+
+    def __call__(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        requested = kwargs.get("output_attentions")
+        if requested is None:
+            requested = getattr(getattr(model, "config", None), "output_attentions", False)
+        if requested and not self.warned and _is_converted(model):
+            self.warned = True
+            warnings.warn(
+                f"output_attentions=True on {type(model).__name__} converted to heatformer "
+                "heads: its attention function returns no weights, so `attentions` is (); "
+                "heatformer.integrations.hf.attention_graphs(model, **inputs) returns every "
+                "layer's attention graph (dense=True: the (B, H, N, N) weights)",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _watch_output_attentions(model: nn.Module) -> None:
+    """Install :class:`_NoAttentionWeights` on ``model`` (once; :func:`_detach` removes it)."""
+    if getattr(model, "_heatformer_attentions_hook", None) is None:
+        hook = model.register_forward_pre_hook(_NoAttentionWeights(), with_kwargs=True)
+        model._heatformer_attentions_hook = hook  # type: ignore[assignment]
+
+
 def _detach(model: nn.Module) -> None:
     """Remove the heads and restore the previous attention implementation."""
+    hook = getattr(model, "_heatformer_attentions_hook", None)
+    if hook is not None:
+        hook.remove()
+        del model._heatformer_attentions_hook
     for _, module in attention_modules(model):
         if isinstance(getattr(module, HEADS_ATTRIBUTE, None), HeadOperators):
             delattr(module, HEADS_ATTRIBUTE)
@@ -431,6 +472,7 @@ def convert(
             made.append(_new_heads(name, module, spec, kind))
     _attach(model, modules, made)
     _write_record(model, modules)
+    _watch_output_attentions(model)
     return model
 
 
@@ -597,6 +639,7 @@ def from_pretrained(
         fresh.load_state_dict(loaded.state_dict())
         setattr(module, HEADS_ATTRIBUTE, fresh)
     _write_record(model, modules)
+    _watch_output_attentions(model)
     return (model, info) if with_info else model
 
 

@@ -22,8 +22,9 @@ under ``<module>.heatformer_record`` (see :mod:`heatformer.integrations._record`
 does not load into an unconverted model (``strict`` loading refuses the unexpected key);
 :func:`load_state_dict` converts a model as a state dict records and loads it.
 
-timm imports torchvision at import time; install a torchvision that matches your torch
-(``docs/integrations/timm.md`` says what the project's CI covers).
+timm imports torchvision at import time, for names its vision transformers never call; where
+no torchvision matches your torch (the CPU builds), install timm without its dependencies and
+import it with :func:`import_timm` (``docs/integrations/timm.md``).
 
 References:
     Zhang, A. & Papyan, V. (2026). Laplacian heads. arXiv:2602.09297.
@@ -31,6 +32,13 @@ References:
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,7 +54,159 @@ from heatformer.integrations._record import (
     unchanged,
 )
 
-__all__ = ["TimmDiffusionAttention", "convert", "load_state_dict"]
+__all__ = ["MIN_TIMM", "TimmDiffusionAttention", "convert", "import_timm", "load_state_dict"]
+
+#: the oldest timm the adapter supports (the floor ``make test-oldest`` runs)
+MIN_TIMM = "1.0.3"
+#: the install line for a CPU torch: timm without its torchvision (docs/integrations/timm.md)
+_INSTALL_HINT = (
+    f"pip install 'heatformer[timm]' && pip install --no-deps 'timm>={MIN_TIMM}' "
+    "(timm without torchvision, which has no wheel for the CPU torch)"
+)
+# the torchvision subpackages timm imports from (`torchvision.ops.misc`, ...)
+_TORCHVISION_SUBMODULES = frozenset(
+    {"datasets", "feature_extraction", "functional", "misc", "models", "ops", "transforms", "utils"}
+)
+
+
+class _PlaceholderMeta(type):
+    """The type of the placeholder classes; its attributes are strings (enum members such as
+    ``InterpolationMode.BICUBIC``, read when timm's modules define their defaults)."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return f"{cls.__qualname__}.{name}"
+
+
+class _Placeholder(metaclass=_PlaceholderMeta):
+    """A torchvision name timm binds at import time; creating one raises."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError(
+            f"{type(self).__qualname__} is heatformer's placeholder: torchvision is not "
+            "installed (heatformer.integrations.timm.import_timm imported timm without it)"
+        )
+
+
+class _PlaceholderModule(types.ModuleType):
+    """A placeholder ``torchvision`` (sub)module: every public name is a placeholder class."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in _TORCHVISION_SUBMODULES:
+            return importlib.import_module(f"{self.__name__}.{name}")
+        return _PlaceholderMeta(name, (_Placeholder,), {"__qualname__": f"{self.__name__}.{name}"})
+
+
+class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``torchvision`` and its submodules as placeholder modules."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.split(".")[0] != "torchvision":
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _PlaceholderModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+def _forget_torchvision() -> None:
+    for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
+        del sys.modules[name]
+
+
+def _check_timm_version(version: str) -> None:
+    """Raise ImportError, naming the floor, for a timm older than :data:`MIN_TIMM`."""
+    from packaging.version import Version
+
+    if Version(version) < Version(MIN_TIMM):
+        raise ImportError(
+            f"heatformer.integrations.timm needs timm >= {MIN_TIMM}, found {version}: "
+            f"{_INSTALL_HINT}"
+        )
+
+
+def _torchvision_missing() -> bool:
+    """Whether torchvision cannot be imported (warns when it is installed but fails)."""
+    if "torchvision" in sys.modules:
+        return False
+    if importlib.util.find_spec("torchvision") is None:
+        return True
+    try:
+        importlib.import_module("torchvision")
+    except Exception as err:  # a build for another torch: it fails at import in many ways
+        _forget_torchvision()
+        warnings.warn(
+            f"torchvision is installed but does not import ({type(err).__name__}: {err}); "
+            "importing timm with heatformer's placeholder for it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return True
+    return False
+
+
+def import_timm() -> types.ModuleType:
+    """Import timm and return it, also where torchvision is not installed.
+
+    timm (1.0) imports torchvision when it is imported, for names its vision transformers never
+    call: ``FrozenBatchNorm2d`` (ResNets), the data transforms and datasets, the FX feature
+    extractor. The CPU builds of torch have no matching torchvision wheel on PyPI (its wheel
+    is a CUDA build that replaces torch), so timm is installed without its dependencies::
+
+        pip install 'heatformer[timm]'            # timm's dependencies other than torchvision
+        pip install --no-deps 'timm>=1.0.3'
+
+    What this function does:
+
+    - timm already imported: returns ``sys.modules["timm"]``.
+    - torchvision imports: ``import timm``, nothing else.
+    - torchvision is not installed (or is installed and fails to import, with a
+      :class:`RuntimeWarning` saying why): while timm is imported, a finder on
+      ``sys.meta_path`` answers ``import torchvision...`` with placeholder modules in which
+      every name is a class that raises :class:`RuntimeError` when instantiated (its
+      attributes, read as enum members such as ``InterpolationMode.BICUBIC``, are strings).
+      Afterwards the finder and the placeholder modules are removed: ``import torchvision``
+      fails as before, timm's own modules keep the placeholder names they bound, and the model
+      code heatformer converts (``timm.create_model``, ``vit_*``, ``deit3_*``) is timm's own.
+      What needs torchvision (timm's data pipeline, ``timm.data`` transforms, FX feature
+      extraction, models with frozen batch norm) raises when it is used.
+
+    After it, ``import timm`` returns the same module.
+
+    Returns:
+        The ``timm`` module.
+
+    Raises:
+        ModuleNotFoundError: timm is not installed.
+        ImportError: a timm older than :data:`MIN_TIMM`.
+    """
+    timm = sys.modules.get("timm")
+    if timm is None:
+        if importlib.util.find_spec("timm") is None:
+            raise ModuleNotFoundError(
+                f"heatformer.integrations.timm needs timm: {_INSTALL_HINT}", name="timm"
+            )
+        finder = _PlaceholderFinder() if _torchvision_missing() else None
+        if finder is not None:
+            sys.meta_path.insert(0, finder)
+        try:
+            timm = importlib.import_module("timm")
+        finally:
+            if finder is not None:
+                sys.meta_path.remove(finder)
+                _forget_torchvision()
+    _check_timm_version(str(timm.__version__))
+    return timm
 
 
 class TimmDiffusionAttention(RecordedHeads):
@@ -165,9 +325,8 @@ def _attention_classes() -> tuple[type[nn.Module], ...]:
     """timm's self-attention classes: ``timm.layers.Attention`` (timm >= 1.0.17) and
     ``timm.models.vision_transformer.Attention`` (the same class from 1.0.17 on, its own
     before)."""
-    from timm.models import vision_transformer
-
-    found = [getattr(vision_transformer, "Attention", None)]
+    timm = import_timm()
+    found = [getattr(timm.models.vision_transformer, "Attention", None)]
     try:
         from timm.layers import Attention
 

@@ -98,9 +98,10 @@ class DiffusionAttention(nn.Module):
 
     Shape:
         - ``x``: ``(B, N, D)``, any ``N >= 0`` (``N = 0``: an empty output); ``key_mask``:
-          ``(B, N)`` bool, ``True`` = a real token that may be attended (SDPA polarity; note
-          :class:`~torch.nn.MultiheadAttention`'s ``key_padding_mask`` uses the opposite
-          polarity). What padded positions hold changes no real row while it is finite; a
+          ``(B, N)`` bool, ``True`` = a real token that may be attended (SDPA polarity); or
+          ``key_padding_mask``, the same mask in :class:`~torch.nn.MultiheadAttention`'s
+          polarity (``True`` = padding, ignored; ``key_mask = ~key_padding_mask``), one of the
+          two. What padded positions hold changes no real row while it is finite; a
           NaN there reaches every row, as in SDPA: zero them first,
           ``x.masked_fill(~key_mask[..., None], 0)``.
         - output: ``(B, N, D)``; with ``need_weights=True`` also ``(B, H, N, N)`` weights.
@@ -257,24 +258,40 @@ class DiffusionAttention(nn.Module):
 
     # ---- graphs ----------------------------------------------------------------------------
 
-    def _mask(self, key_mask: Tensor | None, b: int, n: int) -> Tensor | None:
+    def _mask(
+        self, key_mask: Tensor | None, b: int, n: int, *, name: str = "key_mask"
+    ) -> Tensor | None:
         if key_mask is None:
             return None
         if not self.graph_kind.supports_key_mask:
             raise checks.bad_value(
-                "key_mask", f"expected None: graph kind {self.graph_kind.spec!r} takes no key mask"
+                name, f"expected None: graph kind {self.graph_kind.spec!r} takes no key mask"
             )
         if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
+            meaning = "padding" if name == "key_padding_mask" else "real token"
             raise checks.bad_type(
-                "key_mask",
-                f"expected a bool tensor (True = real token), got "
+                name,
+                f"expected a bool tensor (True = {meaning}), got "
                 f"{getattr(key_mask, 'dtype', type(key_mask).__name__)}",
             )
         if tuple(key_mask.shape) != (b, n):
-            raise checks.bad_value(
-                "key_mask", f"expected shape ({b}, {n}), got {tuple(key_mask.shape)}"
-            )
+            raise checks.bad_value(name, f"expected shape ({b}, {n}), got {tuple(key_mask.shape)}")
         return key_mask  # (B, N)
+
+    def _key_mask(
+        self, x: Tensor, key_mask: Tensor | None, key_padding_mask: Tensor | None
+    ) -> Tensor | None:
+        """The key mask in SDPA's polarity (``True`` = real token), from either argument."""
+        if key_padding_mask is None:
+            return key_mask
+        if key_mask is not None:
+            raise checks.bad_value(
+                "key_padding_mask",
+                "expected key_mask (True = real token, SDPA's polarity) or key_padding_mask "
+                "(True = padding, nn.MultiheadAttention's), got both",
+            )
+        padding = self._mask(key_padding_mask, x.shape[0], x.shape[1], name="key_padding_mask")
+        return None if padding is None else ~padding
 
     def _graph(
         self, q: Tensor, k: Tensor, key_mask: Tensor | None, *, symmetric_mask: bool = False
@@ -286,10 +303,18 @@ class DiffusionAttention(nn.Module):
             row_block=self.row_block,
         )  # fmt: skip
 
-    def graphs(self, x: Tensor, key_mask: Tensor | None = None) -> Graph:
+    def graphs(
+        self,
+        x: Tensor,
+        key_mask: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+    ) -> Graph:
         """The attention graph of every head for input ``x`` (batch shape ``(B, H)``), as the
         layer's graph kind builds it (e.g. a :class:`~heatformer.graph_ops.SoftmaxGraph` for
-        ``"softmax"``); for analysis and teaching (``graphs(x).to_networkx((0, h))``)."""
+        ``"softmax"``); for analysis and teaching (``graphs(x).to_networkx((0, h))``). The
+        masks as in :meth:`forward`."""
+        key_mask = self._key_mask(x, key_mask, key_padding_mask)
         q, k, _ = self.project_qkv(x)
         return self._graph(q, k, self._mask(key_mask, x.shape[0], x.shape[1]))
 
@@ -339,6 +364,7 @@ class DiffusionAttention(nn.Module):
         x: Tensor,
         key_mask: Tensor | None = None,
         *,
+        key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
@@ -347,6 +373,9 @@ class DiffusionAttention(nn.Module):
         Args:
             x: ``(B, N, D)`` input.
             key_mask: ``(B, N)`` bool, ``True`` = real token (SDPA polarity).
+            key_padding_mask: ``(B, N)`` bool, ``True`` = padding, ignored
+                (:class:`torch.nn.MultiheadAttention`'s polarity): ``~key_mask``. Give one of
+                the two.
             need_weights: also return the dense per-head weights ``(B, H, N, N)`` (forms
                 ``N x N``; for analysis and teaching).
             cache: a :class:`KVCache` for incremental causal decoding (:attr:`supports_cache`):
@@ -355,7 +384,13 @@ class DiffusionAttention(nn.Module):
 
         Returns:
             ``(B, N, D)``, and the weights when ``need_weights``.
+
+        Raises:
+            ValueError: both ``key_mask`` and ``key_padding_mask``; a mask of the wrong shape,
+                or one the graph kind does not take.
+            TypeError: a mask that is not a bool tensor.
         """
+        key_mask = self._key_mask(x, key_mask, key_padding_mask)
         q, k, v = self.project_qkv(x)
         if cache is not None:
             return self._forward_cached(q, k, v, cache, key_mask)

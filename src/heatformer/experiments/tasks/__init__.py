@@ -35,6 +35,7 @@ import inspect
 import re
 from typing import Any
 
+from heatformer._suggest import did_you_mean
 from heatformer.experiments._checks import bad_type, bad_value
 from heatformer.experiments.tasks.base import Task, TaskOptions, autocast, option
 from heatformer.experiments.tasks.chars import (
@@ -193,14 +194,17 @@ def resolve_task(name: object) -> type[Task]:
     """The task registered as ``name``, checked.
 
     Raises:
-        ValueError: an unknown name (the registered names are listed) or an incomplete entry.
+        ValueError: an unknown name (the registered names are listed, the closest suggested)
+            or an incomplete entry.
         TypeError: ``name`` is not a string.
     """
     if not isinstance(name, str):
         raise bad_type("task", f"expected a task name, got {type(name).__name__}")
     cls = TASKS.get(name)
     if cls is None:
-        raise bad_value("task", f"expected one of {sorted(TASKS)}, got {name!r}")
+        raise bad_value(
+            "task", f"expected one of {sorted(TASKS)}, got {name!r}{did_you_mean(name, TASKS)}"
+        )
     return check_task(cls)  # an entry put into TASKS by hand is checked here
 
 

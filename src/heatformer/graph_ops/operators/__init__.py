@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from heatformer import checks as V
+from heatformer._suggest import did_you_mean
 from heatformer.graph_ops.operators.attention import Attention
 from heatformer.graph_ops.operators.base import DiffusionOperator, NormalizedOperator
 from heatformer.graph_ops.operators.heat import HeatKernel
@@ -67,7 +68,7 @@ def resolve_operator(
         **kwargs: the operator's constructor arguments, e.g. ``t=2.0``.
 
     Raises:
-        ValueError: unknown name (the message lists the valid names).
+        ValueError: unknown name (the message lists the valid names and suggests the closest).
         TypeError: ``name`` of the wrong type, or keyword arguments the operator does not take.
 
     Example:
@@ -89,8 +90,8 @@ def resolve_operator(
     if key not in OPERATORS:
         raise V.bad_value(
             "name",
-            f"unknown operator {name!r}; expected one of {sorted(OPERATORS)} "
-            f"(aliases: {sorted(_ALIASES)})",
+            f"unknown operator {name!r}{did_you_mean(key, [*OPERATORS, *_ALIASES])}; "
+            f"expected one of {sorted(OPERATORS)} (aliases: {sorted(_ALIASES)})",
         )
     factory = OPERATORS[key]
     signature = inspect.signature(factory).parameters
