@@ -227,9 +227,17 @@ class Graph(ABC):
     def _check_x(self, x: Tensor) -> Tensor:
         return V.check_signal(x, self.num_nodes, self.batch_shape, self.dtype)
 
-    def _blocks(self, row_block: int | None) -> list[tuple[int, int]]:
-        if row_block is None:  # keep a (Bf, rows, N) slab near SLAB_ELEMENTS entries
-            slab_row = max(1, _numel(self.batch_shape) * self.num_nodes)
+    def _kept_row_entries(self, k_top: int) -> int:
+        """Entries per query row that :meth:`_kept_weights` holds at once for ``k_top`` kept
+        keys (here a row of :meth:`_weight_rows`: ``N``); top-k sizes its blocks by it."""
+        return self.num_nodes
+
+    def _blocks(
+        self, row_block: int | None, *, row_entries: int | None = None
+    ) -> list[tuple[int, int]]:
+        if row_block is None:  # a (Bf, rows, row_entries) slab near SLAB_ELEMENTS entries
+            per_row = self.num_nodes if row_entries is None else row_entries
+            slab_row = max(1, _numel(self.batch_shape) * per_row)
             row_block = min(DEFAULT_BLOCK_SIZE, max(MIN_BLOCK_SIZE, SLAB_ELEMENTS // slab_row))
         b = row_block
         V.check_positive_int("row_block", b)

@@ -107,6 +107,7 @@ class SoftmaxGraph(Graph):
         self.row_block = V.renamed("block_size", "row_block", block_size, row_block)
         self._row_has_edge: Tensor | None = None
         self._rows_nonempty = mask is None  # a causal row keeps its diagonal
+        self._flat_qk: dict[bool, tuple[Tensor, Tensor]] = {}
 
     @property
     def num_nodes(self) -> int:
@@ -116,8 +117,16 @@ class SoftmaxGraph(Graph):
     def batch_shape(self) -> torch.Size:
         return self.q.shape[:-2]
 
-    def _blocks(self, row_block: int | None) -> list[tuple[int, int]]:
-        return super()._blocks(self.row_block if row_block is None else row_block)
+    def _blocks(
+        self, row_block: int | None, *, row_entries: int | None = None
+    ) -> list[tuple[int, int]]:
+        row_block = self.row_block if row_block is None else row_block
+        return super()._blocks(row_block, row_entries=row_entries)
+
+    def _kept_row_entries(self, k_top: int) -> int:
+        # the kept weights gather k_top keys of E features per query (see _kept_weights), and
+        # their backward holds about 3 more such blocks (the keys' gradient and the products)
+        return max(self.num_nodes, 4 * k_top * int(self.q.shape[-1]))
 
     def materialized_bytes(self) -> int:
         n = self.num_nodes
@@ -145,9 +154,21 @@ class SoftmaxGraph(Graph):
     # ---- slabs -----------------------------------------------------------------------------
 
     def _flat(self) -> tuple[Tensor, Tensor]:
-        n, e = self.q.shape[-2:]
-        bf = _numel(self.batch_shape)  # not -1: N may be 0
-        return self.q.reshape(bf, n, e), self.k.reshape(bf, n, e)  # (Bf, N, E) each
+        """``q``, ``k`` as ``(Bf, N, E)``, made once per graph and grad mode.
+
+        A batch of heads cut from one projection is not contiguous, so the reshape copies;
+        every block (and every block's recompute in backward) reads the same copy instead of
+        one each (measured: 16 saved copies of ``q`` and ``k`` per top-k layer at N = 2048).
+        A copy made without gradients carries none, hence one per grad mode.
+        """
+        grad = torch.is_grad_enabled()
+        flat = self._flat_qk.get(grad)
+        if flat is None:
+            n, e = self.q.shape[-2:]
+            bf = _numel(self.batch_shape)  # not -1: N may be 0
+            flat = self.q.reshape(bf, n, e), self.k.reshape(bf, n, e)  # (Bf, N, E) each
+            self._flat_qk[grad] = flat
+        return flat
 
     def _allowed_rows(self, start: int, stop: int) -> Tensor | None:
         """Bool ``(Bf or 1, rows, N)`` of allowed edges in rows ``start:stop``; None = all."""

@@ -24,7 +24,7 @@ def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGra
     """:meth:`Graph.topk <heatformer.graph_ops.Graph.topk>` (see there)."""
     k = V.check_positive_int("k_top", k_top, upper=graph.num_nodes)
     idx_blocks, w_blocks = [], []
-    for s, e in graph._blocks(row_block):
+    for s, e in graph._blocks(row_block, row_entries=graph._kept_row_entries(k)):
         with torch.no_grad():
             idx = _stable_topk_indices(graph._score_rows(s, e), k)  # (Bf, rows, k)
         w = graph._kept_weights(s, e, idx)  # (Bf, rows, k)
