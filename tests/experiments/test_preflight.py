@@ -118,13 +118,6 @@ def test_estimate_within_30_percent_of_measured_peak(name: str, peaks: dict[str,
 
 @needs_proc
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="the estimate counts a weight and an index per edge; a top-k step also holds its "
-    "selection's blocks for a moment (a (B*H, rows, N) score slab; the (B*H, rows, k, Dh) keys "
-    "gathered to recompute the kept weights) and the row, transposed-structure and selection "
-    "indices: 0.54 of the measured peak on 2026-12-02 (issue 24 stays open on it)",
-    strict=False,
-)
 def test_topk_estimate_within_30_percent_of_measured_peak() -> None:
     values = {**TOPK, **STEPS}
     estimate, measured = estimated_peak(values), measured_peaks({"topk": values})["topk"]
