@@ -400,7 +400,10 @@ class _LayerStats:
                 self.m2 += m2 + float(delta.square().sum()) * self.count * n / total
                 self.mean = self.mean + delta * (n / total)
                 self.count = total
-        self.grouped.append(task.grouping_states(x))
+        grouped = task.grouping_states(x)
+        if grouped.untyped_storage().nbytes() > grouped.nbytes:  # a view (pooled: x[:, -1])
+            grouped = grouped.clone()  # would keep the whole slice alive otherwise
+        self.grouped.append(grouped)
         self.labels.append(labels)
         return self
 
