@@ -174,6 +174,20 @@ def _signal_then_stall(
     return factory
 
 
+def _cut_in_eval_mode(
+    spec: CompareSpec, out: Path, *, at_call: int
+) -> tuple[StopSignal, TrainingInterrupted]:
+    """Run ``spec`` with a SIGTERM at the ``at_call``-th eval-mode forward (then a stall);
+    assert that the run stops within 5 s of the signal and return the stop and the error."""
+    stalls: list[float] = []
+    factory = _signal_then_stall(signal.SIGTERM, training=False, at_call=at_call, stalls=stalls)
+    stop = StopSignal()
+    with stop.installed(), pytest.raises(TrainingInterrupted) as info:
+        run_compare(spec, out, stop=stop, model_factory=factory)
+    assert time.monotonic() - stalls[0] < 5
+    return stop, info.value
+
+
 def _assert_same_runs(a: list[dict], b: list[dict], dir_a: Path, dir_b: Path) -> None:
     """The two comparisons' runs have the same curves, evaluations and final weights."""
     for ra, rb in zip(a, b, strict=True):
@@ -220,15 +234,9 @@ def test_sigterm_mid_evaluation_stops_at_once_and_resume_evaluates_first(
     spec = tiny_spec(heads=("attention:2",), steps=8, eval_every=4, ckpt_every=100,
                      analysis=False)  # fmt: skip
     reference = run_compare(spec, tmp_path / "ref").results["runs"]
-    stalls: list[float] = []
-    factory = _signal_then_stall(signal.SIGTERM, training=False, at_call=1, stalls=stalls)
-
-    stop = StopSignal()
-    with stop.installed(), pytest.raises(TrainingInterrupted) as info:
-        run_compare(spec, tmp_path / "cut", stop=stop, model_factory=factory)
-    assert time.monotonic() - stalls[0] < 5
-    assert stop.reason == "SIGTERM" and info.value.step == 4  # the step after which it evaluated
-    saved = load_checkpoint(info.value.run_dir / CHECKPOINT_NAME)
+    stop, info = _cut_in_eval_mode(spec, tmp_path / "cut", at_call=1)
+    assert stop.reason == "SIGTERM" and info.step == 4  # the step after which it evaluated
+    saved = load_checkpoint(info.run_dir / CHECKPOINT_NAME)
     assert saved["step"] == 4 and saved["evals"] == []  # the cut evaluation is not recorded
     resumed = run_compare(spec, tmp_path / "cut", resume=True).results["runs"]
     assert [e["step"] for e in resumed[0]["evals"]] == [4, 8]
@@ -242,16 +250,10 @@ def test_stop_requested_during_the_final_analysis_keeps_the_final_checkpoint(
     its final checkpoint is kept, and the resume only redoes the analysis."""
     spec = tiny_spec(heads=("attention:2",), steps=4, eval_every=4)
     reference = run_compare(spec, tmp_path / "ref").results["runs"]
-    stalls: list[float] = []
     # eval mode: call 1 is the final evaluation, call 2 the analysis
-    factory = _signal_then_stall(signal.SIGTERM, training=False, at_call=2, stalls=stalls)
-
-    stop = StopSignal()
-    with stop.installed(), pytest.raises(TrainingInterrupted) as info:
-        run_compare(spec, tmp_path / "cut", stop=stop, model_factory=factory)
-    assert time.monotonic() - stalls[0] < 5
-    assert info.value.step == 4 and not (info.value.run_dir / RESULT_NAME).exists()
-    assert load_checkpoint(info.value.run_dir / CHECKPOINT_NAME)["step"] == 4
+    _, info = _cut_in_eval_mode(spec, tmp_path / "cut", at_call=2)
+    assert info.step == 4 and not (info.run_dir / RESULT_NAME).exists()
+    assert load_checkpoint(info.run_dir / CHECKPOINT_NAME)["step"] == 4
     resumed = run_compare(spec, tmp_path / "cut", resume=True).results["runs"]
     assert resumed[0]["analysis"] == reference[0]["analysis"]
     _assert_same_runs(reference, resumed, tmp_path / "ref", tmp_path / "cut")

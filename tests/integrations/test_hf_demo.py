@@ -56,27 +56,26 @@ def _wordpiece_tokenizer() -> Any:
     )  # fmt: skip
 
 
+def _saved(folder: Path, model: str, tokenizer: Any) -> Path:
+    """The tiny random ``model`` of the tests (seed 0) and ``tokenizer``, saved in ``folder``."""
+    cls, config = configs()[model]
+    torch.manual_seed(0)
+    cls(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture()
 def bert_checkpoint(tmp_path: Path) -> Path:
     """The tiny random BERT of the tests with a WordPiece tokenizer, a ``save_pretrained``
     folder: a bidirectional model."""
-    cls, config = configs()["bert"]
-    torch.manual_seed(0)
-    folder = tmp_path / "tiny-bert"
-    cls(config).save_pretrained(folder)
-    _wordpiece_tokenizer().save_pretrained(folder)
-    return folder
+    return _saved(tmp_path / "tiny-bert", "bert", _wordpiece_tokenizer())
 
 
 @pytest.fixture()
 def checkpoint(tmp_path: Path) -> Path:
     """A tiny random GPT-2 with a tokenizer, as a ``save_pretrained`` folder."""
-    cls, config = configs()["gpt2"]
-    torch.manual_seed(0)
-    folder = tmp_path / "tiny-gpt2"
-    cls(config).save_pretrained(folder)
-    _tokenizer().save_pretrained(folder)
-    return folder
+    return _saved(tmp_path / "tiny-gpt2", "gpt2", _tokenizer())
 
 
 def _eager_attention(folder: Path, text: str) -> torch.Tensor:
