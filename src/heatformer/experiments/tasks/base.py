@@ -25,7 +25,10 @@ nonzero values have no exponent and are left out of its mean), and ``nc1`` / ``n
 (:func:`~heatformer.analysis.neural_collapse` of the pooled states, :meth:`Task.pooled`, against
 the labels: variability collapse, and the ``etf_distance`` of the class means from a simplex
 ETF; a task may replace them, as ``chars`` does with
-:func:`~heatformer.analysis.next_token_separability`).
+:func:`~heatformer.analysis.next_token_separability`, through :meth:`Task.grouping_states` (what
+is kept of each slice) and :meth:`Task.grouping_values`). Evaluation and analysis run in slices
+of :attr:`Task.sequences_per_pass` examples (at most :data:`PASS_TOKENS` tokens beyond a
+training batch), so that long sequences need no more memory there than in training.
 
 This module imports no torch at import time (the command line reads the options of every task
 for its help pages before torch is loaded); the methods import it when they run.
