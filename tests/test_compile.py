@@ -175,13 +175,15 @@ def test_recompilation_across_sequence_lengths_is_bounded(
 
 def test_topk_graph_breaks_are_the_sparse_structure() -> None:
     """Top-k layers compile with graph breaks (not ``fullgraph``): the kept edges become a
-    CSR matrix whose row pointers are counted from the data (``bincount``: an output shape
-    that depends on values) and sparse CSR tensors are not traced by dynamo; without
-    ``fullgraph`` the parts between the breaks compile."""
+    ``torch.sparse`` CSR matrix, which dynamo does not trace (the break shows where it is made,
+    under a filter for torch's beta warning); its row pointers are multiples of ``k`` (no
+    ``bincount`` of the data any more). Without ``fullgraph`` the parts between the breaks
+    compile."""
     torch.manual_seed(0)
     layer = DiffusionAttention(16, 2, "attention:1,laplacian:1", graph="topk[k=3]", causal=True)
     x = torch.randn(2, 9, 16)
     explained = dynamo.explain(layer)(x)
     reasons = " ".join(str(b.reason) for b in explained.break_reasons)
     assert explained.graph_break_count > 0
-    assert "bincount" in reasons or "sparse" in reasons.lower(), reasons
+    assert "_warnings" in reasons or "sparse" in reasons.lower(), reasons
+    assert "bincount" not in reasons

@@ -223,3 +223,139 @@ def test_topk_gradient_equals_explicit_reference() -> None:
     (y2 * weight).sum().backward()
     torch.testing.assert_close(q1.grad, q2.grad)
     torch.testing.assert_close(k1.grad, k2.grad)
+
+
+# ---- the selection's memory: narrow causal slabs, kept scores, int32 structure --------------
+
+
+@pytest.mark.parametrize("variant", ["causal", "causal-empty-rows"])
+@pytest.mark.parametrize("k_top", [3, 20, 40])
+def test_causal_selection_in_narrow_slabs_keeps_the_k_largest(variant, k_top) -> None:
+    """A causal selection scores a block of rows against its first ``max(stop, k)`` keys only;
+    the kept columns are still the ``k`` largest of every whole row (ties to the lower index),
+    also in rows with fewer than ``k`` allowed keys, for any block size."""
+    case = gh.make_attention(11, n=50, batch=(2,), **VARIANTS[variant])
+    expected = reference_topk(masked_scores(case), k_top)
+    for row_block in (1, 7, 16, 50):
+        g = SoftmaxGraph(case.q, case.k, mask=case.mask, causal=True, row_block=row_block)
+        np.testing.assert_array_equal(kept_columns(g.topk(k_top), k_top), expected)
+
+
+def test_topk_gradient_over_many_blocks_equals_explicit_reference() -> None:
+    """Causal, masked, 7-row blocks, rows with fewer than k keys: the output and the gradients
+    of q and k equal those of an explicit masked softmax over the kept set."""
+    case = gh.make_attention(12, n=40, batch=(2, 3), masked=True, causal=True, empty_rows=(5,))
+    keep = torch.as_tensor(reference_topk(masked_scores(case), 12))
+    allowed = case.mask & torch.ones(40, 40, dtype=torch.bool).tril()
+    kept = torch.zeros(2, 3, 40, 40, dtype=torch.bool).scatter_(-1, keep, True) & allowed
+    q1, k1 = case.q.clone().requires_grad_(), case.k.clone().requires_grad_()
+    q2, k2 = case.q.clone().requires_grad_(), case.k.clone().requires_grad_()
+    g = SoftmaxGraph(q1, k1, mask=case.mask, causal=True, row_block=7).topk(12)
+    y1 = g.propagate(case.x)
+    s = (q2 @ k2.transpose(-1, -2)) / np.sqrt(3)
+    p = torch.softmax(s.masked_fill(~kept, float("-inf")), -1).nan_to_num(0.0)  # row 5: empty
+    y2 = p @ case.x
+    torch.testing.assert_close(y1, y2)
+    weight = torch.randn_like(y1)
+    (y1 * weight).sum().backward()
+    (y2 * weight).sum().backward()
+    torch.testing.assert_close(q1.grad, q2.grad)
+    torch.testing.assert_close(k1.grad, k2.grad)
+
+
+def test_kept_scores_backward_equals_autograd_through_the_gather() -> None:
+    """``_KeptScores`` (blockwise gather, one key-gradient buffer) against autograd through an
+    explicit gather, with keys chosen by several rows and twice in one row; and gradcheck."""
+    from heatformer.graph_ops.softmax import _KeptScores
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 10, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(3, 10, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    idx = torch.randint(0, 10, (3, 10, 5), generator=gen, dtype=torch.int32)
+    idx[:, 0, :2] = 4  # one key twice in a row
+    blocks = [(0, 3), (3, 7), (7, 10)]
+
+    def kept(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return _KeptScores.apply(q, k, idx, 0.5, blocks)
+
+    bf = torch.arange(3)[:, None, None]
+    reference = 0.5 * (q.unsqueeze(-2) * k[bf, idx.long()]).sum(-1)  # (3, 10, 5)
+    got = kept(q, k)
+    torch.testing.assert_close(got, reference, atol=1e-14, rtol=0)
+    weight = torch.randn(3, 10, 5, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((got * weight).sum(), (q, k))
+    expected = torch.autograd.grad((reference * weight).sum(), (q, k))
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-14, rtol=0)
+    assert torch.autograd.gradcheck(kept, (q, k))
+
+
+def test_kept_scores_of_half_inputs_are_float32_and_grads_half() -> None:
+    from heatformer.graph_ops.softmax import _KeptScores
+
+    gen = torch.Generator().manual_seed(4)
+    q64, k64 = (torch.randn(2, 8, 4, generator=gen, dtype=torch.float64) * 200 for _ in "qk")
+    idx = torch.randint(0, 8, (2, 8, 3), generator=gen, dtype=torch.int32)
+    q = q64.half().requires_grad_()
+    k = k64.half().requires_grad_()
+    s = _KeptScores.apply(q, k, idx, 0.5, [(0, 8)])
+    assert s.dtype == torch.float32 and s.isfinite().all()  # q.k ~ 1e5: beyond float16
+    s.sum().backward()
+    assert q.grad is not None and k.grad is not None
+    assert q.grad.dtype == k.grad.dtype == torch.float16
+
+
+def test_a_checkpointed_topk_graph_keeps_none_of_its_tensors() -> None:
+    """Every tensor the backward of a top-k graph reads goes through ``save_for_backward``,
+    so under activation checkpointing nothing of the graph outlives the forward; the
+    recomputed backward gives the gradients of the plain one."""
+    import gc
+    import weakref
+
+    from torch.utils.checkpoint import checkpoint
+
+    case = gh.make_attention(13, n=30, batch=(2,), causal=True)
+    refs: list[weakref.ref[torch.Tensor]] = []
+
+    def layer(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        g = SoftmaxGraph(q, k, causal=True, row_block=8).topk(5)
+        refs.extend(weakref.ref(t) for t in (g.weight, g._struct.col, g._struct.crow))
+        return g.propagate(x)
+
+    inputs = [t.clone().requires_grad_() for t in (case.q, case.k, case.x)]
+    y = checkpoint(layer, *inputs, use_reentrant=False)
+    gc.collect()
+    assert [r() for r in refs] == [None] * 3
+    y.square().sum().backward()
+    plain = [t.clone().requires_grad_() for t in (case.q, case.k, case.x)]
+    layer(*plain).square().sum().backward()
+    for a, b in zip(inputs, plain, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-14, rtol=0)
+
+
+def test_topk_structure_is_int32_and_the_public_indices_int64() -> None:
+    from heatformer.graph_ops._csr import index_dtype
+
+    case = gh.make_attention(14, n=9, batch=(2,), causal=True)
+    g = SoftmaxGraph(case.q, case.k, causal=True).topk(3)
+    assert g._struct.col.dtype == g._struct.crow.dtype == torch.int32  # 4 bytes an edge
+    assert g.row.dtype == g.col.dtype == torch.int64
+    edge_index, _ = g.to_edge_index()
+    assert edge_index.dtype == torch.int64  # what PyG takes
+    assert index_dtype(2**31 - 2, 2**31 - 1) == torch.int32
+    assert index_dtype(2**31 - 1, 0) == index_dtype(10, 2**31) == torch.int64
+
+
+@pytest.mark.parametrize("counts", [[2, 0, 3, 0, 0, 1], [0, 0, 4], [3], [0, 1, 0], [0, 0]])
+def test_csr_rows_expand_the_row_pointers(counts) -> None:
+    """``CSRStructure.rows`` (sync-free) equals ``repeat_interleave`` of the row lengths,
+    empty rows included."""
+    from heatformer.graph_ops._csr import CSRStructure
+
+    c = torch.tensor(counts)
+    crow = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    crow[1:] = c.cumsum(0)
+    struct = CSRStructure(crow, torch.zeros(int(c.sum()), dtype=torch.int32), len(counts))
+    expected = torch.repeat_interleave(torch.arange(len(counts)), c)
+    assert struct.rows().tolist() == expected.tolist()
+    assert struct.rows().dtype == torch.int32

@@ -50,6 +50,10 @@ MIN_BLOCK_SIZE = 16
 #: Target entries of one ``(Bf, rows, N)`` slab (2^24 floats = 64 MiB in float32): large
 #: enough to stay cache- and allocator-friendly, large enough to amortize the loop.
 SLAB_ELEMENTS = 1 << 24
+#: The same for the score slabs of a top-k selection (2^21 floats = 8 MiB): they live beside a
+#: model's activations (and activation checkpointing makes them again during backward), and
+#: smaller slabs cost the selection no measurable time (bench_topk_train.py).
+SELECTION_SLAB_ELEMENTS = 1 << 21
 
 
 def _numel(shape: torch.Size | tuple[int, ...]) -> int:
@@ -203,15 +207,18 @@ class Graph(ABC):
 
     # ---- derived, written once -------------------------------------------------------------
 
-    def _score_rows(self, start: int, stop: int) -> Tensor:
-        """Ranking scores for top-k, ``(Bf, rows, N)``; missing edges rank last."""
+    def _score_rows(self, start: int, stop: int, k_top: int) -> Tensor:
+        """Ranking scores of rows ``start:stop`` for a top-``k_top`` selection, ``(Bf, rows,
+        W)``: missing edges rank last. ``W <= N`` columns: a kind may leave out keys that no
+        row of the block can choose (here ``W = N``: the weights themselves)."""
         w = self._weight_rows(start, stop)
         return w
 
-    def _kept_weights(self, start: int, stop: int, idx: Tensor) -> Tensor:
-        """Renormalized weights of the kept entries ``idx`` (``(Bf, rows, k)``)."""
-        w = self._weight_rows(start, stop).gather(-1, idx)
-        return _row_normalize(w)
+    def _kept_weights(self, idx: Tensor, blocks: list[tuple[int, int]]) -> Tensor:
+        """Renormalized weights ``(Bf, N, k)`` of the kept entries ``idx`` ``(Bf, N, k)``,
+        row block by row block of ``blocks`` (those of the selection)."""
+        w = [self._weight_rows(s, e).gather(-1, idx[:, s:e].long()) for s, e in blocks]
+        return _row_normalize(torch.cat(w, dim=1))
 
     def materialized_bytes(self) -> int | None:
         """Bytes an explicit copy of the weights would take when it makes repeated
@@ -233,12 +240,16 @@ class Graph(ABC):
         return self.num_nodes
 
     def _blocks(
-        self, row_block: int | None, *, row_entries: int | None = None
+        self,
+        row_block: int | None,
+        *,
+        row_entries: int | None = None,
+        slab_elements: int = SLAB_ELEMENTS,
     ) -> list[tuple[int, int]]:
-        if row_block is None:  # a (Bf, rows, row_entries) slab near SLAB_ELEMENTS entries
+        if row_block is None:  # a (Bf, rows, row_entries) slab near slab_elements entries
             per_row = self.num_nodes if row_entries is None else row_entries
             slab_row = max(1, _numel(self.batch_shape) * per_row)
-            row_block = min(DEFAULT_BLOCK_SIZE, max(MIN_BLOCK_SIZE, SLAB_ELEMENTS // slab_row))
+            row_block = min(DEFAULT_BLOCK_SIZE, max(MIN_BLOCK_SIZE, slab_elements // slab_row))
         b = row_block
         V.check_positive_int("row_block", b)
         n = self.num_nodes

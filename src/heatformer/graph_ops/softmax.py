@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
-from heatformer.graph_ops.protocol import Graph, _fold, _numel
+from heatformer.graph_ops.protocol import SLAB_ELEMENTS, Graph, _fold, _numel
 
 __all__ = ["SoftmaxGraph"]
 
@@ -118,10 +119,14 @@ class SoftmaxGraph(Graph):
         return self.q.shape[:-2]
 
     def _blocks(
-        self, row_block: int | None, *, row_entries: int | None = None
+        self,
+        row_block: int | None,
+        *,
+        row_entries: int | None = None,
+        slab_elements: int = SLAB_ELEMENTS,
     ) -> list[tuple[int, int]]:
         row_block = self.row_block if row_block is None else row_block
-        return super()._blocks(row_block, row_entries=row_entries)
+        return super()._blocks(row_block, row_entries=row_entries, slab_elements=slab_elements)
 
     def _kept_row_entries(self, k_top: int) -> int:
         # the kept weights gather k_top keys of E features per query (see _kept_weights), and
@@ -183,12 +188,18 @@ class SoftmaxGraph(Graph):
             allowed = tri if allowed is None else allowed & tri
         return allowed
 
-    def _score_rows(self, start: int, stop: int) -> Tensor:
+    def _score_rows(self, start: int, stop: int, k_top: int) -> Tensor:
+        # causal: the rows' allowed keys are the first `stop`, and a row with fewer than k_top
+        # of them completes its k_top with the lowest-index disallowed keys (ties go to the
+        # lower index), all among the first k_top: keys from max(stop, k_top) on are never
+        # chosen, and the slab leaves them out (half the work of a causal selection)
+        width = min(self.num_nodes, max(stop, k_top)) if self.causal else self.num_nodes
         q, k = self._flat()
-        s = attention_scores(q[:, start:stop], k, self.scale)  # (Bf, rows, N), float32 for half
+        s = attention_scores(q[:, start:stop], k[:, :width], self.scale)  # (Bf, rows, W)
         allowed = self._allowed_rows(start, stop)
-        # in place: the selection holds one score slab, not two (no autograd reads these)
-        return s if allowed is None else s.masked_fill_(~allowed, float("-inf"))
+        if allowed is not None:  # in place: the selection holds one score slab, not two
+            s.masked_fill_(~allowed[..., :width], float("-inf"))
+        return s
 
     def _weight_rows(self, start: int, stop: int) -> Tensor:
         return self._weight_rows_from(*self._flat(), start, stop)
@@ -219,29 +230,36 @@ class SoftmaxGraph(Graph):
         p = torch.softmax(torch.where(has, s, 0.0), dim=-1)
         return torch.where(allowed, p, 0.0)
 
-    def _kept_weights(self, start: int, stop: int, idx: Tensor) -> Tensor:
-        def kept(q: Tensor, k: Tensor) -> Tensor:
-            bf = torch.arange(k.shape[0], device=k.device)[:, None, None]
-            k_sel = k[bf, idx]  # (Bf, rows, kk, E)
-            s = attention_scores(q[:, start:stop, None], k_sel, self.scale).squeeze(-2)
-            allowed = self._allowed_rows(start, stop)
-            if allowed is not None:
-                allowed = allowed.expand(k.shape[0], -1, -1).gather(-1, idx)
-            # a kept entry that is not allowed (a row with fewer than k keys) stays a
-            # structural zero: no gradient flows through it
-            p = self._masked_softmax(s, allowed, cut_gradient=True).to(q.dtype)
-            # a kept allowed key keeps a positive weight where its softmax underflows (at least
-            # the dtype's smallest subnormal, below its rounding), so that the positive entries
-            # of a top-k graph are its edges in every dtype (what mean pooling reads)
-            info = torch.finfo(p.dtype)
-            least = p.clamp_min(info.tiny * info.eps)
-            return least if allowed is None else torch.where(allowed, least, p)
-
+    def _kept_weights(self, idx: Tensor, blocks: list[tuple[int, int]]) -> Tensor:
+        """Weights of the kept keys ``idx`` ``(Bf, N, k)``: the softmax over each row's kept
+        scores, with gradients to ``q`` and ``k`` (see :class:`_KeptScores`); ``(Bf, N, k)``."""
         q, k = self._flat()
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-            # recompute in backward: saves O(rows * k * E) per block instead of keeping it
-            return checkpoint(kept, q, k, use_reentrant=False)
-        return kept(q, k)
+        s = _KeptScores.apply(q, k, idx, self.scale, blocks)  # (Bf, N, kk), float32 for half
+        allowed = self._kept_allowed(idx, blocks)
+        # a kept entry that is not allowed (a row with fewer than k keys) stays a structural
+        # zero: no gradient flows through it
+        p = self._masked_softmax(s, allowed, cut_gradient=True).to(q.dtype)
+        # a kept allowed key keeps a positive weight where its softmax underflows (at least
+        # the dtype's smallest subnormal, below its rounding), so that the positive entries
+        # of a top-k graph are its edges in every dtype (what mean pooling reads)
+        info = torch.finfo(p.dtype)
+        least = p.clamp_min(info.tiny * info.eps)
+        return least if allowed is None else torch.where(allowed, least, p)
+
+    def _kept_allowed(self, idx: Tensor, blocks: list[tuple[int, int]]) -> Tensor | None:
+        """Whether each kept entry ``idx`` ``(Bf, N, k)`` is an allowed edge; None = all."""
+        if self.mask is None and not self.causal:
+            return None
+        if self.mask is None:  # causal: key index <= query index
+            rows = torch.arange(self.num_nodes, device=idx.device, dtype=idx.dtype)
+            return idx <= rows[:, None]  # (Bf, N, kk)
+        bf = idx.shape[0]
+        parts = []
+        for start, stop in blocks:
+            allowed = self._allowed_rows(start, stop)
+            assert allowed is not None  # a mask is given
+            parts.append(allowed.expand(bf, -1, -1).gather(-1, idx[:, start:stop].long()))
+        return torch.cat(parts, dim=1)  # (Bf, N, kk)
 
     # ---- protocol --------------------------------------------------------------------------
 
@@ -322,3 +340,63 @@ class SoftmaxGraph(Graph):
             *self.batch_shape, self.num_nodes, 1, dtype=self.dtype, device=self.device
         )
         return self.propagate_transpose(ones).squeeze(-1)
+
+
+class _KeptScores(torch.autograd.Function):
+    r"""``s[b, i, j] = scale * <q[b, i], k[b, idx[b, i, j]]>``, the logits of the kept keys.
+
+    Computed in the query blocks of the selection, each gathering its ``(Bf, rows, k, E)``
+    keys once; backward saves only ``q``, ``k`` and ``idx`` and gathers again block by block,
+    adding each block's key gradient into one ``(Bf, N, E)`` buffer. Autograd through the
+    gather would instead keep nothing but give every block full-size ``(Bf, N, E)`` gradients
+    of ``q`` and ``k`` to sum: time and memory traffic quadratic in ``N``.
+
+    .. math::
+
+        \frac{\partial L}{\partial q_i} = \text{scale} \sum_j g_{ij}\, k_{idx_{ij}}, \qquad
+        \frac{\partial L}{\partial k_m} = \text{scale} \sum_{(i, j):\, idx_{ij} = m} g_{ij}\, q_i
+
+    Shapes: ``q``, ``k`` ``(Bf, N, E)``; ``idx`` ``(Bf, N, k)`` integer; out ``(Bf, N, k)``
+    in :func:`~heatformer.graph_ops._precision.accumulation_dtype` (float32 for half inputs,
+    as :func:`~heatformer.graph_ops._precision.attention_scores`).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, idx: Tensor, scale: float, blocks: list[tuple[int, int]]
+    ) -> Tensor:
+        ctx.save_for_backward(q, k, idx)
+        ctx.scale, ctx.blocks = scale, blocks
+        out = q.new_empty(idx.shape, dtype=accumulation_dtype(q.dtype))  # (Bf, N, kk)
+        bf = torch.arange(k.shape[0], device=k.device)[:, None, None]
+        for start, stop in blocks:
+            k_sel = k[bf, idx[:, start:stop]]  # (Bf, rows, kk, E)
+            s = attention_scores(q[:, start:stop, None], k_sel, scale)  # (Bf, rows, 1, kk)
+            out[:, start:stop] = s.squeeze(-2)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, idx = ctx.saved_tensors
+        work = grad.dtype
+        bf_n, n, e = k.shape
+        grad_q = torch.zeros_like(q, dtype=work) if ctx.needs_input_grad[0] else None
+        grad_k = k.new_zeros(bf_n * n, e, dtype=work) if ctx.needs_input_grad[1] else None
+        bf = torch.arange(bf_n, device=k.device)[:, None, None]
+        base = bf * n  # (Bf, 1, 1): the first row of each graph in the flat (Bf * N, E) buffer
+        for start, stop in ctx.blocks:
+            g = grad[:, start:stop] * ctx.scale  # (Bf, rows, kk)
+            if grad_q is not None:
+                k_sel = k[bf, idx[:, start:stop]].to(work)  # (Bf, rows, kk, E)
+                grad_q[:, start:stop] = (g.unsqueeze(-2) @ k_sel).squeeze(-2)  # (Bf, rows, E)
+            if grad_k is not None:
+                contrib = g.unsqueeze(-1) * q[:, start:stop, None, :].to(work)  # (Bf, rows, kk, E)
+                target = (idx[:, start:stop].long() + base).reshape(-1)  # (Bf * rows * kk,)
+                grad_k.index_put_((target,), contrib.reshape(-1, e), accumulate=True)
+        return (
+            None if grad_q is None else grad_q.to(q.dtype),
+            None if grad_k is None else grad_k.view_as(k).to(k.dtype),
+            None,
+            None,
+            None,
+        )

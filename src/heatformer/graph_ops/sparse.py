@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from heatformer import checks as V
-from heatformer.graph_ops._csr import CSRStructure, csr_matmul
+from heatformer.graph_ops._csr import CSRStructure, TransposeCache, csr_matmul, index_dtype
 from heatformer.graph_ops._precision import accumulation_dtype
 from heatformer.graph_ops.protocol import Graph, _fold, _numel, _safe_reciprocal
 
@@ -119,19 +119,20 @@ class SparseGraph(Graph):
         *,
         sort: bool,
     ) -> None:
-        self._batch_shape = batch_shape
-        self._n = num_nodes
         size = _numel(batch_shape) * num_nodes
         if sort:
-            key = row * size + col
+            key = row.long() * size + col
             if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):  # sort to row-major
                 order = torch.argsort(key, stable=True)
                 row, col, weight = row[order], col[order], weight[order]
-        counts = torch.bincount(row, minlength=size)
-        crow = torch.zeros(size + 1, dtype=torch.long, device=row.device)
-        crow[1:] = torch.cumsum(counts, 0)
-        self._struct = CSRStructure(crow, col, row, size)
-        self._transposed: tuple[CSRStructure, Tensor] | None = None
+        self._set(CSRStructure.from_rows(row, col, size), weight, batch_shape, num_nodes)
+
+    def _set(
+        self, struct: CSRStructure, weight: Tensor, batch_shape: torch.Size, num_nodes: int
+    ) -> None:
+        self._batch_shape, self._n = batch_shape, num_nodes
+        self._struct = struct
+        self._transposed = TransposeCache()
         self.weight = self._tensor = weight
 
     @classmethod
@@ -147,7 +148,7 @@ class SparseGraph(Graph):
     ) -> SparseGraph:
         """Build from edges the library made itself: no validation, no host sync for it.
 
-        ``row``/``col`` are int64 global indices in range; non-finite weights pass through
+        ``row``/``col`` are integer global indices in range; non-finite weights pass through
         (NaN in, NaN out). With ``sort=False`` the entries must already be row-major.
         """
         graph = cls.__new__(cls)
@@ -203,13 +204,14 @@ class SparseGraph(Graph):
         *batch_list, n, k = indices.shape
         batch = torch.Size(batch_list)
         bf = _numel(batch)
-        base = (torch.arange(bf, device=indices.device) * n).view(bf, 1, 1)
-        row = (base + torch.arange(n, device=indices.device).view(1, n, 1)).expand(bf, n, k)
-        col = indices.reshape(bf, n, k).long() + base
-        graph = cls._trusted(
-            row.reshape(-1), col.reshape(-1), weight.reshape(-1), num_nodes=n, batch_shape=batch,
-            sort=False,  # rows in order; columns within a row in any order suit the kernel
-        )  # fmt: skip
+        dtype = index_dtype(bf * n, bf * n * k)
+        # every row holds k entries: the row pointers are multiples of k, and no row index is
+        # stored; columns within a row in any order suit the kernel
+        crow = torch.arange(bf * n + 1, dtype=dtype, device=indices.device) * k
+        base = (torch.arange(bf, dtype=dtype, device=indices.device) * n).view(bf, 1, 1)
+        col = (indices.reshape(bf, n, k).to(dtype) + base).reshape(-1)  # (Bf * N * k,)
+        graph = cls.__new__(cls)
+        graph._set(CSRStructure(crow, col, bf * n), weight.reshape(-1), batch, n)
         graph.row_stochastic = row_stochastic
         return graph
 
@@ -321,36 +323,32 @@ class SparseGraph(Graph):
 
     @property
     def row(self) -> Tensor:
-        """``(E,)`` global row index of each stored entry."""
-        return self._struct.row
+        """``(E,)`` global row index of each stored entry (int64; made on each call)."""
+        return self._struct.rows().long()
 
     @property
     def col(self) -> Tensor:
-        """``(E,)`` global column index of each stored entry."""
-        return self._struct.col
+        """``(E,)`` global column index of each stored entry (int64)."""
+        return self._struct.col.long()
 
     def _transpose(self) -> tuple[CSRStructure, Tensor]:
-        if self._transposed is None:
-            self._transposed = self._struct.transpose()
-        return self._transposed
+        return self._transposed.get(self._struct)
 
     # ---- protocol --------------------------------------------------------------------------
 
     def propagate(self, x: Tensor) -> Tensor:
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
         bf, n, c = xf.shape
-        y = csr_matmul(self.weight, xf.reshape(bf * n, c), self._struct, self._transpose)
+        y = csr_matmul(self.weight, xf.reshape(bf * n, c), self._struct, self._transposed)
         return unfold(y.reshape(bf, n, c))
 
     def propagate_transpose(self, x: Tensor) -> Tensor:
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
         bf, n, c = xf.shape
         struct_t, perm = self._transpose()
-
-        def back() -> tuple[CSRStructure, Tensor]:  # (A^T)^T = A
-            return self._struct, _inverse(perm)
-
-        y = csr_matmul(self.weight[perm], xf.reshape(bf * n, c), struct_t, back)
+        # its backward transposes A^T again (a sort, made only then): a cache holding A's
+        # structure now would keep it alive beside the saved tensors
+        y = csr_matmul(self.weight[perm], xf.reshape(bf * n, c), struct_t, TransposeCache())
         return unfold(y.reshape(bf, n, c))
 
     def _degree(self, index: Tensor) -> Tensor:
@@ -359,19 +357,20 @@ class SparseGraph(Graph):
         return d.reshape(*self.batch_shape, self.num_nodes)
 
     def out_degree(self) -> Tensor:
-        return self._degree(self._struct.row)
+        return self._degree(self._struct.rows())
 
     def in_degree(self) -> Tensor:
         return self._degree(self._struct.col)
 
     def _weight_rows(self, start: int, stop: int) -> Tensor:
         n, bf = self.num_nodes, _numel(self.batch_shape)
-        local_row = self._struct.row % n
+        row, col = self.row, self.col
+        local_row = row % n
         sel = ((local_row >= start) & (local_row < stop)).nonzero(as_tuple=True)[0]
-        b = self._struct.row[sel] // n
+        b = row[sel] // n
         out = self.weight.new_zeros(bf, stop - start, n)
         return out.index_put(
-            (b, local_row[sel] - start, self._struct.col[sel] % n),
+            (b, local_row[sel] - start, col[sel] % n),
             self.weight[sel],
             accumulate=True,
         )
@@ -379,17 +378,18 @@ class SparseGraph(Graph):
     def to_dense(self) -> Tensor:
         n, bf = self.num_nodes, _numel(self.batch_shape)
         out = self.weight.new_zeros(bf, n, n)
+        row, col = self.row, self.col
         out = out.index_put(
-            (self._struct.row // n, self._struct.row % n, self._struct.col % n),
+            (row // n, row % n, col % n),
             self.weight,
             accumulate=True,
         )
         return out.reshape(*self.batch_shape, n, n)
 
     def symmetrize(self) -> SparseGraph:
-        s = self._struct
+        row, col = self.row, self.col
         return SparseGraph._trusted(
-            torch.cat([s.row, s.col]), torch.cat([s.col, s.row]),
+            torch.cat([row, col]), torch.cat([col, row]),
             0.5 * torch.cat([self.weight, self.weight]), num_nodes=self.num_nodes,
             batch_shape=self.batch_shape,
         )  # fmt: skip
@@ -397,8 +397,9 @@ class SparseGraph(Graph):
     def row_normalize(self) -> SparseGraph:
         """The random-walk graph ``D_out^+ W`` (rows with edges sum to 1)."""
         inv = _safe_reciprocal(self.out_degree()).reshape(-1)
+        row = self._struct.rows()
         return SparseGraph._trusted(
-            self._struct.row, self._struct.col, self.weight * inv[self._struct.row],
+            row, self._struct.col, self.weight * inv[row],
             num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
         )  # fmt: skip
 
@@ -413,7 +414,7 @@ class SparseGraph(Graph):
         eps = V.check_threshold(eps)
         keep = (self.weight.detach() >= eps).nonzero(as_tuple=True)[0]
         graph = SparseGraph._trusted(
-            self._struct.row[keep], self._struct.col[keep], self.weight[keep],
+            self._struct.rows()[keep], self._struct.col[keep], self.weight[keep],
             num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
         )  # fmt: skip
         return graph.row_normalize() if renormalize else graph
@@ -443,7 +444,7 @@ class SparseGraph(Graph):
         A default PyG layer on the default edges computes ``W^T x``
         (:meth:`propagate_transpose`), not ``W x``.
         """
-        row, col = self._struct.row, self._struct.col
+        row, col = self.row, self.col
         if _check_flow(flow) == "source_to_target":
             return torch.stack([col, row]), self.weight
         return torch.stack([row, col]), self.weight
@@ -457,9 +458,3 @@ def _check_flow(flow: object) -> str:
     if flow not in FLOWS:
         raise V.bad_value("flow", f"expected one of {list(FLOWS)} (PyG's flows), got {flow!r}")
     return str(flow)
-
-
-def _inverse(perm: Tensor) -> Tensor:
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), device=perm.device)
-    return inv

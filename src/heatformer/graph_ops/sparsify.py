@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from heatformer import checks as V
-from heatformer.graph_ops.protocol import Graph
+from heatformer.graph_ops._csr import index_dtype
+from heatformer.graph_ops.protocol import SELECTION_SLAB_ELEMENTS, Graph, _numel
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 
@@ -23,15 +24,17 @@ __all__ = ["threshold", "to_sparse", "topk", "topk_graph"]
 def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGraph:
     """:meth:`Graph.topk <heatformer.graph_ops.Graph.topk>` (see there)."""
     k = V.check_positive_int("k_top", k_top, upper=graph.num_nodes)
-    idx_blocks, w_blocks = [], []
-    for s, e in graph._blocks(row_block, row_entries=graph._kept_row_entries(k)):
-        with torch.no_grad():
-            idx = _stable_topk_indices(graph._score_rows(s, e), k)  # (Bf, rows, k)
-        w = graph._kept_weights(s, e, idx)  # (Bf, rows, k)
-        idx_blocks.append(idx)
-        w_blocks.append(w)
-    idx = torch.cat(idx_blocks, dim=1)
-    w = torch.cat(w_blocks, dim=1)
+    rows = _numel(graph.batch_shape) * graph.num_nodes
+    dtype = index_dtype(rows, rows * k)  # int32 unless the batch needs int64: 4 bytes an edge
+    blocks = graph._blocks(
+        row_block, row_entries=graph._kept_row_entries(k), slab_elements=SELECTION_SLAB_ELEMENTS
+    )
+    with torch.no_grad():
+        idx = torch.cat(
+            [_stable_topk_indices(graph._score_rows(s, e, k), k).to(dtype) for s, e in blocks],
+            dim=1,
+        )  # (Bf, N, k)
+    w = graph._kept_weights(idx, blocks)  # (Bf, N, k)
     shape = (*graph.batch_shape, graph.num_nodes, k)
     return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape), row_stochastic=True)
 

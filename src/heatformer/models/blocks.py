@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from heatformer.graph_ops import GraphBuilder
 from heatformer.models.attention import DiffusionAttention, KVCache
@@ -109,6 +110,13 @@ class TransformerBlock(nn.Module):
         layer_scale_init: LayerScale on both residual branches, ``gamma`` initialized to it
             (DeiT-3: ``1e-6``); None: no LayerScale.
         drop_path: stochastic depth rate of both residual branches.
+        activation_checkpointing: :func:`torch.utils.checkpoint.checkpoint` (non-reentrant)
+            of both residual branches: in a forward with gradients each branch keeps only its
+            input ``(B, N, D)`` for backward and is run again there. What backward keeps per
+            token falls from about ``(12 + 2r) D`` values and the graph's edges to ``2 D``, at
+            the cost of one more forward; the results and gradients are the same (dropout
+            and drop-path draw the same masks again). Off in eval mode, without gradients and
+            with a KV cache.
 
     Shape:
         ``x``: ``(B, N, D)`` -> ``(B, N, D)``.
@@ -132,8 +140,10 @@ class TransformerBlock(nn.Module):
         qk_norm_eps: float = 1e-5,
         layer_scale_init: float | None = None,
         drop_path: float = 0.0,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
+        self.activation_checkpointing = bool(activation_checkpointing)
         self.ln1 = nn.LayerNorm(embed_dim, eps=norm_eps, bias=bias)
         self.attn = DiffusionAttention(
             embed_dim, num_heads, operators, graph=graph, topk=topk, causal=causal,
@@ -152,10 +162,23 @@ class TransformerBlock(nn.Module):
     def forward(
         self, x: Tensor, key_mask: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
+        if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
+            x = x + checkpoint(self._attn_branch, x, key_mask, use_reentrant=False)
+            out: Tensor = x + checkpoint(self._mlp_branch, x, use_reentrant=False)
+            return out
+        x = x + self._attn_branch(x, key_mask, cache)
+        return x + self._mlp_branch(x)
+
+    def _attn_branch(
+        self, x: Tensor, key_mask: Tensor | None, cache: KVCache | None = None
+    ) -> Tensor:
         a = self.attn(self.ln1(x), key_mask, cache=cache)
-        x = x + self.drop_path(self.ls1(self.dropout(a)))
-        x = x + self.drop_path(self.ls2(self.mlp(self.ln2(x))))
-        return x
+        out: Tensor = self.drop_path(self.ls1(self.dropout(a)))
+        return out
+
+    def _mlp_branch(self, x: Tensor) -> Tensor:
+        out: Tensor = self.drop_path(self.ls2(self.mlp(self.ln2(x))))
+        return out
 
 
 def _init_weights(model: nn.Module, n_layer: int) -> None:
@@ -206,6 +229,7 @@ def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
             zero_init=config.zero_init,
             mlp_ratio=config.mlp_ratio,
             drop_path=rate,
+            activation_checkpointing=config.activation_checkpointing,
             **extra,
         )
         for spec, graph, rate in zip(

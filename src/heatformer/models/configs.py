@@ -42,6 +42,10 @@ class _StackConfig:
     qk_norm: bool = False
     zero_init: bool = False  # zero the attention output projections (no-op at init)
     mlp_ratio: int = 4
+    # activation checkpointing of every block's two residual branches (TransformerBlock):
+    # backward keeps 2 D values per token and layer instead of ~(12 + 2 mlp_ratio) D and the
+    # graph's edges, for one more forward
+    activation_checkpointing: bool = False
 
     #: size fields of the config, each a positive int (subclasses add theirs)
     _sizes: ClassVar[tuple[str, ...]] = ("n_layer", "n_head", "n_embd", "mlp_ratio")
@@ -60,6 +64,7 @@ class _StackConfig:
             raise checks.bad_value(
                 "dropout", f"expected a probability in [0, 1), got {self.dropout}"
             )
+        checks.check_bool("activation_checkpointing", self.activation_checkpointing)
         for name, example in (("heads", "'attention:2,laplacian:2'"), ("graph", "'softmax'")):
             spec = getattr(self, name)
             if not isinstance(spec, str) and not (

@@ -360,10 +360,12 @@ class SequenceClassifier(_ConfigModel):
         x = self.drop(x + self.pos_emb(torch.arange(x.shape[1], device=idx.device)))
         graphs: list[Graph] | None = [] if return_graphs else None
         x = _run_blocks(self.blocks, x, key_mask, graphs)
-        x = self.ln_f(x)
+        # the final LayerNorm acts on each token alone: "cls" and "last" normalize the one
+        # token they read (backward then keeps a (B, D) input, not the (B, N, D) states)
         if self.config.pool == "cls":
-            pooled = x[:, -1] if cls_last else x[:, 0]
+            pooled = self.ln_f(x[:, -1] if cls_last else x[:, 0])
         elif self.config.pool == "mean":
+            x = self.ln_f(x)
             if key_mask is None:
                 pooled = x.mean(1)
             else:
@@ -371,10 +373,10 @@ class SequenceClassifier(_ConfigModel):
                 pooled = (x * w).sum(1) / w.sum(1).clamp_min(1.0)
         else:
             if key_mask is None:
-                pooled = x[:, -1]
+                pooled = self.ln_f(x[:, -1])
             else:  # last real token of each sequence
                 last = (key_mask.long() * torch.arange(x.shape[1], device=x.device)).argmax(1)
-                pooled = x[torch.arange(x.shape[0], device=x.device), last]
+                pooled = self.ln_f(x[torch.arange(x.shape[0], device=x.device), last])
         logits: Tensor = self.head(pooled)
         return (logits, graphs) if graphs is not None else logits
 
