@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -43,11 +42,7 @@ __all__ = [
     "check_threshold",
     "check_time",
     "check_tol",
-    "renamed",
 ]
-
-
-_T = TypeVar("_T")
 
 
 class ArgumentError(Exception):
@@ -271,21 +266,3 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise bad_type(name, f"expected a bool, got {type(value).__name__}")
     return value
-
-
-_WARNED: set[tuple[str, str]] = set()
-
-
-def renamed(old: str, new: str, old_value: _T | None, new_value: _T | None) -> _T | None:
-    """The value of a keyword argument that was renamed: ``new_value``, or ``old_value`` (with
-    one :class:`DeprecationWarning` per name pair) when only the old keyword was given."""
-    if old_value is None:
-        return new_value
-    if new_value is not None:
-        raise bad_type(old, f"is the old name of {new!r}; expected one of them, got both")
-    if (old, new) not in _WARNED:
-        import warnings
-
-        _WARNED.add((old, new))
-        warnings.warn(f"{old}= was renamed {new}=", DeprecationWarning, stacklevel=3)
-    return old_value

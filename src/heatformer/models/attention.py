@@ -92,8 +92,7 @@ class DiffusionAttention(nn.Module):
         bias: biases in the projections.
         qk_norm: LayerNorm on each head's queries and keys (QK-norm).
         zero_init: zero the output projection, so the layer is a no-op at initialization.
-        row_block: query rows per block when graphs are built in blocks (top-k, dense rows);
-            ``topk_block_size`` is its old name.
+        row_block: query rows per block when graphs are built in blocks (top-k, dense rows).
         device, dtype: factory kwargs.
 
     Shape:
@@ -134,7 +133,6 @@ class DiffusionAttention(nn.Module):
         qk_norm: bool = False,
         zero_init: bool = False,
         row_block: int | None = None,
-        topk_block_size: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -162,7 +160,7 @@ class DiffusionAttention(nn.Module):
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.causal, self.dropout = bool(causal), float(dropout)
-        self.row_block = checks.renamed("topk_block_size", "row_block", topk_block_size, row_block)
+        self.row_block = row_block
         self.zero_init = zero_init
         head_ops = parse_heads(operators, num_heads, **factory)  # names: made in dtype
         self.spec = format_heads(head_ops)
