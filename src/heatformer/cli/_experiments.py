@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from heatformer._atomic import FolderLock
+from heatformer.checks import bad_value, check_positive_int
 from heatformer.cli._options import OptionGroup, OptionParser
-from heatformer.experiments._checks import bad_value, check_positive_int
 from heatformer.experiments.spec import (
     PRESETS,
     SPEC_NAME,

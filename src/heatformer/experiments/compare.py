@@ -47,7 +47,7 @@ from typing import Any
 
 from heatformer._atomic import LOCK_NAME, is_temporary
 from heatformer._progress import Progress
-from heatformer.experiments._checks import bad_type, bad_value
+from heatformer.checks import bad_type, bad_value
 from heatformer.experiments.checkpoint import (
     atomic_write_json,
     hold_folder,

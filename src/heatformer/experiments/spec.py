@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from heatformer.experiments._checks import bad_type, bad_value, check_int, check_positive_int
+from heatformer.checks import bad_type, bad_value, check_int, check_positive_int
 
 if TYPE_CHECKING:
     from heatformer.experiments.tasks.base import TaskOptions

@@ -49,11 +49,6 @@ from heatformer.models.heads import adds_identity, format_heads, group_heads, pa
 __all__ = ["DiffusionAttention", "KVCache"]
 
 
-def check_size(name: str, value: object, *, optional: bool = False) -> None:
-    """A positive int (or None if ``optional``): :func:`heatformer.checks.check_positive_int`."""
-    checks.check_positive_int(name, value, optional=optional)
-
-
 def _autocasting(device_type: str) -> bool:
     """Whether autocast is on for ``device_type`` (it then mixes dtypes on purpose)."""
     try:
@@ -137,13 +132,13 @@ class DiffusionAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_size("embed_dim", embed_dim)
-        check_size("num_heads", num_heads)
+        checks.check_positive_int("embed_dim", embed_dim)
+        checks.check_positive_int("num_heads", num_heads)
         if embed_dim % num_heads != 0:
             raise checks.bad_value(
                 "embed_dim", f"expected a multiple of num_heads ({num_heads}), got {embed_dim}"
             )
-        check_size("topk", topk, optional=True)
+        checks.check_positive_int("topk", topk, optional=True)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
             raise checks.bad_type(
                 "dropout", f"expected a float in [0, 1), got {type(dropout).__name__}"

@@ -21,11 +21,6 @@ from heatformer.models.heads import parse_layer_graphs
 __all__ = ["GPTConfig", "SequenceClassifierConfig", "ViTConfig"]
 
 
-def check_size(name: str, value: object, *, optional: bool = False) -> None:
-    """A positive int (or None if ``optional``): :func:`heatformer.checks.check_positive_int`."""
-    checks.check_positive_int(name, value, optional=optional)
-
-
 @dataclass(frozen=True, kw_only=True)
 class _StackConfig:
     """Fields every model's stack of blocks shares; configs are built with keywords."""
@@ -48,8 +43,8 @@ class _StackConfig:
 
     def __post_init__(self) -> None:
         for name in self._sizes:
-            check_size(name, getattr(self, name))
-        check_size("topk", self.topk, optional=True)
+            checks.check_positive_int(name, getattr(self, name))
+        checks.check_positive_int("topk", self.topk, optional=True)
         if self.n_embd % self.n_head != 0:
             raise checks.bad_value(
                 "n_embd", f"expected a multiple of n_head ({self.n_head}), got {self.n_embd}"
@@ -132,7 +127,7 @@ class ViTConfig(_StackConfig):
 
     def __post_init__(self) -> None:
         for name in self._sizes:  # max_tokens needs them
-            check_size(name, getattr(self, name))
+            checks.check_positive_int(name, getattr(self, name))
         if self.image_size % self.patch_size != 0:
             raise checks.bad_value(
                 "patch_size",
