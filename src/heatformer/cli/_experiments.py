@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from heatformer._atomic import FolderLock
-from heatformer.checks import bad_value, check_positive_int
+from heatformer.checks import bad_value, check_positive_int, topk_and_graph
 from heatformer.cli._options import OptionGroup, OptionParser
 from heatformer.experiments.spec import (
     PRESETS,
     SPEC_NAME,
     CompareSpec,
     parse_seeds,
-    topk_and_graph,
 )
 from heatformer.experiments.tasks import TASKS, options_by_name
 

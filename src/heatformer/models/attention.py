@@ -146,7 +146,7 @@ class DiffusionAttention(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise checks.bad_value("dropout", f"expected a probability in [0, 1), got {dropout}")
         checks.check_bool("causal", causal)
-        self.graph_kind = _graph_kind(graph, topk)
+        self.graph_kind = resolve_graph(checks.resolve_topk(graph, topk))
         if causal and not self.graph_kind.supports_causal:
             raise checks.bad_value(
                 "graph", f"expected a graph kind that supports causal=True, got {self.graph_kind}"
@@ -496,19 +496,6 @@ class DiffusionAttention(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, heads={self.spec!r}, "
             f"graph={self.graph_kind.spec!r}, causal={self.causal}, dropout={self.dropout}"
         )
-
-
-def _graph_kind(graph: str | GraphBuilder, topk: int | None) -> GraphBuilder:
-    """The layer's graph kind from ``graph=`` and the ``topk=`` shorthand (not both)."""
-    kind = resolve_graph(graph)
-    if topk is None:
-        return kind
-    if kind.spec != "softmax":
-        raise checks.bad_value(
-            "topk",
-            f"is shorthand for graph='topk[k=...]'; expected it alone, got graph={kind.spec!r}",
-        )
-    return resolve_graph(f"topk[k={topk}]")
 
 
 def check_multihead_attention(mha: object) -> None:

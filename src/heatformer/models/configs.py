@@ -77,15 +77,7 @@ class _StackConfig:
 
     def layer_graphs(self) -> list[str]:
         """One graph spec per layer (``topk`` expands to ``"topk[k=...]"`` everywhere)."""
-        if self.topk is not None:
-            if self.graph != "softmax":
-                raise checks.bad_value(
-                    "topk",
-                    f"is shorthand for graph='topk[k=...]'; expected it alone, got "
-                    f"graph={self.graph!r}",
-                )
-            return [f"topk[k={self.topk}]"] * self.n_layer
-        return parse_layer_graphs(self.graph, self.n_layer)
+        return parse_layer_graphs(checks.resolve_topk(self.graph, self.topk), self.n_layer)
 
     def max_tokens(self) -> int:
         """The most tokens one attention graph of this model can have."""
