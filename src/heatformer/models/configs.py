@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 from heatformer import checks
-from heatformer.graph_ops import resolve_graph
+from heatformer.graph_ops import GraphBuilder, resolve_graph
 from heatformer.models.heads import parse_layer_graphs
 
 __all__ = ["GPTConfig", "SequenceClassifierConfig", "ViTConfig"]
@@ -72,12 +73,20 @@ class _StackConfig:
                 f"expected at most the {tokens} tokens a sequence can hold (the longest "
                 f"sequence of this config), got {self.topk}",
             )
-        for spec in self.layer_graphs():
-            resolve_graph(spec).check_nodes(tokens)
+        for kind in dict.fromkeys(self.graph_kinds):
+            kind.check_nodes(tokens)
 
     def layer_graphs(self) -> list[str]:
         """One graph spec per layer (``topk`` expands to ``"topk[k=...]"`` everywhere)."""
         return parse_layer_graphs(checks.resolve_topk(self.graph, self.topk), self.n_layer)
+
+    @cached_property
+    def graph_kinds(self) -> tuple[GraphBuilder, ...]:
+        """The graph kind of every layer, parsed once, when the config is made (the blocks
+        get these; layers with the same spec share one)."""
+        specs = self.layer_graphs()
+        kinds = {spec: resolve_graph(spec) for spec in dict.fromkeys(specs)}
+        return tuple(kinds[spec] for spec in specs)
 
     def max_tokens(self) -> int:
         """The most tokens one attention graph of this model can have."""
