@@ -539,9 +539,10 @@ def analyze(
         ValueError: no run has finished yet, or a checkpoint does not match its run.
     """
     started = time.perf_counter()
+    given = _check_task(task)
     out = Path(out_dir)
     spec = load_spec(out).resolved()
-    task = _check_task(task) or resolve_task(spec.task)(spec, data)
+    task = given or resolve_task(spec.task)(spec, data)
     ctx = DistContext(device=resolve_device(device))
     with hold_folder(out, ctx):  # it rewrites the run records and the report
         factory = model_factory or (lambda t, heads: t.build_model(heads))
