@@ -6,8 +6,10 @@ errors raised here are :class:`ArgumentTypeError` / :class:`ArgumentValueError`,
 those two that also carry the argument's name in :attr:`ArgumentError.argument`, so a caller
 (the command line) can tell which option was wrong without reading the message; a missing file
 is an :class:`ArgumentFileNotFoundError`, which carries ``.argument`` too. Checks run at public
-boundaries, once; hot loops trust what they get. Nothing here uses ``assert``. Every check
-takes the argument's name first, then its value.
+boundaries, once; hot loops trust what they get. Nothing here uses ``assert``. A check told
+the argument's name takes it first, then the value (``check_positive_int("k", k)``); a check of
+one fixed argument names it itself (``check_tol(tol)``), and :func:`check_signal` /
+:func:`check_time` take it as the keyword ``name``.
 
 This module imports torch only inside the checks that need it: the modules that define the
 command line's options (the spec, the tasks) use it too, and ``heatformer --help`` answers
