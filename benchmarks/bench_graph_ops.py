@@ -568,7 +568,7 @@ def child_main(args: argparse.Namespace) -> None:
         return tuple(torch.randn(1, h, nn, d, requires_grad=grad) for _ in range(3))
 
     def topk_step(q: Tensor, k: Tensor, v: Tensor) -> Any:
-        g = SoftmaxGraph(q, k).topk(kk, block_size=args.block_size or None)
+        g = SoftmaxGraph(q, k).topk(kk, row_block=args.block_size or None)
         if grad:
             g.propagate(v).sum().backward()
         return g

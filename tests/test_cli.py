@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from heatformer import checks
+from heatformer.checks import ArgumentFileNotFoundError
 from heatformer.cli import _build_parsers, _experiments, _name_the_option, build_parser, main
-from heatformer.experiments._checks import ArgumentFileNotFoundError
 from heatformer.experiments.spec import PRESETS
 
 

@@ -4,8 +4,16 @@ Policy: a wrong *kind* of object (type, dtype) is a :class:`TypeError`, a wrong 
 (shape, range) a :class:`ValueError`; the message reads "``name``: expected X, got Y". The
 errors raised here are :class:`ArgumentTypeError` / :class:`ArgumentValueError`, subclasses of
 those two that also carry the argument's name in :attr:`ArgumentError.argument`, so a caller
-(the command line) can tell which option was wrong without reading the message. Checks run at
-public boundaries, once; hot loops trust what they get. Nothing here uses ``assert``.
+(the command line) can tell which option was wrong without reading the message; a missing file
+is an :class:`ArgumentFileNotFoundError`, which carries ``.argument`` too. Checks run at public
+boundaries, once; hot loops trust what they get. Nothing here uses ``assert``. A check told
+the argument's name takes it first, then the value (``check_positive_int("k", k)``); a check of
+one fixed argument names it itself (``check_tol(tol)``), and :func:`check_signal` /
+:func:`check_time` take it as the keyword ``name``.
+
+This module imports torch only inside the checks that need it: the modules that define the
+command line's options (the spec, the tasks) use it too, and ``heatformer --help`` answers
+before torch is loaded.
 
 Example:
     >>> try:
@@ -19,14 +27,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+_G = TypeVar("_G")
 
 __all__ = [
     "NORMALIZATIONS",
     "ArgumentError",
+    "ArgumentFileNotFoundError",
     "ArgumentTypeError",
     "ArgumentValueError",
     "bad_type",
@@ -34,6 +46,10 @@ __all__ = [
     "check_bool",
     "check_coeffs",
     "check_float_tensor",
+    "check_fraction",
+    "check_generator",
+    "check_int",
+    "check_int_tensor",
     "check_mask",
     "check_normalization",
     "check_open_unit",
@@ -43,11 +59,9 @@ __all__ = [
     "check_threshold",
     "check_time",
     "check_tol",
-    "renamed",
+    "resolve_topk",
+    "topk_and_graph",
 ]
-
-
-_T = TypeVar("_T")
 
 
 class ArgumentError(Exception):
@@ -75,6 +89,20 @@ class ArgumentValueError(ArgumentError, ValueError):
     """A wrong value (shape, range, name)."""
 
 
+class ArgumentFileNotFoundError(FileNotFoundError):
+    """A path argument that does not exist: ``str(err)`` is ``"argument: detail"``.
+
+    Attributes:
+        argument: the name of the argument.
+        detail: what was expected and what came.
+    """
+
+    def __init__(self, argument: str, detail: str) -> None:
+        super().__init__(f"{argument}: {detail}")
+        self.argument = argument
+        self.detail = detail
+
+
 def bad_type(argument: str, detail: str) -> ArgumentTypeError:
     """The error for an argument of the wrong kind: ``raise bad_type("x", "expected ...")``."""
     return ArgumentTypeError(argument, detail)
@@ -88,20 +116,45 @@ def bad_value(argument: str, detail: str) -> ArgumentValueError:
 NORMALIZATIONS: tuple[str, ...] = ("rw", "sym", "combinatorial")
 
 
-def check_float_tensor(name: str, value: object, *, min_dim: int = 0) -> Tensor:
-    """Check that ``value`` is a floating-point tensor with at least ``min_dim`` dims."""
-    if not isinstance(value, Tensor):
-        raise bad_type(name, f"expected a torch.Tensor, got {type(value).__name__}")
+def check_float_tensor(
+    name: str, value: object, *, min_dim: int = 0, shape: str | None = None
+) -> Tensor:
+    """Check that ``value`` is a floating-point tensor with at least ``min_dim`` dims.
+
+    ``shape`` is the expected shape as the messages show it (``"(B, N, D)"``); without it,
+    they name the dtypes and the number of dims.
+    """
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        expected = "a torch.Tensor" if shape is None else f"a torch.Tensor of shape {shape}"
+        raise bad_type(name, f"expected {expected}, got {type(value).__name__}")
     if not (value.is_floating_point()):
-        raise bad_type(
-            name,
-            f"expected a floating-point tensor (float16/bfloat16/float32/float64), "
-            f"got dtype {value.dtype}",
-        )
+        dtypes = " (float16/bfloat16/float32/float64)" if shape is None else ""
+        raise bad_type(name, f"expected a floating-point tensor{dtypes}, got dtype {value.dtype}")
     if value.dim() < min_dim:
-        raise bad_value(
-            name, f"expected at least {min_dim} dimensions, got shape {tuple(value.shape)}"
+        expected = f"at least {min_dim} dimensions" if shape is None else f"shape {shape}"
+        got = "shape " if shape is None else ""
+        raise bad_value(name, f"expected {expected}, got {got}{tuple(value.shape)}")
+    return value
+
+
+def check_int_tensor(
+    name: str, value: object, shape: tuple[int, ...], device: torch.device
+) -> Tensor:
+    """Check an integer (or bool) tensor of exactly ``shape`` on ``device``."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise bad_type(
+            name, f"expected a torch.Tensor of shape {shape}, got {type(value).__name__}"
         )
+    if value.is_floating_point() or value.is_complex():
+        raise bad_type(name, f"expected an integer (or bool) tensor, got dtype {value.dtype}")
+    if tuple(value.shape) != shape:
+        raise bad_value(name, f"expected shape {shape}, got {tuple(value.shape)}")
+    if value.device != device:
+        raise bad_value(name, f"expected a tensor on {device}, got one on {value.device}")
     return value
 
 
@@ -136,6 +189,8 @@ def check_signal(
     The leading dims of ``x`` must broadcast with the graph's ``batch_shape``; its dtype must
     be the graph's ``dtype`` when given.
     """
+    import torch
+
     x = check_float_tensor(name, x, min_dim=2)
     if dtype is not None and x.dtype != dtype:
         raise bad_type(name, f"expected the graph's dtype {dtype}, got {x.dtype}")
@@ -158,7 +213,9 @@ def check_signal(
 
 def check_mask(mask: object, batch_shape: torch.Size, num_nodes: int) -> Tensor:
     """Check a boolean attention mask broadcastable to ``(*batch_shape, N, N)``."""
-    if not isinstance(mask, Tensor):
+    import torch
+
+    if not isinstance(mask, torch.Tensor):
         raise bad_type("mask", f"expected a bool torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
         raise bad_type(
@@ -208,13 +265,15 @@ def check_threshold(eps: object) -> float:
 
 def check_time(t: object, *, name: str = "t") -> Tensor | float:
     """Check a diffusion time: a finite, non-negative float or floating tensor."""
+    import torch
+
     if isinstance(t, bool):
         raise bad_type(name, "expected a float or a floating-point tensor, got bool")
     if isinstance(t, (int, float)):
         if not math.isfinite(t) or t < 0:
             raise bad_value(name, f"expected a finite value >= 0, got {t}")
         return float(t)
-    if isinstance(t, Tensor):
+    if isinstance(t, torch.Tensor):
         if not t.is_floating_point():
             raise bad_type(name, f"expected a floating-point tensor, got dtype {t.dtype}")
         if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
@@ -244,7 +303,9 @@ def check_coeffs(coeffs: object) -> list[float] | Tensor:
     A sequence is checked as Python numbers and returned as a list of floats, so no tensor is
     made here (the check also works while modules are built on the meta device).
     """
-    if isinstance(coeffs, Tensor):
+    import torch
+
+    if isinstance(coeffs, torch.Tensor):
         if not coeffs.is_floating_point():
             raise bad_type("coeffs", f"expected a floating-point tensor, got dtype {coeffs.dtype}")
         if coeffs.dim() != 1 or coeffs.numel() == 0:
@@ -273,19 +334,65 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
-_WARNED: set[tuple[str, str]] = set()
+def check_int(name: str, value: object, *, minimum: int) -> int:
+    """An int ``>= minimum`` (not a bool); anything else is a ``ValueError`` naming ``name``.
+
+    The data classes of the built-in tasks check their sizes with this (one kind of error for
+    every bad size, as they always did).
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_value(name, f"expected an int >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise bad_value(name, f"expected an int >= {minimum}, got {value}")
+    return value
 
 
-def renamed(old: str, new: str, old_value: _T | None, new_value: _T | None) -> _T | None:
-    """The value of a keyword argument that was renamed: ``new_value``, or ``old_value`` (with
-    one :class:`DeprecationWarning` per name pair) when only the old keyword was given."""
-    if old_value is None:
-        return new_value
-    if new_value is not None:
-        raise bad_type(old, f"is the old name of {new!r}; expected one of them, got both")
-    if (old, new) not in _WARNED:
-        import warnings
+def check_fraction(name: str, value: object) -> float:
+    """A number in the open interval (0, 1); anything else is a ``ValueError`` (the tasks'
+    split fractions, as they always did; :func:`check_open_unit` tells kind from value)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_value(name, f"expected a float in (0, 1), got {value!r}")
+    if not 0.0 < float(value) < 1.0:
+        raise bad_value(name, f"expected a float in (0, 1), got {value}")
+    return float(value)
 
-        _WARNED.add((old, new))
-        warnings.warn(f"{old}= was renamed {new}=", DeprecationWarning, stacklevel=3)
-    return old_value
+
+def check_generator(generator: object) -> torch.Generator:
+    """A CPU :class:`torch.Generator`."""
+    import torch
+
+    if not isinstance(generator, torch.Generator):
+        raise bad_type("generator", f"expected a torch.Generator, got {type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise bad_value("generator", f"expected a CPU torch.Generator, got {generator.device}")
+    return generator
+
+
+def topk_and_graph(topk: int, graph: object) -> ArgumentValueError:
+    """The error for ``topk`` given together with ``graph``: ``topk`` is the shorthand for
+    ``graph="topk[k=...]"``, so one of the two (see :func:`resolve_topk`; the command line
+    also refuses ``--topk`` with an explicit ``--graph softmax``)."""
+    return bad_value(
+        "topk",
+        f"is shorthand for graph='topk[k={topk}]'; expected topk or graph, got both "
+        f"(topk={topk}, graph={graph!r})",
+    )
+
+
+def resolve_topk(graph: _G, topk: int | None) -> _G | str:
+    """The graph that ``graph=`` and the ``topk=`` shorthand ask for: ``graph`` when ``topk``
+    is None, else ``"topk[k=topk]"``, which needs ``graph`` at its default ``"softmax"``.
+
+    ``graph`` is a spec, a per-layer schedule or a graph kind (whose ``.spec`` is read); a
+    ``topk`` beside another graph raises :func:`topk_and_graph`'s error.
+
+    Example:
+        >>> resolve_topk("softmax", 8), resolve_topk("window[w=4]", None)
+        ('topk[k=8]', 'window[w=4]')
+    """
+    if topk is None:
+        return graph
+    spec = getattr(graph, "spec", graph)  # a graph kind writes itself back as its spec
+    if not (isinstance(spec, str) and spec.strip() == "softmax"):
+        raise topk_and_graph(topk, spec)
+    return f"topk[k={topk}]"

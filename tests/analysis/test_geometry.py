@@ -686,12 +686,3 @@ def test_errors_carry_the_argument_name(call, argument: str, kind: type) -> None
     assert isinstance(info.value, ArgumentError)
     assert info.value.argument == argument
     assert str(info.value).startswith(f"{argument}: expected ")
-
-
-def test_the_former_geometry_module_still_exports_every_metric() -> None:
-    import heatformer.analysis
-    import heatformer.analysis.geometry
-
-    assert heatformer.analysis.geometry.__all__
-    for name in heatformer.analysis.geometry.__all__:
-        assert getattr(heatformer.analysis.geometry, name) is getattr(heatformer.analysis, name)

@@ -630,3 +630,16 @@ def test_default_eval_every_is_the_specs(tiny_spec: SpecFactory, tmp_path: Path)
     again = train_run(task, "attention:2", 0, tmp_path / "direct")
     assert [e["step"] for e in again["evals"]] == list(range(2, 21, 2))
     assert again["train_loss"] == record["train_loss"]
+
+
+def test_task_must_be_a_task(tmp_path: Path) -> None:
+    """``task=`` takes a :class:`Task` (the data go in ``data=``); anything else is refused
+    before a folder is written."""
+    data = RecallTask(seq_len=40)
+    with pytest.raises(
+        TypeError, match=r"^task: expected a heatformer.experiments.Task or None, got RecallTask"
+    ):
+        run_compare(CompareSpec(task="recall", device="cpu"), tmp_path / "out", task=data)  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(TypeError, match=r"^task: expected"):
+        analyze(tmp_path / "out", task=data)  # type: ignore[arg-type]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -276,31 +275,6 @@ def test_an_entry_put_into_tasks_by_hand_is_checked_when_used(
     registry["broken"] = _variant(name="broken", eval_loss_name="nope")  # no register_task
     with pytest.raises(ValueError, match="eval_loss_name"):
         CompareSpec(task="broken")
-
-
-# ----------------------------------------------------------------------------- old names
-
-
-def test_old_module_names_still_work_and_warn() -> None:
-    import heatformer.experiments.data as data
-    import heatformer.experiments.harness as harness
-
-    for module, name, new in [
-        (data, "RecallTask", RecallTask),
-        (data, "load_task", resolve_task.__globals__["load_task"]),
-        (harness, "TaskHarness", Task),
-        (harness, "CharsHarness", Chars),
-    ]:
-        module.__dict__.pop(name, None)  # as if never looked up
-        with pytest.warns(DeprecationWarning, match=f"{name}"):
-            assert getattr(module, name) is new
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # once: the second look-up is silent
-            assert getattr(module, name) is new
-    harness.__dict__.pop("make_harness", None)
-    with pytest.warns(DeprecationWarning, match="resolve_task"):
-        made = harness.make_harness(CompareSpec(task="recall"), RecallTask(seq_len=40))
-    assert isinstance(made, Recall) and made.data.seq_len == 40
 
 
 def test_recall_options_reach_its_data() -> None:

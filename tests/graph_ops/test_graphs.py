@@ -79,10 +79,10 @@ def test_signal_broadcasts_against_batch(graph_kind, x_shape) -> None:
     gh.assert_close_np(g.propagate_transpose(x), np.swapaxes(p, -1, -2) @ x.numpy(), atol=1e-12)
 
 
-@pytest.mark.parametrize("block_size", [1, 2, 4, 256])
-def test_softmax_block_size_does_not_change_results(block_size) -> None:
+@pytest.mark.parametrize("row_block", [1, 2, 4, 256])
+def test_softmax_row_block_does_not_change_results(row_block) -> None:
     case = gh.make_attention(8, n=7, batch=(2,), masked=True, causal=True, empty_rows=(3,))
-    g = SoftmaxGraph(case.q, case.k, mask=case.mask, causal=True, block_size=block_size)
+    g = SoftmaxGraph(case.q, case.k, mask=case.mask, causal=True, row_block=row_block)
     p = case.probs()
     x = gh.to_numpy(case.x)
     gh.assert_close_np(g.to_dense(), p, atol=1e-12)
@@ -185,15 +185,15 @@ def test_symmetrize_is_mean_with_transpose(kind) -> None:
 def test_symmetrized_graph_rows_blockwise() -> None:
     """``SymmetrizedGraph`` of a softmax graph: dense rows assembled block by block."""
     case = gh.make_attention(4, n=7, batch=(2,), masked=True)
-    g = SymmetrizedGraph(SoftmaxGraph(case.q, case.k, mask=case.mask, block_size=3))
+    g = SymmetrizedGraph(SoftmaxGraph(case.q, case.k, mask=case.mask, row_block=3))
     p = case.probs()
     ws = 0.5 * (p + np.swapaxes(p, -1, -2))
     rows = g._weight_rows(2, 5).reshape(2, 3, 7)
     gh.assert_close_np(rows, ws[:, 2:5], atol=1e-12)
     assert g.symmetrize() is g
     # every block size, through the public methods built on the row blocks
-    for block_size in (1, 2, 7):
-        kept = g.threshold(1e-300, block_size=block_size)
+    for row_block in (1, 2, 7):
+        kept = g.threshold(1e-300, row_block=row_block)
         assert kept.num_edges == int((ws > 0).sum())
         gh.assert_close_np(kept.to_dense(), ws, atol=1e-12)
 
@@ -207,7 +207,7 @@ def test_threshold_keeps_heavy_edges(graph_kind, renormalize) -> None:
     if renormalize:
         d = kept.sum(-1, keepdims=True)
         kept = np.divide(kept, d, out=np.zeros_like(kept), where=d > 0)
-    g = case.graph(graph_kind).threshold(eps, renormalize=renormalize, block_size=4)
+    g = case.graph(graph_kind).threshold(eps, renormalize=renormalize, row_block=4)
     assert isinstance(g, SparseGraph)
     assert g.num_edges == int((p >= eps).sum())
     gh.assert_close_np(g.to_dense(), kept, atol=1e-12)

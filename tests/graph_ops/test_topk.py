@@ -101,8 +101,8 @@ def test_ties_go_to_the_lower_index() -> None:
         4: [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 3, 4]],
     }
     for k, cols in expected.items():
-        for block_size in (1, 2, 5):
-            g = DenseGraph(w).topk(k, block_size=block_size)
+        for row_block in (1, 2, 5):
+            g = DenseGraph(w).topk(k, row_block=row_block)
             np.testing.assert_array_equal(kept_columns(g, k), np.array(cols))
     # identical keys: every score of a row ties, so the first k keys win
     q = torch.randn(4, 3, dtype=torch.float64)
@@ -113,17 +113,17 @@ def test_ties_go_to_the_lower_index() -> None:
     np.testing.assert_allclose(gh_dense[:, :2], 0.5)
 
 
-@pytest.mark.parametrize("block_size", [1, 2, 3, 5, 256])
-def test_block_size_does_not_change_topk(graph_kind, block_size) -> None:
+@pytest.mark.parametrize("row_block", [1, 2, 3, 5, 256])
+def test_row_block_does_not_change_topk(graph_kind, row_block) -> None:
     case = gh.make_attention(3, n=7, batch=(2,), masked=True, causal=True, empty_rows=(3,))
     g = case.graph(graph_kind)
     ref = g.topk(3)
-    got = g.topk(3, block_size=block_size)
+    got = g.topk(3, row_block=row_block)
     torch.testing.assert_close(got.row, ref.row, atol=0, rtol=0)
     torch.testing.assert_close(got.col, ref.col, atol=0, rtol=0)
     torch.testing.assert_close(got.weight, ref.weight, atol=1e-15, rtol=0)
     via_function = topk_graph(
-        case.q, case.k, k_top=3, mask=case.mask, causal=True, block_size=block_size
+        case.q, case.k, k_top=3, mask=case.mask, causal=True, row_block=row_block
     )
     torch.testing.assert_close(via_function.to_dense(), ref.to_dense(), atol=1e-15, rtol=0)
 
@@ -168,20 +168,6 @@ def test_softmax_topk_rejects_zero_row_block() -> None:
         case.graph("dense").topk(2, row_block=0)
     with pytest.raises(ValueError, match=r"^row_block:"):
         case.graph("softmax").topk(2, row_block=0)
-
-
-def test_block_size_is_the_old_name_of_row_block() -> None:
-    """The renamed keyword still works, with one DeprecationWarning; both at once is refused."""
-    case = gh.make_attention(0, n=6)
-    new = case.graph("softmax").topk(2, row_block=2)
-    with pytest.warns(DeprecationWarning, match="block_size= was renamed row_block="):
-        import heatformer.checks as checks
-
-        checks._WARNED.discard(("block_size", "row_block"))
-        old = case.graph("softmax").topk(2, block_size=2)
-    torch.testing.assert_close(old.to_dense(), new.to_dense())
-    with pytest.raises(TypeError, match=r"^block_size: is the old name of 'row_block'"):
-        case.graph("softmax").topk(2, block_size=2, row_block=2)
 
 
 def test_k_must_be_an_int() -> None:

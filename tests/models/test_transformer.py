@@ -299,6 +299,40 @@ def test_configs_accept_topk_up_to_the_longest_sequence() -> None:
     assert GPTConfig(block_size=32, topk=32).max_tokens() == 32
 
 
+def test_the_blocks_get_the_graph_kinds_the_config_parsed() -> None:
+    """A config parses its graph specs once, one builder per distinct spec; the blocks get them."""
+    config = GPTConfig(
+        n_layer=3, n_head=2, n_embd=8, block_size=8, graph="topk[k=4];topk[k=4];softmax"
+    )
+    kinds = config.graph_kinds
+    assert [kind.spec for kind in kinds] == config.layer_graphs() == ["topk[k=4]"] * 2 + ["softmax"]
+    assert kinds[0] is kinds[1] and config.graph_kinds is kinds
+    model = GPT(config)
+    assert all(
+        block.attn.graph_kind is kind for block, kind in zip(model.blocks, kinds, strict=True)
+    )
+    shorthand = GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=8, topk=3)
+    assert [kind.spec for kind in shorthand.graph_kinds] == ["topk[k=3]"] * 2
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DiffusionAttention(8, 2, graph="window[w=2]", topk=2),
+        lambda: GPTConfig(block_size=8, graph="window[w=2]", topk=2),
+        lambda: GPTConfig(block_size=8, graph=("softmax", "window[w=2]"), n_layer=2, topk=2),
+    ],
+)
+def test_topk_with_another_graph_is_refused_with_one_message(make) -> None:
+    """The ``topk=`` shorthand beside another graph: the layer and the configs say what the
+    spec and the command line say."""
+    with pytest.raises(
+        ValueError,
+        match=r"^topk: is shorthand for graph='topk\[k=2\]'; expected topk or graph, got both",
+    ):
+        make()
+
+
 def test_token_ids_outside_the_vocabulary_are_named() -> None:
     model = tiny_gpt()
     vocab = model.config.vocab_size

@@ -18,12 +18,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from heatformer.analysis._checks import (
-    accumulation_dtype,
-    checked_float,
-    checked_int,
-)
-from heatformer.checks import bad_value
+from heatformer.analysis._masked import accumulation_dtype
+from heatformer.checks import bad_value, check_float_tensor, check_int_tensor
 
 __all__ = ["NeuralCollapse", "neural_collapse"]
 
@@ -149,10 +145,10 @@ def neural_collapse(features: Tensor, labels: Tensor) -> NeuralCollapse:
         >>> [round(abs(v.item()), 6) for v in stats]
         [0.0, 0.0, 0.0, 0.0, 0.0]
     """
-    features = checked_float(features, "features", min_ndim=2, shape="(M, D)")
+    features = check_float_tensor("features", features, min_dim=2, shape="(M, D)")
     if features.ndim != 2:
         raise bad_value("features", f"expected shape (M, D), got {tuple(features.shape)}")
-    labels = checked_int(labels, "labels", (features.shape[0],), features)
+    labels = check_int_tensor("labels", labels, (features.shape[0],), features.device)
     _, inv = torch.unique(labels, return_inverse=True)  # (M,)
     num_classes = int(inv.max().item()) + 1 if inv.numel() else 0
     if num_classes < 2:

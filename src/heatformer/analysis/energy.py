@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from heatformer.analysis._checks import checked_float
-from heatformer.checks import bad_type, bad_value
+from heatformer.checks import bad_type, bad_value, check_float_tensor
 from heatformer.graph_ops import Graph, laplacian
 
 __all__ = ["dirichlet_energy"]
@@ -77,7 +76,7 @@ def dirichlet_energy(graph: Graph, x: Tensor, normalization: str = "rw") -> Tens
         >>> dirichlet_energy(path, torch.ones(3, 1), "rw")
         tensor(0.)
     """
-    x = checked_float(x, "x", min_ndim=2, shape="(..., N, C)")
+    x = check_float_tensor("x", x, min_dim=2, shape="(..., N, C)")
     if not isinstance(graph, Graph):
         raise bad_type("graph", f"expected a heatformer.graph_ops.Graph, got {type(graph)}")
     if x.shape[-2] != graph.num_nodes:

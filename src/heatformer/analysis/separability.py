@@ -18,14 +18,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from heatformer.analysis._checks import (
-    accumulation_dtype,
-    checked_float,
-    checked_int,
-    resolve_mask,
-)
+from heatformer.analysis._masked import accumulation_dtype, resolve_mask
 from heatformer.analysis.collapse import _class_means, _nc1
-from heatformer.checks import bad_value
+from heatformer.checks import bad_value, check_float_tensor, check_int_tensor
 
 __all__ = ["NextTokenSeparability", "next_token_separability"]
 
@@ -122,10 +117,10 @@ def next_token_separability(
         >>> result.probe_accuracy.item(), result.num_groups, result.num_tokens
         (1.0, 2, 4)
     """
-    x = checked_float(x, "x", min_ndim=3, shape="(B, N, D)")
+    x = check_float_tensor("x", x, min_dim=3, shape="(B, N, D)")
     if x.ndim != 3:
         raise bad_value("x", f"expected shape (B, N, D), got {tuple(x.shape)}")
-    next_tokens = checked_int(next_tokens, "next_tokens", tuple(x.shape[:2]), x)
+    next_tokens = check_int_tensor("next_tokens", next_tokens, tuple(x.shape[:2]), x.device)
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 2:
         raise bad_value("min_count", f"expected an int >= 2, got {min_count!r}")
     if not ridge > 0:

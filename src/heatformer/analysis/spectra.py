@@ -18,8 +18,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from heatformer.analysis._checks import checked_float, masked_float, resolve_mask
-from heatformer.checks import bad_value
+from heatformer.analysis._masked import masked_float, resolve_mask
+from heatformer.checks import bad_value, check_float_tensor
 
 __all__ = ["SpectralDecay", "singular_spectrum", "spectral_decay"]
 
@@ -66,7 +66,7 @@ def singular_spectrum(x: Tensor, *, center: bool = True, mask: Tensor | None = N
         >>> singular_spectrum(x, center=False)
         tensor([3., 2.], dtype=torch.float64)
     """
-    x = checked_float(x, "x", min_ndim=2, shape="(..., N, D)")
+    x = check_float_tensor("x", x, min_dim=2, shape="(..., N, D)")
     m = resolve_mask(mask, x)  # (..., N)
     xf = masked_float(x, m)  # (..., N, D)
     if center:
@@ -129,7 +129,7 @@ def spectral_decay(
         >>> round(result.decay_rate.item(), 6)
         2.0
     """
-    x = checked_float(x, "x", min_ndim=2, shape="(..., N, D)")
+    x = check_float_tensor("x", x, min_dim=2, shape="(..., N, D)")
     if rtol is None:
         rtol = max(x.shape[-2], x.shape[-1]) * torch.finfo(x.dtype).eps
     elif not rtol >= 0:

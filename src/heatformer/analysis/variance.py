@@ -18,14 +18,8 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from heatformer.analysis._checks import (
-    checked_float,
-    checked_int,
-    masked_float,
-    raise_no_tokens,
-    resolve_mask,
-)
-from heatformer.checks import bad_value
+from heatformer.analysis._masked import masked_float, raise_no_tokens, resolve_mask
+from heatformer.checks import bad_value, check_float_tensor, check_int_tensor
 
 __all__ = ["VarianceDecomposition", "variance_decomposition", "within_sequence_variance"]
 
@@ -101,7 +95,7 @@ def within_sequence_variance(
         >>> within_sequence_variance(x)
         tensor(0.5000, dtype=torch.float64)
     """
-    x = checked_float(x, "x", min_ndim=2, shape="(..., N, D)")
+    x = check_float_tensor("x", x, min_dim=2, shape="(..., N, D)")
     if reduction not in ("mean", "none"):
         raise bad_value("reduction", f"expected 'mean' or 'none', got {reduction!r}")
     m = resolve_mask(mask, x)  # (..., N)
@@ -174,10 +168,10 @@ def variance_decomposition(
         >>> [round(p.item(), 4) for p in parts]
         [14.3333, 0.3333, 1.5, 12.5]
     """
-    x = checked_float(x, "x", min_ndim=3, shape="(B, N, D)")
+    x = check_float_tensor("x", x, min_dim=3, shape="(B, N, D)")
     if x.ndim != 3:
         raise bad_value("x", f"expected shape (B, N, D), got {tuple(x.shape)}")
-    labels = checked_int(labels, "labels", (x.shape[0],), x)
+    labels = check_int_tensor("labels", labels, (x.shape[0],), x.device)
     m = resolve_mask(mask, x)  # (B, N)
     xf = masked_float(x, m)  # (B, N, D)
     dtype = xf.dtype

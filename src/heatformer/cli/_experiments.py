@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from heatformer._atomic import FolderLock
+from heatformer.checks import bad_value, check_positive_int, topk_and_graph
 from heatformer.cli._options import OptionGroup, OptionParser
-from heatformer.experiments._checks import bad_value, check_positive_int
 from heatformer.experiments.spec import (
     PRESETS,
     SPEC_NAME,
     CompareSpec,
     parse_seeds,
-    topk_and_graph,
 )
 from heatformer.experiments.tasks import TASKS, options_by_name
 
@@ -53,28 +52,12 @@ __all__ = [
     "run_train",
 ]
 
-#: argparse dest -> CompareSpec field, for the flags that define the numbers (the task
-#: options' flags come from the tasks, see :func:`_add_task_options`).
-_SPEC_FLAGS = {
-    "task": "task",
-    "steps": "steps",
-    "batch_size": "batch_size",
-    "lr": "lr",
-    "weight_decay": "weight_decay",
-    "warmup_steps": "warmup_steps",
-    "grad_clip": "grad_clip",
-    "eval_every": "eval_every",
-    "ckpt_every": "ckpt_every",
-    "n_layer": "n_layer",
-    "n_head": "n_head",
-    "n_embd": "n_embd",
-    "graph": "graph",
-    "topk": "topk",
-    "dropout": "dropout",
-    "bf16": "bf16",
-    "compile": "compile",
-    "name": "name",
-}
+#: The CompareSpec fields set by a flag whose argparse ``dest`` is the field's name (``--layers``
+#: stores ``n_layer``); a field without a flag is skipped. ``heads`` and ``seeds`` are read by
+#: each command; the task options' flags come from the tasks (see :func:`_add_task_options`).
+_SPEC_FLAGS = tuple(
+    f.name for f in dataclasses.fields(CompareSpec) if f.name not in {"heads", "seeds"}
+)
 
 
 def _add_task_options(group: OptionGroup) -> None:
@@ -262,14 +245,10 @@ def add_analyze_args(parser: OptionParser) -> None:
 def _given(args: argparse.Namespace) -> dict[str, Any]:
     """The spec fields and task options set explicitly on the command line, by name."""
     values = {
-        field: getattr(args, dest)
-        for dest, field in _SPEC_FLAGS.items()
-        if getattr(args, dest, None) is not None
+        name: getattr(args, name) for name in _SPEC_FLAGS if getattr(args, name, None) is not None
     }
     if args.no_analysis:
         values["analysis"] = False
-    if args.device is not None:
-        values["device"] = args.device
     for name, by_task in options_by_name().items():
         value = getattr(args, name, None)
         if value is not None:

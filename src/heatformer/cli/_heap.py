@@ -51,7 +51,7 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
         True
     """
     if not 0 < threshold <= 32 << 20:
-        from heatformer.experiments._checks import bad_value
+        from heatformer.checks import bad_value
 
         raise bad_value("threshold", f"expected 1 to {32 << 20} bytes, got {threshold}")
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):

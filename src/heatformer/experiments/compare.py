@@ -47,7 +47,7 @@ from typing import Any
 
 from heatformer._atomic import LOCK_NAME, is_temporary
 from heatformer._progress import Progress
-from heatformer.experiments._checks import bad_value
+from heatformer.checks import bad_type, bad_value
 from heatformer.experiments.checkpoint import (
     atomic_write_json,
     hold_folder,
@@ -149,17 +149,13 @@ def validate_spec(spec: CompareSpec, data: Any = None) -> Task:
     return task
 
 
-def _task_or_data(task: Any, data: Any) -> tuple[Task | None, Any]:
-    """``(task, data)``; data given as ``task=`` (0.1.0 called them a task) warns and passes."""
+def _check_task(task: object) -> Task | None:
+    """``task`` if it is a :class:`Task` or None (the task's data go in ``data=``)."""
     if task is None or isinstance(task, Task):
-        return task, data
-    if data is not None:
-        raise bad_value("task", f"expected a Task, got {type(task).__name__} (and data=)")
-    import warnings
-
-    message = "task= takes a heatformer.experiments.Task now; pass the task's data as data="
-    warnings.warn(message, DeprecationWarning, stacklevel=3)
-    return None, task
+        return task
+    raise bad_type(
+        "task", f"expected a heatformer.experiments.Task or None, got {type(task).__name__}"
+    )
 
 
 def load_spec(out_dir: str | Path) -> CompareSpec:
@@ -428,8 +424,7 @@ def run_compare(
     spec = spec.resolved()
     out = Path(out_dir)
     ctx = ctx or DistContext(device=resolve_device(spec.device))
-    task, data = _task_or_data(task, data)
-    task = task or validate_spec(spec, data)
+    task = _check_task(task) or validate_spec(spec, data)
     _check_output(spec, out, resume=resume)  # a folder that is refused gets no lock file
     with hold_folder(out, ctx, create=not resume):  # checked again under the lock
         prepare_output(spec, out, resume=resume, ctx=ctx)
@@ -516,7 +511,7 @@ def analyze(
     data: Any = None,
     device: str = "cpu",
     progress: bool = False,
-    task: Any = None,
+    task: Task | None = None,
 ) -> CompareReport:
     """Recompute the per-layer analysis of every finished run from its final checkpoint.
 
@@ -544,9 +539,9 @@ def analyze(
         ValueError: no run has finished yet, or a checkpoint does not match its run.
     """
     started = time.perf_counter()
+    given = _check_task(task)
     out = Path(out_dir)
     spec = load_spec(out).resolved()
-    given, data = _task_or_data(task, data)
     task = given or resolve_task(spec.task)(spec, data)
     ctx = DistContext(device=resolve_device(device))
     with hold_folder(out, ctx):  # it rewrites the run records and the report

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from heatformer.experiments._checks import bad_value
+from heatformer.checks import bad_value
 
 if TYPE_CHECKING:
     import torch

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from heatformer.experiments._checks import bad_type, bad_value, check_int, check_positive_int
+from heatformer.checks import bad_type, bad_value, check_int, check_positive_int, resolve_topk
 
 if TYPE_CHECKING:
     from heatformer.experiments.tasks.base import TaskOptions
@@ -59,7 +59,6 @@ __all__ = [
     "parse_seeds",
     "run_name",
     "split_layers",
-    "topk_and_graph",
 ]
 
 #: The file of a comparison folder that holds its :class:`CompareSpec` (``OUT/spec.json``).
@@ -74,17 +73,6 @@ _DEFAULT_NUM_HEADS = 4
 _LEGACY_TASK_FIELDS = frozenset(
     {"seq_len", "patch_size", "text", "npz", "max_bytes", "eval_size", "analysis_size"}
 )
-
-
-def topk_and_graph(topk: int, graph: str) -> ValueError:
-    """The error for ``topk`` given together with ``graph``: ``topk`` is the shorthand for
-    ``graph="topk[k=...]"``, so one of the two (the spec refuses a ``graph`` other than the
-    default ``"softmax"``; the command line refuses ``--topk`` with any ``--graph``)."""
-    return bad_value(
-        "topk",
-        f"is shorthand for graph='topk[k={topk}]'; expected topk or graph, got both "
-        f"(topk={topk}, graph={graph!r})",
-    )
 
 
 @dataclass(frozen=True)
@@ -195,18 +183,20 @@ class CompareSpec:
 
         if not isinstance(self.graph, str) or not self.graph.strip():
             raise bad_type("graph", f"expected a graph spec string, got {self.graph!r}")
-        if self.topk is not None and self.graph.strip() != "softmax":
-            raise topk_and_graph(self.topk, self.graph)
-        builders = [resolve_graph(g) for g in parse_layer_graphs(self.graph, self.n_layer)]
+        graph = resolve_topk(self.graph, self.topk)
+        builders = [
+            resolve_graph(g) for g in dict.fromkeys(parse_layer_graphs(graph, self.n_layer))
+        ]
         tokens = self.options.max_tokens()
         if tokens is None:
             return
         for builder in builders:
-            builder.check_nodes(tokens)
-        if self.topk is not None:
             try:
-                resolve_graph(f"topk[k={self.topk}]").check_nodes(tokens)
-            except ValueError as err:  # the user wrote topk, so the error names it
+                builder.check_nodes(tokens)
+            except ValueError as err:
+                if self.topk is None:
+                    raise
+                # the user wrote topk, so the error names it
                 raise bad_value("topk", getattr(err, "detail", str(err))) from None
 
     # ------------------------------------------------------------------ derived

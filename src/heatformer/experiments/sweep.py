@@ -38,7 +38,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from heatformer.experiments._checks import bad_type, bad_value
+from heatformer.checks import bad_type, bad_value
 
 __all__ = ["BASE_OPERATOR", "SweepLine", "baseline_heads", "expand_sweep", "find_sweeps"]
 

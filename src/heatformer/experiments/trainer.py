@@ -60,7 +60,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from heatformer._progress import Progress
-from heatformer.experiments._checks import bad_value
+from heatformer.checks import bad_value
 from heatformer.experiments.checkpoint import (
     atomic_write_json,
     hold_folder,

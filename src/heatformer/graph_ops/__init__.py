@@ -77,11 +77,3 @@ __all__ = [
     "spectrum",
     "topk_graph",
 ]
-
-
-def __getattr__(name: str) -> object:  # renamed public names: warn once, point to the new one
-    if name == "GraphGenerator":
-        from heatformer.graph_ops import laplacian
-
-        return laplacian.__getattr__(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -54,20 +54,6 @@ from heatformer.graph_ops.protocol import Graph, _safe_reciprocal, _safe_rsqrt
 __all__ = ["GraphLaplacian", "adjacency_matrix", "laplacian", "laplacian_matrix", "spectrum"]
 
 
-def __getattr__(name: str) -> object:  # the name before 0.2: warn once, point to the new one
-    if name == "GraphGenerator":
-        import warnings
-
-        warnings.warn(
-            "GraphGenerator was renamed GraphLaplacian (it is the Laplacian of one graph, as "
-            "actions on signals); the old name will be removed",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return GraphLaplacian
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _check_graph(graph: object) -> Graph:
     if not isinstance(graph, Graph):
         raise V.bad_type(

@@ -268,9 +268,7 @@ class Graph(ABC):
     # ---- derived graphs and interop: written once, in their own modules --------------------
     # (imported when called, so this module knows no subclass)
 
-    def topk(
-        self, k_top: int, *, row_block: int | None = None, block_size: int | None = None
-    ) -> SparseGraph:
+    def topk(self, k_top: int, *, row_block: int | None = None) -> SparseGraph:
         """Keep the ``k`` heaviest out-edges of every node, renormalized to sum 1.
 
         Exactly ``k`` edges per row; ties are broken by the lower column index, so the result
@@ -283,7 +281,7 @@ class Graph(ABC):
         Args:
             k_top: edges kept per row, ``1 <= k_top <= N``.
             row_block: query rows per block (default: slabs of about ``SLAB_ELEMENTS`` entries,
-                at most 256 rows). ``block_size`` is its old name.
+                at most 256 rows).
 
         Returns:
             A :class:`~heatformer.graph_ops.SparseGraph` with the same ``batch_shape``.
@@ -293,9 +291,7 @@ class Graph(ABC):
         """
         from heatformer.graph_ops.sparsify import topk
 
-        return topk(
-            self, k_top, row_block=V.renamed("block_size", "row_block", block_size, row_block)
-        )
+        return topk(self, k_top, row_block=row_block)
 
     def threshold(
         self,
@@ -303,21 +299,19 @@ class Graph(ABC):
         *,
         renormalize: bool = False,
         row_block: int | None = None,
-        block_size: int | None = None,
     ) -> SparseGraph:
         """Keep the edges with weight ``>= eps`` (computed in query blocks).
 
         Args:
             eps: threshold, ``> 0``.
             renormalize: rescale the kept out-edges of each node to sum 1.
-            row_block: query rows per block (``block_size`` is its old name).
+            row_block: query rows per block.
 
         Returns:
             A :class:`~heatformer.graph_ops.SparseGraph` with the same ``batch_shape``.
         """
         from heatformer.graph_ops.sparsify import threshold
 
-        row_block = V.renamed("block_size", "row_block", block_size, row_block)
         return threshold(self, eps, renormalize=renormalize, row_block=row_block)
 
     def to_sparse(self) -> SparseGraph:

@@ -34,8 +34,7 @@ class SoftmaxGraph(Graph):
         scale: logit scale; default ``1 / sqrt(E)`` as in SDPA.
         mask: bool, broadcastable to ``(..., N, N)``; ``True`` = may attend (SDPA polarity).
         causal: also forbid attending to later positions (``j > i``).
-        row_block: query rows per block in chunked methods (``block_size`` is its old name;
-            default: slabs of about
+        row_block: query rows per block in chunked methods (default: slabs of about
             ``SLAB_ELEMENTS`` entries, at most 256 rows).
 
     Shape:
@@ -67,7 +66,6 @@ class SoftmaxGraph(Graph):
         mask: Tensor | None = None,
         causal: bool = False,
         row_block: int | None = None,
-        block_size: int | None = None,
     ) -> None:
         q = V.check_float_tensor("q", q, min_dim=2)
         k = V.check_float_tensor("k", k, min_dim=2)
@@ -105,7 +103,7 @@ class SoftmaxGraph(Graph):
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         self.mask = mask
         self.causal = causal
-        self.row_block = V.renamed("block_size", "row_block", block_size, row_block)
+        self.row_block = row_block
         self._row_has_edge: Tensor | None = None
         self._rows_nonempty = mask is None  # a causal row keeps its diagonal
         self._flat_qk: dict[bool, tuple[Tensor, Tensor]] = {}

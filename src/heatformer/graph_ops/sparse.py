@@ -409,7 +409,6 @@ class SparseGraph(Graph):
         *,
         renormalize: bool = False,
         row_block: int | None = None,
-        block_size: int | None = None,
     ) -> SparseGraph:
         eps = V.check_threshold(eps)
         keep = (self.weight.detach() >= eps).nonzero(as_tuple=True)[0]

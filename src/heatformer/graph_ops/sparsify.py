@@ -133,7 +133,6 @@ def topk_graph(
     mask: Tensor | None = None,
     causal: bool = False,
     row_block: int | None = None,
-    block_size: int | None = None,
 ) -> SparseGraph:
     """Top-k sparsified attention graph, built in query blocks (never ``N x N``).
 
@@ -146,14 +145,12 @@ def topk_graph(
         k: ``(..., N, E)`` keys.
         k_top: edges per query, ``1 <= k_top <= N``.
         scale, mask, causal: as in :class:`SoftmaxGraph`.
-        row_block: query rows per block (``block_size`` is its old name; default: slabs of
-            about ``SLAB_ELEMENTS`` entries,
-                at most 256 rows).
+        row_block: query rows per block (default: slabs of about ``SLAB_ELEMENTS`` entries,
+            at most 256 rows).
 
     Returns:
         :class:`SparseGraph` with ``N * k_top`` edges per graph.
     """
-    row_block = V.renamed("block_size", "row_block", block_size, row_block)
     graph = SoftmaxGraph(q, k, scale=scale, mask=mask, causal=causal, row_block=row_block)
     k_top = V.check_positive_int("k_top", k_top, upper=graph.num_nodes)  # ``k`` is the keys
     return graph.topk(k_top, row_block=row_block)

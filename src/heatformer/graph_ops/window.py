@@ -555,9 +555,7 @@ class WindowGraph(Graph):
 
     # ---- top-k inside the window: O(N (w + g)) -------------------------------------------
 
-    def topk(
-        self, k_top: int, *, row_block: int | None = None, block_size: int | None = None
-    ) -> SparseGraph:
+    def topk(self, k_top: int, *, row_block: int | None = None) -> SparseGraph:
         """The ``k_top`` heaviest allowed keys of every query, renormalized (see
         :meth:`Graph.topk <heatformer.graph_ops.Graph.topk>`), ranked inside each block's slab:
         ``O(N (w + g))`` work and memory. Equals the top-k of the dense banded matrix (ties to

@@ -49,11 +49,6 @@ from heatformer.models.heads import adds_identity, format_heads, group_heads, pa
 __all__ = ["DiffusionAttention", "KVCache"]
 
 
-def check_size(name: str, value: object, *, optional: bool = False) -> None:
-    """A positive int (or None if ``optional``): :func:`heatformer.checks.check_positive_int`."""
-    checks.check_positive_int(name, value, optional=optional)
-
-
 def _autocasting(device_type: str) -> bool:
     """Whether autocast is on for ``device_type`` (it then mixes dtypes on purpose)."""
     try:
@@ -92,8 +87,7 @@ class DiffusionAttention(nn.Module):
         bias: biases in the projections.
         qk_norm: LayerNorm on each head's queries and keys (QK-norm).
         zero_init: zero the output projection, so the layer is a no-op at initialization.
-        row_block: query rows per block when graphs are built in blocks (top-k, dense rows);
-            ``topk_block_size`` is its old name.
+        row_block: query rows per block when graphs are built in blocks (top-k, dense rows).
         device, dtype: factory kwargs.
 
     Shape:
@@ -134,18 +128,17 @@ class DiffusionAttention(nn.Module):
         qk_norm: bool = False,
         zero_init: bool = False,
         row_block: int | None = None,
-        topk_block_size: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_size("embed_dim", embed_dim)
-        check_size("num_heads", num_heads)
+        checks.check_positive_int("embed_dim", embed_dim)
+        checks.check_positive_int("num_heads", num_heads)
         if embed_dim % num_heads != 0:
             raise checks.bad_value(
                 "embed_dim", f"expected a multiple of num_heads ({num_heads}), got {embed_dim}"
             )
-        check_size("topk", topk, optional=True)
+        checks.check_positive_int("topk", topk, optional=True)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
             raise checks.bad_type(
                 "dropout", f"expected a float in [0, 1), got {type(dropout).__name__}"
@@ -153,7 +146,7 @@ class DiffusionAttention(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise checks.bad_value("dropout", f"expected a probability in [0, 1), got {dropout}")
         checks.check_bool("causal", causal)
-        self.graph_kind = _graph_kind(graph, topk)
+        self.graph_kind = resolve_graph(checks.resolve_topk(graph, topk))
         if causal and not self.graph_kind.supports_causal:
             raise checks.bad_value(
                 "graph", f"expected a graph kind that supports causal=True, got {self.graph_kind}"
@@ -162,7 +155,7 @@ class DiffusionAttention(nn.Module):
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.causal, self.dropout = bool(causal), float(dropout)
-        self.row_block = checks.renamed("topk_block_size", "row_block", topk_block_size, row_block)
+        self.row_block = row_block
         self.zero_init = zero_init
         head_ops = parse_heads(operators, num_heads, **factory)  # names: made in dtype
         self.spec = format_heads(head_ops)
@@ -503,19 +496,6 @@ class DiffusionAttention(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, heads={self.spec!r}, "
             f"graph={self.graph_kind.spec!r}, causal={self.causal}, dropout={self.dropout}"
         )
-
-
-def _graph_kind(graph: str | GraphBuilder, topk: int | None) -> GraphBuilder:
-    """The layer's graph kind from ``graph=`` and the ``topk=`` shorthand (not both)."""
-    kind = resolve_graph(graph)
-    if topk is None:
-        return kind
-    if kind.spec != "softmax":
-        raise checks.bad_value(
-            "topk",
-            f"is shorthand for graph='topk[k=...]'; expected it alone, got graph={kind.spec!r}",
-        )
-    return resolve_graph(f"topk[k={topk}]")
 
 
 def check_multihead_attention(mha: object) -> None:

@@ -234,7 +234,7 @@ def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
         )
         for spec, graph, rate in zip(
             parse_layer_heads(config.heads, config.n_layer),
-            config.layer_graphs(),
+            config.graph_kinds,
             rates,
             strict=True,
         )

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 from heatformer import checks
-from heatformer.graph_ops import resolve_graph
+from heatformer.graph_ops import GraphBuilder, resolve_graph
 from heatformer.models.heads import parse_layer_graphs
 
 __all__ = ["GPTConfig", "SequenceClassifierConfig", "ViTConfig"]
-
-
-def check_size(name: str, value: object, *, optional: bool = False) -> None:
-    """A positive int (or None if ``optional``): :func:`heatformer.checks.check_positive_int`."""
-    checks.check_positive_int(name, value, optional=optional)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +48,8 @@ class _StackConfig:
 
     def __post_init__(self) -> None:
         for name in self._sizes:
-            check_size(name, getattr(self, name))
-        check_size("topk", self.topk, optional=True)
+            checks.check_positive_int(name, getattr(self, name))
+        checks.check_positive_int("topk", self.topk, optional=True)
         if self.n_embd % self.n_head != 0:
             raise checks.bad_value(
                 "n_embd", f"expected a multiple of n_head ({self.n_head}), got {self.n_embd}"
@@ -82,20 +78,20 @@ class _StackConfig:
                 f"expected at most the {tokens} tokens a sequence can hold (the longest "
                 f"sequence of this config), got {self.topk}",
             )
-        for spec in self.layer_graphs():
-            resolve_graph(spec).check_nodes(tokens)
+        for kind in dict.fromkeys(self.graph_kinds):
+            kind.check_nodes(tokens)
 
     def layer_graphs(self) -> list[str]:
         """One graph spec per layer (``topk`` expands to ``"topk[k=...]"`` everywhere)."""
-        if self.topk is not None:
-            if self.graph != "softmax":
-                raise checks.bad_value(
-                    "topk",
-                    f"is shorthand for graph='topk[k=...]'; expected it alone, got "
-                    f"graph={self.graph!r}",
-                )
-            return [f"topk[k={self.topk}]"] * self.n_layer
-        return parse_layer_graphs(self.graph, self.n_layer)
+        return parse_layer_graphs(checks.resolve_topk(self.graph, self.topk), self.n_layer)
+
+    @cached_property
+    def graph_kinds(self) -> tuple[GraphBuilder, ...]:
+        """The graph kind of every layer, parsed once, when the config is made (the blocks
+        get these; layers with the same spec share one)."""
+        specs = self.layer_graphs()
+        kinds = {spec: resolve_graph(spec) for spec in dict.fromkeys(specs)}
+        return tuple(kinds[spec] for spec in specs)
 
     def max_tokens(self) -> int:
         """The most tokens one attention graph of this model can have."""
@@ -137,7 +133,7 @@ class ViTConfig(_StackConfig):
 
     def __post_init__(self) -> None:
         for name in self._sizes:  # max_tokens needs them
-            check_size(name, getattr(self, name))
+            checks.check_positive_int(name, getattr(self, name))
         if self.image_size % self.patch_size != 0:
             raise checks.bad_value(
                 "patch_size",

@@ -36,7 +36,7 @@ import re
 from typing import Any
 
 from heatformer._suggest import did_you_mean
-from heatformer.experiments._checks import bad_type, bad_value
+from heatformer.checks import bad_type, bad_value
 from heatformer.experiments.tasks.base import Task, TaskOptions, autocast, option
 from heatformer.experiments.tasks.chars import (
     Chars,

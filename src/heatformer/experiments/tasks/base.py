@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from heatformer.experiments._checks import bad_value
+from heatformer.checks import bad_value
 
 if TYPE_CHECKING:
     import torch

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from heatformer.experiments._checks import (
+from heatformer.checks import (
     ArgumentFileNotFoundError,
     bad_value,
     check_fraction,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from heatformer.experiments._checks import (
+from heatformer.checks import (
     ArgumentFileNotFoundError,
     bad_value,
     check_fraction,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from heatformer.experiments._checks import (
+from heatformer.checks import (
     bad_value,
     check_generator,
     check_int,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from heatformer.experiments._checks import (
+from heatformer.checks import (
     ArgumentFileNotFoundError,
     bad_value,
     check_fraction,
