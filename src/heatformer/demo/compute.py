@@ -1,7 +1,7 @@
 """The teaching demo's numbers: trained models, attention graphs, heat flows, spectra.
 
 Everything the demo page shows is computed here into one :class:`DemoData` of tensors,
-strings and numbers, which :mod:`heatformer.viz.demo.page` draws without a model (and which
+strings and numbers, which :mod:`heatformer.demo.page` draws without a model (and which
 :meth:`DemoData.to_dict` turns into plain lists for JSON). :func:`compute_demo` trains the
 demo's two tiny byte-level GPTs on a built-in corpus (the source of a few standard-library
 modules, so no download) with the experiment trainer (:func:`train_tiny_gpt`), reads the attention
@@ -32,6 +32,7 @@ from heatformer.analysis import (
     within_sequence_variance,
 )
 from heatformer.checks import NORMALIZATIONS, bad_type, bad_value
+from heatformer.demo.data import DemoData
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,
@@ -42,7 +43,6 @@ from heatformer.graph_ops import (
     spectrum,
 )
 from heatformer.viz._common import single_graph
-from heatformer.viz.demo.data import DemoData
 from heatformer.viz.diffusion import _times, heat_diffusion_frames
 from heatformer.viz.graphs import _topk_title
 from heatformer.viz.spectra import _frequency_responses, _operator_outputs, _signal_of
@@ -426,8 +426,8 @@ def compute_demo(
 ) -> DemoData:
     """Train the demo's GPTs briefly and compute everything its page shows on ``text``.
 
-    :func:`heatformer.viz.build_demo` calls this, then draws the page with
-    :func:`~heatformer.viz.demo.write_demo`.
+    :func:`heatformer.demo.build_demo` calls this, then draws the page with
+    :func:`~heatformer.demo.write_demo`.
 
     Args:
         text: the sentence, 2 to 64 bytes of UTF-8 (one token per byte).
@@ -442,7 +442,7 @@ def compute_demo(
         progress: report the training steps on stderr (:mod:`heatformer._progress`).
 
     Returns:
-        The :class:`~heatformer.viz.demo.DemoData`.
+        The :class:`~heatformer.demo.DemoData`.
 
     Raises:
         ValueError: as :func:`check_demo_arguments` (checked before any training).
