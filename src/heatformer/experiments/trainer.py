@@ -15,44 +15,19 @@ The seed sets the global torch RNG right before the model is built (the weights)
 seeds a private CPU :class:`torch.Generator` that draws every training batch (the
 batch order); dropout uses the global RNG, whose state is checkpointed too.
 
-Stops are honoured within seconds, and the checkpoint always holds a completed step.
-:class:`StopSignal` turns SIGINT/SIGTERM into a flag; inside the regions the loop marks
-interruptible (:meth:`StopSignal.interruptible`: drawing the batch, the forward and
-backward passes, an evaluation, the final analysis) the handler also raises
-:class:`StopRequested` at the next Python bytecode, i.e. within one torch operation. The
-optimizer step and the checkpoint writes are never interrupted:
-
-- a step cut short is discarded: its gradients are dropped and the data generator, the
-  torch RNG states and the model's persistent buffers are put back as they were before it,
-  so the checkpoint holds the last completed step, exactly;
-- an evaluation cut short (or skipped because the stop came first) is done first when
-  the run resumes, so the record is the same as an uninterrupted run's;
-- an analysis cut short is redone on resume (the final checkpoint is already saved).
-
-Under DDP (``torchrun``) nothing is interrupted mid-step: the ranks meet in collectives
-inside a step, and a rank that left one would leave the others waiting. There the flag is
-all-reduced after each optimizer step, as before, and every rank stops at the same step
-boundary (skipping that step's evaluation); a step or evaluation longer than the launcher's
-own grace period (``torchrun`` kills its workers 30 s after forwarding a signal, by default)
-ends with the workers killed and the run resumes from its last periodic checkpoint.
-
-A second Ctrl-C (more than 2 s after the first) stops at once (a plain
-:class:`KeyboardInterrupt`, e.g. while a checkpoint is written); the run then resumes
-from its last saved checkpoint.
+Stops (Ctrl-C, SIGTERM, :class:`StopSignal`) are honoured within seconds and the checkpoint
+always holds a completed step; :mod:`heatformer.experiments.stop` says how, and what happens
+under DDP.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import signal
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -70,7 +45,14 @@ from heatformer.experiments.checkpoint import (
 )
 from heatformer.experiments.distributed import DistContext
 from heatformer.experiments.spec import CompareSpec
-from heatformer.experiments.tasks.base import Task, autocast
+from heatformer.experiments.step import backward_pass, build_optimizer, optimizer_step
+from heatformer.experiments.stop import (
+    StopRequested,
+    StopSignal,
+    TrainingInterrupted,
+    step_restorer,
+)
+from heatformer.experiments.tasks.base import Task
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -95,22 +77,6 @@ RESULT_NAME = "result.json"
 
 #: ``factory(task, heads) -> model``; the default is ``task.build_model(heads)``.
 ModelFactory = Callable[[Task, str], nn.Module]
-
-
-class TrainingInterrupted(Exception):
-    """A run stopped on request after saving a checkpoint; resume it later.
-
-    Attributes:
-        run_dir: the run folder.
-        step: the last completed step (saved in the checkpoint).
-        steps: the run's total number of steps.
-    """
-
-    def __init__(self, run_dir: Path, step: int, steps: int) -> None:
-        super().__init__(f"stopped at step {step}/{steps}; checkpoint saved in {run_dir}")
-        self.run_dir = run_dir
-        self.step = step
-        self.steps = steps
 
 
 class TrainingDiverged(ValueError):
@@ -147,197 +113,9 @@ class WorldSizeChanged(UserWarning):
     """
 
 
-class StopRequested(KeyboardInterrupt):
-    """A stop signal raised inside a region that :meth:`StopSignal.interruptible` marks.
-
-    The training loop catches it, saves the last completed step and raises
-    :class:`TrainingInterrupted`. It is a :class:`KeyboardInterrupt` (not an
-    :class:`Exception`), so that no ``except Exception`` on its way swallows it, and so that
-    one that escaped a caller's own region still ends the command as an interrupt.
-    """
-
-
-class StopSignal:
-    """A stop request set by SIGINT/SIGTERM (while :meth:`installed`) or by code.
-
-    Examples:
-        >>> stop = StopSignal()
-        >>> stop.requested
-        False
-        >>> stop.request("test")
-        >>> stop.requested, stop.reason
-        (True, 'test')
-    """
-
-    #: Seconds after the first signal during which repeats are ignored: a Ctrl-C reaches
-    #: a ``torchrun`` worker twice (from the terminal and forwarded by the launcher).
-    grace_s = 2.0
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.reason = ""
-        self._first_signal: float | None = None
-        self._armed = False  # inside an interruptible region: the handler raises
-
-    def request(self, reason: str = "stop requested") -> None:
-        """Ask the training loop to stop (after the current step, or at once inside an
-        :meth:`interruptible` region when the request comes from a signal)."""
-        if not self.requested:
-            self.requested, self.reason = True, reason
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        now = time.monotonic()
-        if self._first_signal is None:
-            self._first_signal = now
-        elif signum == signal.SIGINT and now - self._first_signal > self.grace_s:
-            raise KeyboardInterrupt  # a second, deliberate Ctrl-C: stop now
-        self.request(signal.Signals(signum).name)
-        if self._armed:
-            self._armed = False  # one raise per region, even if its exit is interrupted
-            raise StopRequested(self.reason)
-
-    @contextlib.contextmanager
-    def interruptible(self, enabled: bool = True) -> Iterator[None]:
-        """A region where a stop signal raises :class:`StopRequested` at once.
-
-        On entry a stop already requested raises at once; inside, the signal handler of
-        :meth:`installed` raises it at the next Python bytecode (torch operations return to
-        Python between layers, so within one operation). The caller catches it and restores
-        what the region changed; code that must not be cut (an optimizer step, a checkpoint
-        write) stays outside. Regions do not nest.
-
-        Args:
-            enabled: ``False`` makes the region an ordinary block (under DDP, where a rank
-                must not leave a collective alone): a signal only sets the flag.
-
-        Raises:
-            StopRequested: a stop was requested before or inside the region.
-
-        Examples:
-            >>> stop = StopSignal()
-            >>> with stop.interruptible():
-            ...     stop.request("test")  # set by code: read on entry to the next region
-            >>> try:
-            ...     with stop.interruptible():
-            ...         print("not reached")
-            ... except StopRequested as err:
-            ...     print(f"stopped: {err}")
-            stopped: test
-        """
-        if not enabled:
-            yield
-            return
-        if self.requested:
-            raise StopRequested(self.reason)
-        self._armed = True
-        try:
-            yield
-        finally:
-            self._armed = False
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[StopSignal]:
-        """Route SIGINT and SIGTERM to :meth:`request` inside the ``with`` block.
-
-        Outside the main thread (where Python cannot install handlers) this does
-        nothing and Ctrl-C raises :class:`KeyboardInterrupt` as usual.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            for sig in previous:
-                signal.signal(sig, self._handle)
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
-def _restorer(
-    generator: torch.Generator, device: torch.device, buffers: list[torch.Tensor]
-) -> Callable[[], None]:
-    """A function that puts back what a training step changes besides the weights and the
-    optimizer: the data generator, the torch RNG states and the checkpointed ``buffers``
-    (e.g. running statistics), as they are now."""
-    data_state, cpu_state = generator.get_state(), torch.get_rng_state()
-    cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    saved = [b.detach().clone() for b in buffers]
-
-    def restore() -> None:
-        generator.set_state(data_state)
-        torch.set_rng_state(cpu_state)
-        if cuda_state is not None:
-            torch.cuda.set_rng_state(cuda_state, device)
-        with torch.no_grad():
-            for buffer, value in zip(buffers, saved, strict=True):
-                buffer.copy_(value)
-
-    return restore
-
-
 def is_finished(run_dir: Path) -> bool:
     """Whether the run in ``run_dir`` finished (its ``result.json`` exists)."""
     return (run_dir / RESULT_NAME).is_file()
-
-
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (biases, norms and gains are not decayed).
-
-    Args:
-        model: the model.
-        lr: learning rate (the loop overwrites it every step from the schedule).
-        weight_decay: decay of the parameters with 2 or more dimensions.
-
-    Returns:
-        The optimizer, betas ``(0.9, 0.95)``.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
-
-
-def backward_pass(
-    task: Task,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    inputs: Tensor,
-    targets: Tensor,
-    train_model: nn.Module | None = None,
-) -> Tensor:
-    """The forward and backward pass of one training step on a batch already on the model's
-    device: forward (under bfloat16 autocast if ``task.spec.bf16``), :meth:`Task.loss`, the
-    gradients cleared, backward. :func:`optimizer_step` completes the step.
-
-    Args:
-        task: the task (its spec and loss).
-        model: the model.
-        optimizer: its optimizer (whose gradients are cleared first).
-        inputs, targets: the batch.
-        train_model: what runs the forward pass (a DDP or compiled wrapper of ``model``);
-            default ``model``.
-
-    Returns:
-        The loss (a scalar tensor, still attached to the graph).
-    """
-    with autocast(inputs.device, task.spec.bf16):
-        logits = (train_model or model)(inputs)
-    loss = task.loss(logits, targets)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    return loss
-
-
-def optimizer_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """The end of a training step: gradient clipping at ``task.spec.grad_clip`` (0: none),
-    then ``optimizer.step()`` (learning rates set by the caller)."""
-    if task.spec.grad_clip > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), task.spec.grad_clip)
-    optimizer.step()
 
 
 def _model_config_dict(model: nn.Module) -> dict[str, Any] | None:
@@ -634,7 +412,7 @@ def _step(
     started = time.perf_counter()
     for group in run.optimizer.param_groups:
         group["lr"] = spec.lr_at(run.step)
-    restore = _restorer(run.generator, device, buffers)
+    restore = step_restorer(run.generator, device, buffers)
     try:
         with stop.interruptible(interruptible):
             inputs, targets = task.train_batch(spec.batch_size, run.generator)  # global
