@@ -120,7 +120,7 @@ def test_under_torchrun_only_rank_0_prints_argument_errors(
 
 def test_demo_default_text_is_the_library_default() -> None:
     from heatformer.cli import _demo
-    from heatformer.viz.demo import DEFAULT_TEXT
+    from heatformer.demo import DEFAULT_TEXT
 
     assert _demo.DEFAULT_TEXT == DEFAULT_TEXT
     assert build_parser().parse_args(["demo"]).text == DEFAULT_TEXT

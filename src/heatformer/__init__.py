@@ -5,8 +5,11 @@ Subpackages:
 - :mod:`heatformer.graph_ops` -- attention graphs, Laplacians and diffusion operators.
 - :mod:`heatformer.models` -- :class:`DiffusionAttention`, transformer blocks, GPT and ViT.
 - :mod:`heatformer.analysis` -- token-geometry metrics.
-- :mod:`heatformer.viz` -- plots and teaching demos (needs the ``viz`` extra).
+- :mod:`heatformer.viz` -- plots of attention graphs, heat flow and spectra (needs the ``viz``
+  extra).
 - :mod:`heatformer.experiments` -- built-in tasks, trainer and the compare runner.
+- :mod:`heatformer.demo` -- the teaching demo behind ``heatformer demo`` (trains small models,
+  draws with :mod:`heatformer.viz`).
 """
 
 __version__ = "0.1.0"

@@ -23,7 +23,7 @@ from heatformer.experiments.tasks import (
     load_task,
     options_by_name,
 )
-from heatformer.experiments.tasks.chars import _hash_fraction, stdlib_source_root
+from heatformer.experiments.tasks._corpus import hash_fraction, stdlib_source_root
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_tiny_root_ranking_files_and_split(tiny_root: Path) -> None:
     assert big == ["big/m0.py", "big/m1.py", "big/m2.py", "big/m3.py", "big/m4.py",
                    "big/sub/deep.py"]  # fmt: skip
     # the test files are those that fit 20 % of the bytes (300 of 1500), in hash order
-    order = sorted(big, key=_hash_fraction)
+    order = sorted(big, key=hash_fraction)
     sizes = {"big/m0.py": 400, "big/m1.py": 300, "big/m2.py": 300, "big/m3.py": 200,
              "big/m4.py": 200, "big/sub/deep.py": 100}  # fmt: skip
     expected, used = [], 0
@@ -170,7 +170,7 @@ def test_tiny_root_ranking_files_and_split(tiny_root: Path) -> None:
     assert sum(data.test_sizes[0]) == used
     for c in (1, 2, 3):  # two files larger than the budget: the first in hash order is test
         files = data.train_files[c] + data.test_files[c]
-        assert len(files) == 2 and data.test_files[c] == (min(files, key=_hash_fraction),)
+        assert len(files) == 2 and data.test_files[c] == (min(files, key=hash_fraction),)
     assert data.num_windows("test")[3] == 100 - 50 + 1
     x, labels = data.eval_set()
     _check_windows(data, "test", x, labels)

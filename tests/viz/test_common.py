@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import heatformer.demo
 import heatformer.viz
 from heatformer.checks import ArgumentError
+from heatformer.demo import build_demo, demo_from_snapshots
 from heatformer.viz import (
     animate_heat_diffusion,
-    build_demo,
     draw_attention_graph,
     find_collection,
     plot_frequency_responses,
@@ -25,9 +26,9 @@ from heatformer.viz import (
     require_matplotlib,
     token_labels,
 )
-from heatformer.viz.demo import demo_from_snapshots
 
 VIZ = Path(heatformer.viz.__file__).parent
+DEMO = Path(heatformer.demo.__file__).parent
 
 
 def test_missing_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,8 +52,8 @@ def test_plots_use_agg_without_pyplot() -> None:
 
 
 def test_no_print_or_show_in_the_library() -> None:
-    paths = sorted(VIZ.rglob("*.py"))
-    assert VIZ / "demo" / "page.py" in paths
+    paths = sorted([*VIZ.rglob("*.py"), *DEMO.rglob("*.py")])
+    assert DEMO / "page.py" in paths
     for path in paths:
         if path.name == "_cli.py":  # the command-line front end prints by design
             continue

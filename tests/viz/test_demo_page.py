@@ -14,15 +14,15 @@ import pytest
 import scipy.linalg
 import torch
 
-import heatformer.viz.demo.page as page_module
+import heatformer.demo.page as page_module
 import heatformer.viz.diffusion
 import heatformer.viz.spectra
 import viz_helpers as vh
 from heatformer.analysis import LayerSnapshot
+from heatformer.demo import DemoData, demo_from_snapshots, write_demo
+from heatformer.demo.compute import mass_frames
+from heatformer.demo.facts import demo_facts
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph, heat_kernel
-from heatformer.viz.demo import DemoData, demo_from_snapshots, write_demo
-from heatformer.viz.demo.compute import mass_frames
-from heatformer.viz.demo.facts import demo_facts
 
 TEXT = "def add(a, b): return a + b"
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from heatformer.cli import _build_parsers, main
+from heatformer.demo import LayerSnapshot, demo_from_snapshots
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph
-from heatformer.viz.demo import LayerSnapshot, demo_from_snapshots
 
 pytest.importorskip("matplotlib")
 

@@ -1,4 +1,4 @@
-"""``heatformer demo``: the command-line face of :func:`heatformer.viz.build_demo`.
+"""``heatformer demo``: the command-line face of :func:`heatformer.demo.build_demo`.
 
 The options are defined here, without importing :mod:`heatformer.viz` (which imports torch);
 :func:`run_demo` imports it when the command runs.
@@ -16,7 +16,7 @@ DEMO_HELP = (
     "interactive page"
 )
 
-#: The default ``--text``; the same as :data:`heatformer.viz.demo.DEFAULT_TEXT` (a test checks
+#: The default ``--text``; the same as :data:`heatformer.demo.DEFAULT_TEXT` (a test checks
 #: it), repeated here so that parsing the options needs no torch.
 DEFAULT_TEXT = "def add(a, b): return a + b"
 
@@ -73,7 +73,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 2
     if args.hf_model is not None:
         return _run_hf_demo(args)
-    from heatformer.viz.demo import build_demo
+    from heatformer.demo import build_demo
 
     result = build_demo(
         args.out, text=args.text, steps=args.steps, seed=args.seed, layer=args.layer,
@@ -89,7 +89,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_hf_demo(args: argparse.Namespace) -> int:
-    from heatformer.viz.demo import build_hf_demo
+    from heatformer.demo import build_hf_demo
 
     try:
         result = build_hf_demo(

@@ -15,44 +15,19 @@ The seed sets the global torch RNG right before the model is built (the weights)
 seeds a private CPU :class:`torch.Generator` that draws every training batch (the
 batch order); dropout uses the global RNG, whose state is checkpointed too.
 
-Stops are honoured within seconds, and the checkpoint always holds a completed step.
-:class:`StopSignal` turns SIGINT/SIGTERM into a flag; inside the regions the loop marks
-interruptible (:meth:`StopSignal.interruptible`: drawing the batch, the forward and
-backward passes, an evaluation, the final analysis) the handler also raises
-:class:`StopRequested` at the next Python bytecode, i.e. within one torch operation. The
-optimizer step and the checkpoint writes are never interrupted:
-
-- a step cut short is discarded: its gradients are dropped and the data generator, the
-  torch RNG states and the model's persistent buffers are put back as they were before it,
-  so the checkpoint holds the last completed step, exactly;
-- an evaluation cut short (or skipped because the stop came first) is done first when
-  the run resumes, so the record is the same as an uninterrupted run's;
-- an analysis cut short is redone on resume (the final checkpoint is already saved).
-
-Under DDP (``torchrun``) nothing is interrupted mid-step: the ranks meet in collectives
-inside a step, and a rank that left one would leave the others waiting. There the flag is
-all-reduced after each optimizer step, as before, and every rank stops at the same step
-boundary (skipping that step's evaluation); a step or evaluation longer than the launcher's
-own grace period (``torchrun`` kills its workers 30 s after forwarding a signal, by default)
-ends with the workers killed and the run resumes from its last periodic checkpoint.
-
-A second Ctrl-C (more than 2 s after the first) stops at once (a plain
-:class:`KeyboardInterrupt`, e.g. while a checkpoint is written); the run then resumes
-from its last saved checkpoint.
+Stops (Ctrl-C, SIGTERM, :class:`StopSignal`) are honoured within seconds and the checkpoint
+always holds a completed step; :mod:`heatformer.experiments.stop` says how, and what happens
+under DDP.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import signal
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -70,7 +45,14 @@ from heatformer.experiments.checkpoint import (
 )
 from heatformer.experiments.distributed import DistContext
 from heatformer.experiments.spec import CompareSpec
-from heatformer.experiments.tasks.base import Task, autocast
+from heatformer.experiments.step import backward_pass, build_optimizer, optimizer_step
+from heatformer.experiments.stop import (
+    StopRequested,
+    StopSignal,
+    TrainingInterrupted,
+    step_restorer,
+)
+from heatformer.experiments.tasks.base import Task
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -95,22 +77,6 @@ RESULT_NAME = "result.json"
 
 #: ``factory(task, heads) -> model``; the default is ``task.build_model(heads)``.
 ModelFactory = Callable[[Task, str], nn.Module]
-
-
-class TrainingInterrupted(Exception):
-    """A run stopped on request after saving a checkpoint; resume it later.
-
-    Attributes:
-        run_dir: the run folder.
-        step: the last completed step (saved in the checkpoint).
-        steps: the run's total number of steps.
-    """
-
-    def __init__(self, run_dir: Path, step: int, steps: int) -> None:
-        super().__init__(f"stopped at step {step}/{steps}; checkpoint saved in {run_dir}")
-        self.run_dir = run_dir
-        self.step = step
-        self.steps = steps
 
 
 class TrainingDiverged(ValueError):
@@ -147,197 +113,9 @@ class WorldSizeChanged(UserWarning):
     """
 
 
-class StopRequested(KeyboardInterrupt):
-    """A stop signal raised inside a region that :meth:`StopSignal.interruptible` marks.
-
-    The training loop catches it, saves the last completed step and raises
-    :class:`TrainingInterrupted`. It is a :class:`KeyboardInterrupt` (not an
-    :class:`Exception`), so that no ``except Exception`` on its way swallows it, and so that
-    one that escaped a caller's own region still ends the command as an interrupt.
-    """
-
-
-class StopSignal:
-    """A stop request set by SIGINT/SIGTERM (while :meth:`installed`) or by code.
-
-    Examples:
-        >>> stop = StopSignal()
-        >>> stop.requested
-        False
-        >>> stop.request("test")
-        >>> stop.requested, stop.reason
-        (True, 'test')
-    """
-
-    #: Seconds after the first signal during which repeats are ignored: a Ctrl-C reaches
-    #: a ``torchrun`` worker twice (from the terminal and forwarded by the launcher).
-    grace_s = 2.0
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.reason = ""
-        self._first_signal: float | None = None
-        self._armed = False  # inside an interruptible region: the handler raises
-
-    def request(self, reason: str = "stop requested") -> None:
-        """Ask the training loop to stop (after the current step, or at once inside an
-        :meth:`interruptible` region when the request comes from a signal)."""
-        if not self.requested:
-            self.requested, self.reason = True, reason
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        now = time.monotonic()
-        if self._first_signal is None:
-            self._first_signal = now
-        elif signum == signal.SIGINT and now - self._first_signal > self.grace_s:
-            raise KeyboardInterrupt  # a second, deliberate Ctrl-C: stop now
-        self.request(signal.Signals(signum).name)
-        if self._armed:
-            self._armed = False  # one raise per region, even if its exit is interrupted
-            raise StopRequested(self.reason)
-
-    @contextlib.contextmanager
-    def interruptible(self, enabled: bool = True) -> Iterator[None]:
-        """A region where a stop signal raises :class:`StopRequested` at once.
-
-        On entry a stop already requested raises at once; inside, the signal handler of
-        :meth:`installed` raises it at the next Python bytecode (torch operations return to
-        Python between layers, so within one operation). The caller catches it and restores
-        what the region changed; code that must not be cut (an optimizer step, a checkpoint
-        write) stays outside. Regions do not nest.
-
-        Args:
-            enabled: ``False`` makes the region an ordinary block (under DDP, where a rank
-                must not leave a collective alone): a signal only sets the flag.
-
-        Raises:
-            StopRequested: a stop was requested before or inside the region.
-
-        Examples:
-            >>> stop = StopSignal()
-            >>> with stop.interruptible():
-            ...     stop.request("test")  # set by code: read on entry to the next region
-            >>> try:
-            ...     with stop.interruptible():
-            ...         print("not reached")
-            ... except StopRequested as err:
-            ...     print(f"stopped: {err}")
-            stopped: test
-        """
-        if not enabled:
-            yield
-            return
-        if self.requested:
-            raise StopRequested(self.reason)
-        self._armed = True
-        try:
-            yield
-        finally:
-            self._armed = False
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[StopSignal]:
-        """Route SIGINT and SIGTERM to :meth:`request` inside the ``with`` block.
-
-        Outside the main thread (where Python cannot install handlers) this does
-        nothing and Ctrl-C raises :class:`KeyboardInterrupt` as usual.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            for sig in previous:
-                signal.signal(sig, self._handle)
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
-def _restorer(
-    generator: torch.Generator, device: torch.device, buffers: list[torch.Tensor]
-) -> Callable[[], None]:
-    """A function that puts back what a training step changes besides the weights and the
-    optimizer: the data generator, the torch RNG states and the checkpointed ``buffers``
-    (e.g. running statistics), as they are now."""
-    data_state, cpu_state = generator.get_state(), torch.get_rng_state()
-    cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    saved = [b.detach().clone() for b in buffers]
-
-    def restore() -> None:
-        generator.set_state(data_state)
-        torch.set_rng_state(cpu_state)
-        if cuda_state is not None:
-            torch.cuda.set_rng_state(cuda_state, device)
-        with torch.no_grad():
-            for buffer, value in zip(buffers, saved, strict=True):
-                buffer.copy_(value)
-
-    return restore
-
-
 def is_finished(run_dir: Path) -> bool:
     """Whether the run in ``run_dir`` finished (its ``result.json`` exists)."""
     return (run_dir / RESULT_NAME).is_file()
-
-
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (biases, norms and gains are not decayed).
-
-    Args:
-        model: the model.
-        lr: learning rate (the loop overwrites it every step from the schedule).
-        weight_decay: decay of the parameters with 2 or more dimensions.
-
-    Returns:
-        The optimizer, betas ``(0.9, 0.95)``.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
-
-
-def backward_pass(
-    task: Task,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    inputs: Tensor,
-    targets: Tensor,
-    train_model: nn.Module | None = None,
-) -> Tensor:
-    """The forward and backward pass of one training step on a batch already on the model's
-    device: forward (under bfloat16 autocast if ``task.spec.bf16``), :meth:`Task.loss`, the
-    gradients cleared, backward. :func:`optimizer_step` completes the step.
-
-    Args:
-        task: the task (its spec and loss).
-        model: the model.
-        optimizer: its optimizer (whose gradients are cleared first).
-        inputs, targets: the batch.
-        train_model: what runs the forward pass (a DDP or compiled wrapper of ``model``);
-            default ``model``.
-
-    Returns:
-        The loss (a scalar tensor, still attached to the graph).
-    """
-    with autocast(inputs.device, task.spec.bf16):
-        logits = (train_model or model)(inputs)
-    loss = task.loss(logits, targets)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    return loss
-
-
-def optimizer_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """The end of a training step: gradient clipping at ``task.spec.grad_clip`` (0: none),
-    then ``optimizer.step()`` (learning rates set by the caller)."""
-    if task.spec.grad_clip > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), task.spec.grad_clip)
-    optimizer.step()
 
 
 def _model_config_dict(model: nn.Module) -> dict[str, Any] | None:
@@ -471,93 +249,234 @@ def train_run(
         if ctx.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)  # under a comparison's lock
         ctx.barrier()
-        return _train(task, heads, seed, run_dir, spec, ctx, stop, stop_at_step, progress,
-                      model_factory)  # fmt: skip
+        run = _setup(task, heads, seed, run_dir, spec, ctx, model_factory)
+        _resume(run)
+        return _train(run, stop, stop_at_step, progress)
 
 
-def _train(
+@dataclasses.dataclass(eq=False)
+class _Run:
+    """One run being trained: what trains it and what its checkpoint holds.
+
+    ``step``, ``train_loss``, ``evals``, ``train_time`` and ``world_sizes`` are the record
+    so far; ``saved_step`` is the step in ``checkpoint.pt`` (step 0: none needed, a fresh
+    start is that).
+    """
+
+    task: Task
+    heads: str
+    seed: int
+    spec: CompareSpec
+    ctx: DistContext
+    run_dir: Path
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    world_sizes: list[dict[str, Any]]
+    step: int = 0
+    train_loss: list[float] = dataclasses.field(default_factory=list)
+    evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    train_time: float = 0.0
+    saved_step: int = 0
+
+    def due(self, at: int) -> bool:
+        """Whether an evaluation is due after step ``at``."""
+        return at % int(self.spec.eval_every or 0) == 0 or at == self.spec.steps
+
+    def checkpoint(self) -> None:
+        """Save the run at ``step`` (rank 0 writes; every rank records it as saved)."""
+        self.saved_step = self.step
+        if not self.ctx.is_main:
+            return
+        device = self.ctx.device
+        save_checkpoint(
+            self.run_dir / CHECKPOINT_NAME,
+            {
+                "key": _run_key(self.task, self.heads, self.seed),
+                "step": self.step,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "data_generator": self.generator.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "train_loss": self.train_loss,
+                "evals": self.evals,
+                "train_time_s": self.train_time,
+                "world_sizes": self.world_sizes,
+            },
+        )
+
+
+def _setup(
     task: Task,
     heads: str,
     seed: int,
     run_dir: Path,
     spec: CompareSpec,
     ctx: DistContext,
-    stop: StopSignal,
-    stop_at_step: int | None,
-    progress: bool,
     model_factory: ModelFactory | None,
-) -> dict[str, Any]:
-    """The training of :func:`train_run`, in a run folder this process writes."""
-    key = _run_key(task, heads, seed)
-    device = ctx.device
+) -> _Run:
+    """A fresh run: the seed's initial weights, its optimizer and its batch order."""
     torch.manual_seed(seed)  # initial weights
     factory = model_factory or (lambda t, spec_heads: t.build_model(spec_heads))
-    model = factory(task, heads).to(device)
+    model = factory(task, heads).to(ctx.device)
     optimizer = build_optimizer(model, spec.lr, spec.weight_decay)
     generator = torch.Generator().manual_seed(seed)  # batch order
-    step, train_loss, evals, train_time = 0, [], [], 0.0
-    world_sizes = [{"world_size": ctx.world_size, "from_step": 0}]
+    return _Run(
+        task=task,
+        heads=heads,
+        seed=seed,
+        spec=spec,
+        ctx=ctx,
+        run_dir=run_dir,
+        model=model,
+        optimizer=optimizer,
+        generator=generator,
+        world_sizes=[{"world_size": ctx.world_size, "from_step": 0}],
+    )
 
-    saved = load_run_checkpoint(task, heads, seed, run_dir)
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        generator.set_state(saved["data_generator"])
-        torch.set_rng_state(saved["torch_rng"])
-        if device.type == "cuda" and saved.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(saved["cuda_rng"], device)
-        step = int(saved["step"])
-        train_loss = list(saved["train_loss"])
-        evals = list(saved["evals"])
-        train_time = float(saved["train_time_s"])
-        world_sizes = [dict(stretch) for stretch in saved.get("world_sizes") or world_sizes]
-        before = int(world_sizes[-1]["world_size"])
-        if before != ctx.world_size:
-            world_sizes.append({"world_size": ctx.world_size, "from_step": step})
-            if ctx.is_main:
-                warnings.warn(
-                    f"run {run_dir.name}: resuming at step {step} with {ctx.world_size} "
-                    f"process(es); its checkpoint was written by {before} process(es). Every "
-                    f"process count trains on the same global batch ({spec.batch_size}), so "
-                    "the optimization is the same and the run continues (losses may differ "
-                    "in float rounding); the record's world_sizes keeps both",
-                    WorldSizeChanged,
-                    stacklevel=2,
-                )
 
-    saved_step = step  # the step in checkpoint.pt (step 0: none needed, a fresh start is that)
+def _resume(run: _Run) -> None:
+    """Load ``run``'s checkpoint into it, if it has one (else it stays a fresh start).
 
-    def checkpoint() -> None:
-        nonlocal saved_step
-        saved_step = step
+    Warns:
+        WorldSizeChanged: the checkpoint was written by another number of processes.
+    """
+    saved = load_run_checkpoint(run.task, run.heads, run.seed, run.run_dir)
+    if saved is None:
+        return
+    ctx, device = run.ctx, run.ctx.device
+    run.model.load_state_dict(saved["model"])
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.generator.set_state(saved["data_generator"])
+    torch.set_rng_state(saved["torch_rng"])
+    if device.type == "cuda" and saved.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(saved["cuda_rng"], device)
+    run.step = run.saved_step = int(saved["step"])
+    run.train_loss = list(saved["train_loss"])
+    run.evals = list(saved["evals"])
+    run.train_time = float(saved["train_time_s"])
+    run.world_sizes = [dict(stretch) for stretch in saved.get("world_sizes") or run.world_sizes]
+    before = int(run.world_sizes[-1]["world_size"])
+    if before != ctx.world_size:
+        run.world_sizes.append({"world_size": ctx.world_size, "from_step": run.step})
         if ctx.is_main:
-            save_checkpoint(
-                run_dir / CHECKPOINT_NAME,
-                {
-                    "key": key,
-                    "step": step,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "data_generator": generator.get_state(),
-                    "torch_rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                    "train_loss": train_loss,
-                    "evals": evals,
-                    "train_time_s": train_time,
-                    "world_sizes": world_sizes,
-                },
+            warnings.warn(
+                f"run {run.run_dir.name}: resuming at step {run.step} with {ctx.world_size} "
+                f"process(es); its checkpoint was written by {before} process(es). Every "
+                f"process count trains on the same global batch ({run.spec.batch_size}), so "
+                "the optimization is the same and the run continues (losses may differ "
+                "in float rounding); the record's world_sizes keeps both",
+                WorldSizeChanged,
+                stacklevel=2,
             )
 
-    train_model: nn.Module = model
-    if ctx.distributed:
+
+def _parallel(run: _Run) -> nn.Module:
+    """What runs the forward pass: the model, wrapped in DDP under ``torchrun`` and compiled
+    with ``spec.compile`` (after :func:`_resume`: DDP broadcasts rank 0's weights)."""
+    train_model: nn.Module = run.model
+    if run.ctx.distributed:
         from torch.nn.parallel import DistributedDataParallel
 
+        device = run.ctx.device
         train_model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
+            run.model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    if spec.compile:
+    if run.spec.compile:
         train_model = torch.compile(train_model)  # type: ignore[assignment]
+    return train_model
 
+
+def _step(
+    run: _Run,
+    train_model: nn.Module,
+    shard: slice,
+    buffers: list[Tensor],
+    stop: StopSignal,
+    interruptible: bool,
+    stop_at_step: int | None,
+) -> tuple[float, bool]:
+    """One training step on this rank's ``shard`` of the global batch.
+
+    A stop inside the interruptible part discards the step (gradients dropped, the data
+    generator, RNG states and ``buffers`` put back) and propagates :class:`StopRequested`.
+
+    Returns:
+        The step's loss (the global-batch mean) and whether a stop was requested on any rank.
+
+    Raises:
+        TrainingDiverged: the loss is not finite (the same on every rank).
+    """
+    task, spec, ctx, device = run.task, run.spec, run.ctx, run.ctx.device
+    started = time.perf_counter()
+    for group in run.optimizer.param_groups:
+        group["lr"] = spec.lr_at(run.step)
+    restore = step_restorer(run.generator, device, buffers)
+    try:
+        with stop.interruptible(interruptible):
+            inputs, targets = task.train_batch(spec.batch_size, run.generator)  # global
+            inputs, targets = inputs[shard].to(device), targets[shard].to(device)
+            loss = backward_pass(task, run.model, run.optimizer, inputs, targets, train_model)
+    except StopRequested:  # the step is discarded: back to the last completed one
+        run.optimizer.zero_grad(set_to_none=True)
+        restore()
+        raise
+    optimizer_step(task, run.model, run.optimizer)
+    run.step += 1
+    if stop_at_step is not None and run.step == stop_at_step < spec.steps:
+        stop.request(f"--stop-at-step {stop_at_step}")
+    status = torch.stack(
+        (loss.detach().float(), torch.tensor(float(stop.requested), device=device))
+    )  # (2,) local loss, local stop flag
+    if ctx.distributed:
+        dist.all_reduce(status)
+        status[0] /= ctx.world_size
+    value = float(status[0])
+    if not math.isfinite(value):  # the same on every rank (all-reduced)
+        raise TrainingDiverged(run.run_dir, run.step, spec.steps, value, spec.lr_at(run.step - 1))
+    run.train_loss.append(value)
+    run.train_time += time.perf_counter() - started
+    return value, bool(status[1] > 0)
+
+
+def _evaluate(run: _Run, stop: StopSignal, interruptible: bool) -> None:
+    """The evaluation due after ``run.step``, appended to ``run.evals``."""
+    with stop.interruptible(interruptible):
+        metrics = run.task.evaluate(run.model, run.ctx.device, bf16=run.spec.bf16)
+    run.evals.append({"step": run.step, **metrics})
+
+
+def _finish(run: _Run, analysis: dict[str, list[float]]) -> dict[str, Any]:
+    """The run record; rank 0 writes it as ``result.json``, last (it marks the run finished)."""
+    ctx = run.ctx
+    record = {
+        "heads": run.heads,
+        "seed": run.seed,
+        "run": run.run_dir.name,
+        "steps": run.spec.steps,
+        "num_params": sum(p.numel() for p in run.model.parameters()),
+        "train_loss": run.train_loss,
+        "evals": run.evals,
+        "final": {k: v for k, v in run.evals[-1].items() if k != "step"},
+        "analysis": analysis,
+        "train_time_s": run.train_time,
+        "model_config": _model_config_dict(run.model),
+        "world_size": ctx.world_size,
+        "world_sizes": run.world_sizes,
+    }
+    if ctx.is_main:
+        atomic_write_json(run.run_dir / RESULT_NAME, record)  # last: marks the run finished
+    ctx.barrier()
+    return record
+
+
+def _train(run: _Run, stop: StopSignal, stop_at_step: int | None, progress: bool) -> dict[str, Any]:
+    """The training of :func:`train_run` (after :func:`_setup` and :func:`_resume`, in a run
+    folder this process writes): the steps with their evaluations and checkpoints, the
+    final analysis, then :func:`_finish`."""
+    spec, ctx, run_dir = run.spec, run.ctx, run.run_dir
+    train_model = _parallel(run)
     if spec.batch_size % ctx.world_size:
         raise bad_value(
             "batch_size",
@@ -565,102 +484,49 @@ def _train(
         )
     local = spec.batch_size // ctx.world_size
     shard = slice(ctx.rank * local, (ctx.rank + 1) * local)
-    eval_every, ckpt_every = int(spec.eval_every or 0), int(spec.ckpt_every or 0)  # resolved
+    ckpt_every = int(spec.ckpt_every or 0)  # resolved
 
     bar = Progress(
         spec.steps,
         run_dir.name,
-        initial=step,
+        initial=run.step,
         position=1,
         leave=False,
         enabled=progress and ctx.is_main,
     )
-    smoothed = train_loss[-1] if train_loss else math.nan
+    smoothed = run.train_loss[-1] if run.train_loss else math.nan
     interruptible = not ctx.distributed  # see the module docstring
-    state_names = set(model.state_dict())
-    buffers = [b for name, b in model.named_buffers() if name in state_names]  # checkpointed
+    state_names = set(run.model.state_dict())
+    buffers = [b for name, b in run.model.named_buffers() if name in state_names]  # checkpointed
 
-    def due(at: int) -> bool:  # an evaluation is due after step ``at``
-        return at % eval_every == 0 or at == spec.steps
-
-    def evaluate() -> None:  # the evaluation due after ``step``
-        with stop.interruptible(interruptible):
-            metrics = task.evaluate(model, device, bf16=spec.bf16)
-        evals.append({"step": step, **metrics})
-
-    model.train()
+    run.model.train()
     try:
-        if step and due(step) and not (evals and evals[-1]["step"] == step):
-            evaluate()  # cut short (or skipped) by the stop that saved the checkpoint
-        while step < spec.steps:
-            started = time.perf_counter()
-            for group in optimizer.param_groups:
-                group["lr"] = spec.lr_at(step)
-            restore = _restorer(generator, device, buffers)
-            try:
-                with stop.interruptible(interruptible):
-                    inputs, targets = task.train_batch(spec.batch_size, generator)  # global
-                    inputs, targets = inputs[shard].to(device), targets[shard].to(device)
-                    loss = backward_pass(task, model, optimizer, inputs, targets, train_model)
-            except StopRequested:  # the step is discarded: back to the last completed one
-                optimizer.zero_grad(set_to_none=True)
-                restore()
-                raise
-            optimizer_step(task, model, optimizer)
-            step += 1
-            if stop_at_step is not None and step == stop_at_step < spec.steps:
-                stop.request(f"--stop-at-step {stop_at_step}")
-            status = torch.stack(
-                (loss.detach().float(), torch.tensor(float(stop.requested), device=device))
-            )  # (2,) local loss, local stop flag
-            if ctx.distributed:
-                dist.all_reduce(status)
-                status[0] /= ctx.world_size
-            value = float(status[0])
-            if not math.isfinite(value):  # the same on every rank (all-reduced)
-                raise TrainingDiverged(run_dir, step, spec.steps, value, spec.lr_at(step - 1))
-            stop_requested = bool(status[1] > 0)
-            train_loss.append(value)
-            train_time += time.perf_counter() - started
+        if run.step and run.due(run.step) and not (run.evals and run.evals[-1]["step"] == run.step):
+            _evaluate(run, stop, interruptible)  # cut short (or skipped) by the stop that saved
+        while run.step < spec.steps:
+            value, stop_requested = _step(
+                run, train_model, shard, buffers, stop, interruptible, stop_at_step
+            )
             smoothed = value if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * value
             bar.update(1, loss=smoothed)
-            if stop_requested and step < spec.steps:  # the evaluation waits for the resume
-                checkpoint()
+            if stop_requested and run.step < spec.steps:  # the evaluation waits for the resume
+                run.checkpoint()
                 ctx.barrier()
-                raise TrainingInterrupted(run_dir, step, spec.steps)
-            if due(step):
-                evaluate()
-            if step % ckpt_every == 0 and step < spec.steps:
-                checkpoint()
+                raise TrainingInterrupted(run_dir, run.step, spec.steps)
+            if run.due(run.step):
+                _evaluate(run, stop, interruptible)
+            if run.step % ckpt_every == 0 and run.step < spec.steps:
+                run.checkpoint()
         bar.close()
-        checkpoint()  # the final weights, read by ``heatformer analyze``
+        run.checkpoint()  # the final weights, read by ``heatformer analyze``
         analysis: dict[str, list[float]] = {}
         if spec.analysis and ctx.is_main:
             with stop.interruptible(interruptible):
-                analysis = task.layer_metrics(model, device)
+                analysis = run.task.layer_metrics(run.model, ctx.device)
     except StopRequested:  # raised in one process only (``interruptible``)
-        if step != saved_step:
-            checkpoint()  # the last completed step
-        raise TrainingInterrupted(run_dir, step, spec.steps) from None
+        if run.step != run.saved_step:
+            run.checkpoint()  # the last completed step
+        raise TrainingInterrupted(run_dir, run.step, spec.steps) from None
     finally:
         bar.close()
-
-    record = {
-        "heads": heads,
-        "seed": seed,
-        "run": run_dir.name,
-        "steps": spec.steps,
-        "num_params": sum(p.numel() for p in model.parameters()),
-        "train_loss": train_loss,
-        "evals": evals,
-        "final": {k: v for k, v in evals[-1].items() if k != "step"},
-        "analysis": analysis,
-        "train_time_s": train_time,
-        "model_config": _model_config_dict(model),
-        "world_size": ctx.world_size,
-        "world_sizes": world_sizes,
-    }
-    if ctx.is_main:
-        atomic_write_json(run_dir / RESULT_NAME, record)  # last: marks the run finished
-    ctx.barrier()
-    return record
+    return _finish(run, analysis)

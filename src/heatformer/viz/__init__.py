@@ -14,12 +14,12 @@ GIF) and writes it when given ``save=PATH``.
 - :func:`plot_frequency_responses`, :func:`plot_operator_outputs` -- what each operator does
   to each frequency, and to a signal.
 - :func:`plot_per_layer` -- a token-geometry metric across layers, one line per model.
-- :func:`build_demo` -- the teaching demo behind ``heatformer demo``, computed apart from its
-  page (:mod:`heatformer.viz.demo`).
+
+The teaching demo behind ``heatformer demo`` draws with these functions but trains models, so it
+lives above ``viz``, beside the command line: :mod:`heatformer.demo`.
 """
 
 from heatformer.viz._common import INSTALL_HINT, require_matplotlib, token_labels
-from heatformer.viz.demo import DemoResult, build_demo, render_demo
 from heatformer.viz.diffusion import (
     animate_heat_diffusion,
     heat_diffusion_frames,
@@ -43,9 +43,7 @@ from heatformer.viz.spectra import (
 __all__ = [
     "INSTALL_HINT",
     "LAYOUTS",
-    "DemoResult",
     "animate_heat_diffusion",
-    "build_demo",
     "default_operators",
     "draw_attention_graph",
     "find_collection",
@@ -57,7 +55,6 @@ __all__ = [
     "plot_per_layer",
     "plot_spectra",
     "plot_topk_pruning",
-    "render_demo",
     "require_matplotlib",
     "token_labels",
 ]

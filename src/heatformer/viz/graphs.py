@@ -170,21 +170,52 @@ def draw_attention_graph(
         for i, j, w in g.edges(data="weight")
         if w > min_weight and (self_loops or i != j)
     ]
-    if node_values is None:
-        values = pruned.in_degree().numpy()
-    else:
-        values = np.asarray(
-            node_values.detach().cpu() if isinstance(node_values, Tensor) else node_values,
-            dtype=float,
-        ).reshape(-1)
-        if values.shape[0] != n:
-            raise bad_value(
-                "node_values", f"expected {n} values (one per node), got {values.shape[0]}"
-            )
-
+    values = _node_values(node_values, pruned, n)
     pos = place(g)
+    xy = np.array([pos[i] for i in range(n)], dtype=float)  # (N, 2)
     rad = float(curvature) if curvature is not None else (0.45 if layout == "arc" else 0.12)
     down = any(j > i for i, j, _ in edges)  # some edge points right: arcs below the line too
+    fig, ax, scale, spacing = _canvas(ax, layout, xy, rad, down)
+    diameter = float(np.clip(0.85 * spacing * scale, 4.0, 24.0))  # node size in points
+    _draw_nodes(ax, xy, values, diameter, cmap=cmap, norm=norm, vmin=vmin, vmax=vmax)
+    _draw_edges(
+        ax, xy, edges, rad=rad, radius=0.5 * diameter / scale, scale=scale, width=edge_width,
+        alpha=edge_alpha, up=layout == "arc",
+    )  # fmt: skip
+    _draw_labels(ax, xy, labels, diameter)
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    save_figure(fig, save)
+    return fig
+
+
+def _node_values(node_values: Tensor | Sequence[float] | None, graph: Graph, n: int) -> np.ndarray:
+    """The ``(N,)`` colours of the nodes: ``node_values`` checked, or the in-degree."""
+    import numpy as np
+
+    if node_values is None:
+        return graph.in_degree().numpy()
+    values = np.asarray(
+        node_values.detach().cpu() if isinstance(node_values, Tensor) else node_values,
+        dtype=float,
+    ).reshape(-1)
+    if values.shape[0] != n:
+        raise bad_value("node_values", f"expected {n} values (one per node), got {values.shape[0]}")
+    return values
+
+
+def _canvas(
+    ax: Axes | None, layout: str, xy: np.ndarray, rad: float, down: bool
+) -> tuple[Figure, Axes, float, float]:
+    """The figure and equal-aspect axes of a drawing of nodes at ``xy``, limits set (an arc
+    diagram's from its arcs, ``down``: some bend below the line), without axis lines.
+
+    Returns:
+        ``(figure, axes, points per data unit, node spacing in data units)``.
+    """
+    import numpy as np
+
+    n = xy.shape[0]
     bottom, top = _arc_extent(n, rad, down)
     if layout == "arc":
         width = _arc_width(n)
@@ -192,7 +223,6 @@ def draw_attention_graph(
     else:
         figsize = (6.0, 6.0)
     fig, ax = axes_or_new(ax, figsize)
-    xy = np.array([pos[i] for i in range(n)], dtype=float)  # (N, 2)
     spacing = _spacing(xy)
     if layout == "arc":
         limits = ((-1.0, float(n)), (bottom, top))
@@ -204,9 +234,21 @@ def draw_attention_graph(
     ax.set_ylim(*limits[1])
     ax.set_aspect("equal")
     ax.set_axis_off()
-    scale = _points_per_unit(ax, limits)
-    diameter = float(np.clip(0.85 * spacing * scale, 4.0, 24.0))  # node size in points
-    radius = 0.5 * diameter / scale  # in data units
+    return fig, ax, _points_per_unit(ax, limits), spacing
+
+
+def _draw_nodes(
+    ax: Axes,
+    xy: np.ndarray,
+    values: np.ndarray,
+    diameter: float,
+    *,
+    cmap: str,
+    norm: Normalize | None,
+    vmin: float | None,
+    vmax: float | None,
+) -> None:
+    """The nodes, ``diameter`` points wide, coloured by ``values``: the collection ``"nodes"``."""
     nodes = ax.scatter(
         xy[:, 0], xy[:, 1], s=diameter**2, c=values, cmap=cmap,
         norm=norm, vmin=None if norm is not None else vmin,
@@ -214,20 +256,18 @@ def draw_attention_graph(
     )  # fmt: skip
     nodes.set_gid("nodes")
     nodes.set_in_layout(False)  # inside the fixed limits; skipping it keeps layout fast
-    _draw_edges(
-        ax, xy, edges, rad=rad, radius=radius, scale=scale, width=edge_width, alpha=edge_alpha,
-        up=layout == "arc",
-    )  # fmt: skip
+
+
+def _draw_labels(ax: Axes, xy: np.ndarray, labels: Sequence[str], diameter: float) -> None:
+    """Each node's label at its centre, in a font that fits nodes of ``diameter`` points."""
+    import numpy as np
+
     font = float(np.clip(0.55 * diameter, 4.0, 9.0))
     for (x, y), label in zip(xy, labels):
         ax.text(
             x, y, label, ha="center", va="center", fontsize=font, zorder=3, in_layout=False,
             clip_on=True,
         )  # fmt: skip
-    if title is not None:
-        ax.set_title(title, fontsize=10)
-    save_figure(fig, save)
-    return fig
 
 
 def _arc_width(n: int) -> float:

@@ -37,6 +37,7 @@ from typing import Any
 
 from heatformer._suggest import did_you_mean
 from heatformer.checks import bad_type, bad_value
+from heatformer.experiments.tasks._corpus import stdlib_source_root
 from heatformer.experiments.tasks.base import Task, TaskOptions, autocast, option
 from heatformer.experiments.tasks.chars import (
     Chars,
@@ -44,7 +45,6 @@ from heatformer.experiments.tasks.chars import (
     CharsTask,
     bits_per_char,
     load_chars,
-    stdlib_source_root,
 )
 from heatformer.experiments.tasks.digits import Digits, DigitsOptions, DigitsTask, load_digits_task
 from heatformer.experiments.tasks.recall import Recall, RecallOptions, RecallTask

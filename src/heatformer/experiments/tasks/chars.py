@@ -13,11 +13,8 @@ fixed). Tensors are returned on the CPU.
 
 from __future__ import annotations
 
-import codecs
-import hashlib
 import math
 import os
-import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +27,15 @@ from heatformer.checks import (
     check_generator,
     check_int,
     check_positive_int,
+)
+from heatformer.experiments.tasks._corpus import (
+    STDLIB_EXCLUDED_DIRS,
+    check_byte_stream,
+    hash_fraction,
+    read_text_prefix,
+    stdlib_source_root,
+    to_uint8,
+    walk_files,
 )
 from heatformer.experiments.tasks.base import Task, TaskOptions, option
 
@@ -47,11 +53,6 @@ __all__ = [
 ]
 
 _NumberT = TypeVar("_NumberT", float, "torch.Tensor")
-
-#: Directory names never entered when collecting the default stdlib corpus.
-_STDLIB_EXCLUDED_DIRS = frozenset(
-    {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
-)
 
 
 def bits_per_char(loss_nats: _NumberT) -> _NumberT:
@@ -74,19 +75,6 @@ def bits_per_char(loss_nats: _NumberT) -> _NumberT:
         tensor([0., 2.])
     """
     return loss_nats / math.log(2)
-
-
-def _check_byte_stream(name: str, data: object) -> None:
-    """Refuse ``data`` (the field ``name``) unless it is a 1-D ``torch.uint8`` tensor."""
-    import torch
-
-    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.ndim != 1:
-        got = (
-            f"{data.dtype} tensor of shape {tuple(data.shape)}"
-            if isinstance(data, torch.Tensor)
-            else type(data).__name__
-        )
-        raise bad_value(name, f"expected a 1-D uint8 tensor, got {got}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,7 +114,7 @@ class CharsTask:
 
     def __post_init__(self) -> None:
         for name in ("train", "val"):
-            _check_byte_stream(name, getattr(self, name))
+            check_byte_stream(name, getattr(self, name))
 
     @property
     def vocab_size(self) -> int:
@@ -249,70 +237,6 @@ def _windows(
     return window[:, :-1], window[:, 1:]
 
 
-def stdlib_source_root() -> Path:
-    """Directory of the running Python's standard library (the default ``chars`` corpus).
-
-    Returns:
-        ``sysconfig.get_paths()["stdlib"]`` as a :class:`~pathlib.Path`.
-
-    Raises:
-        FileNotFoundError: the directory does not exist (e.g. a zipped stdlib).
-    """
-    root = Path(sysconfig.get_paths()["stdlib"])
-    if not root.is_dir():
-        raise FileNotFoundError(f"standard library source directory not found: {root}")
-    return root
-
-
-def _walk_files(root: Path, *, suffix: str | None, excluded_dirs: frozenset[str]) -> list[Path]:
-    """All files under ``root``, sorted by POSIX relative path; hidden entries skipped."""
-    found: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in excluded_dirs and not d.startswith(".")]
-        for name in filenames:
-            if name.startswith(".") or (suffix is not None and not name.endswith(suffix)):
-                continue
-            path = Path(dirpath, name)
-            if path.is_file():
-                found.append((path.relative_to(root).as_posix(), path))
-    found.sort(key=lambda item: item[0])
-    return [path for _, path in found]
-
-
-def _read_text_prefix(path: Path, limit: int) -> bytes | None:
-    """Read at most ``limit`` bytes of ``path``; ``None`` if it is not UTF-8 text.
-
-    A file counts as text when it has no NUL byte and its bytes decode as UTF-8 (a
-    multi-byte character cut by ``limit`` is accepted).
-    """
-    with path.open("rb") as handle:
-        data = handle.read(limit)
-        complete = handle.read(1) == b""
-    if b"\x00" in data:
-        return None
-    try:
-        codecs.getincrementaldecoder("utf-8")().decode(data, final=complete)
-    except UnicodeDecodeError:
-        return None
-    return data
-
-
-def _hash_fraction(relpath: str) -> float:
-    """A stable number in [0, 1) from a relative path (SHA-256, platform independent)."""
-    digest = hashlib.sha256(relpath.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
-def _to_uint8(chunks: list[bytes]) -> torch.Tensor:
-    """Concatenate byte strings into a 1-D uint8 tensor (which owns its memory)."""
-    import torch
-
-    data = bytearray(b"".join(chunks))
-    if not data:
-        return torch.zeros(0, dtype=torch.uint8)
-    return torch.frombuffer(data, dtype=torch.uint8)
-
-
 def load_chars(
     text_path: str | os.PathLike[str] | None = None,
     *,
@@ -354,28 +278,44 @@ def load_chars(
     """
     check_int("max_bytes", max_bytes, minimum=2)
     val_fraction = check_fraction("val_fraction", val_fraction)
+    root, paths, single = _corpus_paths(text_path)
+    files = _read_files(root, paths, max_bytes, single=single)
+    source = str(root if not single else paths[0])
+    if not files:
+        raise bad_value(
+            "text_path", f"expected non-empty text files, got an empty corpus at {source}"
+        )
+    if len(files) == 1:
+        return _split_by_position(files[0], val_fraction, source)
+    return _split_by_hash(files, val_fraction, source)
 
+
+def _corpus_paths(text_path: str | os.PathLike[str] | None) -> tuple[Path, list[Path], bool]:
+    """``(root, files, single)`` of :func:`load_chars`' corpus: the stdlib's ``.py`` files,
+    a folder's files, or one file (``single``); relative paths are taken from ``root``."""
     if text_path is None:
         root = stdlib_source_root()
-        paths = _walk_files(root, suffix=".py", excluded_dirs=_STDLIB_EXCLUDED_DIRS)
-        single = False
-    else:
-        given = Path(text_path)
-        if not given.exists():
-            raise ArgumentFileNotFoundError("text_path", f"no such file or directory: {given}")
-        if given.is_dir():
-            root, single = given, False
-            paths = _walk_files(root, suffix=None, excluded_dirs=frozenset())
-        else:
-            root, single = given.parent, True
-            paths = [given]
+        return root, walk_files(root, suffix=".py", excluded_dirs=STDLIB_EXCLUDED_DIRS), False
+    given = Path(text_path)
+    if not given.exists():
+        raise ArgumentFileNotFoundError("text_path", f"no such file or directory: {given}")
+    if given.is_dir():
+        return given, walk_files(given, suffix=None, excluded_dirs=frozenset()), False
+    return given.parent, [given], True
 
+
+def _read_files(
+    root: Path, paths: list[Path], max_bytes: int, *, single: bool
+) -> list[tuple[str, bytes]]:
+    """``(relative path, bytes)`` of the text files in ``paths``, in order, until ``max_bytes``
+    bytes are read (the last file truncated); a file that is not text is skipped, or refused
+    when it is the ``single`` file given."""
     files: list[tuple[str, bytes]] = []
     remaining = max_bytes
     for path in paths:
         if remaining == 0:
             break
-        data = _read_text_prefix(path, remaining)
+        data = read_text_prefix(path, remaining)
         if data is None:
             if single:
                 raise bad_value("text_path", f"expected a UTF-8 text file, got {path}")
@@ -383,30 +323,30 @@ def load_chars(
         if data:
             files.append((path.relative_to(root).as_posix(), data))
             remaining -= len(data)
+    return files
 
-    source = str(root if not single else paths[0])
-    if not files:
+
+def _split_by_position(file: tuple[str, bytes], val_fraction: float, source: str) -> CharsTask:
+    """A single-file corpus: the last ``ceil(val_fraction * size)`` bytes are validation."""
+    name, data = file
+    if len(data) < 2:
         raise bad_value(
-            "text_path", f"expected non-empty text files, got an empty corpus at {source}"
+            "text_path",
+            f"expected at least 2 bytes of text to split, got {len(data)} in {source}",
         )
+    num_val = min(max(math.ceil(val_fraction * len(data)), 1), len(data) - 1)
+    return CharsTask(
+        train=to_uint8([data[:-num_val]]),
+        val=to_uint8([data[-num_val:]]),
+        train_files=(name,),
+        val_files=(name,),
+        source=source,
+    )
 
-    if len(files) == 1:
-        name, data = files[0]
-        if len(data) < 2:
-            raise bad_value(
-                "text_path",
-                f"expected at least 2 bytes of text to split, got {len(data)} in {source}",
-            )
-        num_val = min(max(math.ceil(val_fraction * len(data)), 1), len(data) - 1)
-        return CharsTask(
-            train=_to_uint8([data[:-num_val]]),
-            val=_to_uint8([data[-num_val:]]),
-            train_files=(name,),
-            val_files=(name,),
-            source=source,
-        )
 
-    scores = [_hash_fraction(name) for name, _ in files]
+def _split_by_hash(files: list[tuple[str, bytes]], val_fraction: float, source: str) -> CharsTask:
+    """Files whose path hash is below ``val_fraction`` are validation, each split non-empty."""
+    scores = [hash_fraction(name) for name, _ in files]
     is_val = [score < val_fraction for score in scores]
     if not any(is_val):
         is_val[min(range(len(files)), key=scores.__getitem__)] = True
@@ -415,8 +355,8 @@ def load_chars(
     train = [item for item, v in zip(files, is_val) if not v]
     val = [item for item, v in zip(files, is_val) if v]
     return CharsTask(
-        train=_to_uint8([data for _, data in train]),
-        val=_to_uint8([data for _, data in val]),
+        train=to_uint8([data for _, data in train]),
+        val=to_uint8([data for _, data in val]),
         train_files=tuple(name for name, _ in train),
         val_files=tuple(name for name, _ in val),
         source=source,

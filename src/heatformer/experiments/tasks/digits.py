@@ -201,6 +201,29 @@ def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
+def _check_stratifiable(labels: np.ndarray, test_fraction: float) -> None:
+    """Refuse ``labels`` that a stratified split with ``test_fraction`` cannot split: a class
+    with fewer than 2 samples, or a part with fewer samples than there are classes."""
+    import numpy as np
+
+    num = labels.shape[0]
+    counts = np.bincount(labels) if num else np.zeros(0, dtype=np.int64)
+    present = counts[counts > 0]
+    if present.size == 0 or present.min() < 2:
+        raise bad_value(
+            "labels",
+            "expected at least 2 samples of every class for a stratified split, "
+            f"got class counts {counts.tolist()}",
+        )
+    num_test = math.ceil(test_fraction * num)
+    if num_test < present.size or num - num_test < present.size:
+        raise bad_value(
+            "test_fraction",
+            f"expected train and test parts of at least {present.size} "
+            f"samples (one per class) out of {num}, got test_fraction={test_fraction}",
+        )
+
+
 def load_digits_task(
     npz_path: str | os.PathLike[str] | None = None,
     *,
@@ -248,23 +271,8 @@ def load_digits_task(
     else:
         images, labels = _load_npz(Path(npz_path))
 
+    _check_stratifiable(labels, test_fraction)
     num = labels.shape[0]
-    counts = np.bincount(labels) if num else np.zeros(0, dtype=np.int64)
-    present = counts[counts > 0]
-    if present.size == 0 or present.min() < 2:
-        raise bad_value(
-            "labels",
-            "expected at least 2 samples of every class for a stratified split, "
-            f"got class counts {counts.tolist()}",
-        )
-    num_test = math.ceil(test_fraction * num)
-    if num_test < present.size or num - num_test < present.size:
-        raise bad_value(
-            "test_fraction",
-            f"expected train and test parts of at least {present.size} "
-            f"samples (one per class) out of {num}, got test_fraction={test_fraction}",
-        )
-
     lo, hi = float(images.min()), float(images.max())
     scaled = (images.astype(np.float64) - lo) / (hi - lo) if hi > lo else np.zeros(images.shape)
     train_idx, test_idx = train_test_split(

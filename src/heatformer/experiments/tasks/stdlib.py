@@ -50,15 +50,15 @@ from heatformer.checks import (
     check_int,
     check_positive_int,
 )
-from heatformer.experiments.tasks.base import Task, TaskOptions, option
-from heatformer.experiments.tasks.chars import (
-    _STDLIB_EXCLUDED_DIRS,
-    _check_byte_stream,
-    _hash_fraction,
-    _to_uint8,
-    _walk_files,
+from heatformer.experiments.tasks._corpus import (
+    STDLIB_EXCLUDED_DIRS,
+    check_byte_stream,
+    hash_fraction,
     stdlib_source_root,
+    to_uint8,
+    walk_files,
 )
+from heatformer.experiments.tasks.base import Task, TaskOptions, option
 
 if TYPE_CHECKING:
     import torch
@@ -186,7 +186,7 @@ class StdlibTask:
                         f"{min(lengths)} in class {name!r}",
                     )
             total = sum(sum(lengths) for lengths in sizes)
-            _check_byte_stream(split, data)
+            check_byte_stream(split, data)
             if data.numel() != total:
                 raise bad_value(
                     split, f"expected {total} bytes (the sum of its file sizes), got {data.numel()}"
@@ -288,12 +288,12 @@ def _package_files(root: Path, seq_len: int) -> dict[str, list[tuple[str, Path, 
     packages: dict[str, list[tuple[str, Path, int]]] = {}
     for folder in sorted(root.iterdir(), key=lambda p: p.name):
         name = folder.name
-        if name.startswith(".") or name in _STDLIB_EXCLUDED_DIRS:
+        if name.startswith(".") or name in STDLIB_EXCLUDED_DIRS:
             continue
         if not (folder.is_dir() and (folder / "__init__.py").is_file()):
             continue
         found = []
-        for path in _walk_files(folder, suffix=".py", excluded_dirs=_STDLIB_EXCLUDED_DIRS):
+        for path in walk_files(folder, suffix=".py", excluded_dirs=STDLIB_EXCLUDED_DIRS):
             size = path.stat().st_size
             if size >= seq_len:
                 found.append((path.relative_to(root).as_posix(), path, size))
@@ -304,7 +304,7 @@ def _package_files(root: Path, seq_len: int) -> dict[str, list[tuple[str, Path, 
 def _split_files(files: list[tuple[str, Path, int]], test_fraction: float) -> list[bool]:
     """Whether each file goes to test: in order of path hash, those that fit the byte budget."""
     budget = test_fraction * sum(size for _, _, size in files)
-    order = sorted(range(len(files)), key=lambda i: _hash_fraction(files[i][0]))
+    order = sorted(range(len(files)), key=lambda i: hash_fraction(files[i][0]))
     is_test = [False] * len(files)
     used = 0
     for i in order:
@@ -314,6 +314,32 @@ def _split_files(files: list[tuple[str, Path, int]], test_fraction: float) -> li
     if not any(is_test):  # every file is larger than the budget: the first in hash order
         is_test[order[0]] = True
     return is_test
+
+
+def _classes(
+    folder: Path, seq_len: int, num_classes: int
+) -> dict[str, list[tuple[str, Path, int]]]:
+    """The ``num_classes`` largest packages that can be split, largest first, with their files.
+
+    Raises:
+        ValueError: no package can be split, or fewer than ``num_classes``.
+    """
+    packages = _package_files(folder, seq_len)
+    splittable = {name: files for name, files in packages.items() if len(files) >= 2}
+    if not splittable:
+        raise bad_value(
+            "root",
+            "expected package folders (with an __init__.py) holding at least 2 .py files of "
+            f"seq_len={seq_len} bytes or more, got none in {folder}",
+        )
+    ranked = sorted(splittable, key=lambda n: (-sum(s for _, _, s in splittable[n]), n))
+    if len(ranked) < num_classes:
+        raise bad_value(
+            "num_classes",
+            f"expected at most {len(ranked)}, the packages in {folder} with at least 2 .py "
+            f"files of seq_len={seq_len} bytes or more ({', '.join(ranked)}), got {num_classes}",
+        )
+    return {name: splittable[name] for name in ranked[:num_classes]}
 
 
 def load_stdlib_task(
@@ -336,7 +362,7 @@ def load_stdlib_task(
 
     Args:
         root: a folder of packages; ``None`` for the running Python's standard library
-            (:func:`~heatformer.experiments.tasks.chars.stdlib_source_root`).
+            (:func:`~heatformer.experiments.tasks.stdlib_source_root`).
         num_classes: how many of the largest packages are the classes (at least 2).
         seq_len: bytes per snippet ``N``.
         eval_per_class: test snippets per class.
@@ -364,28 +390,11 @@ def load_stdlib_task(
         if not folder.is_dir():
             raise bad_value("root", f"expected a folder of packages, got the file {folder}")
 
-    packages = _package_files(folder, seq_len)
-    splittable = {name: files for name, files in packages.items() if len(files) >= 2}
-    if not splittable:
-        raise bad_value(
-            "root",
-            "expected package folders (with an __init__.py) holding at least 2 .py files of "
-            f"seq_len={seq_len} bytes or more, got none in {folder}",
-        )
-    ranked = sorted(splittable, key=lambda n: (-sum(s for _, _, s in splittable[n]), n))
-    if len(ranked) < num_classes:
-        raise bad_value(
-            "num_classes",
-            f"expected at most {len(ranked)}, the packages in {folder} with at least 2 .py "
-            f"files of seq_len={seq_len} bytes or more ({', '.join(ranked)}), got {num_classes}",
-        )
-
-    classes = tuple(ranked[:num_classes])
+    classes = _classes(folder, seq_len, num_classes)
     names: dict[bool, list[tuple[str, ...]]] = {False: [], True: []}  # is test -> per class
     sizes: dict[bool, list[tuple[int, ...]]] = {False: [], True: []}
     chunks: dict[bool, list[bytes]] = {False: [], True: []}
-    for name in classes:
-        files = splittable[name]
+    for files in classes.values():
         is_test = _split_files(files, test_fraction)
         for side in (False, True):
             chosen = [
@@ -397,13 +406,13 @@ def load_stdlib_task(
             sizes[side].append(tuple(len(data) for _, data in chosen))
             chunks[side].extend(data for _, data in chosen)
     return StdlibTask(
-        classes=classes,
+        classes=tuple(classes),
         train_files=tuple(names[False]),
         train_sizes=tuple(sizes[False]),
         test_files=tuple(names[True]),
         test_sizes=tuple(sizes[True]),
-        train=_to_uint8(chunks[False]),
-        test=_to_uint8(chunks[True]),
+        train=to_uint8(chunks[False]),
+        test=to_uint8(chunks[True]),
         seq_len=seq_len,
         eval_per_class=eval_per_class,
         source=str(folder),

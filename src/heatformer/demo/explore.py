@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from heatformer.checks import bad_value
+from heatformer.demo.data import DemoData
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,
@@ -38,7 +39,6 @@ from heatformer.graph_ops import (
     laplacian_matrix,
 )
 from heatformer.viz._common import PathLike, token_labels
-from heatformer.viz.demo.data import DemoData
 
 __all__ = ["EXPLORE_ALPHA", "EXPLORE_DIGITS", "EXPLORE_TIMES", "explorer_data", "write_explorer"]
 
@@ -112,7 +112,7 @@ def explorer_data(
     """The numbers of the interactive page, for every head of every layer of ``data``.
 
     Args:
-        data: the demo's :class:`~heatformer.viz.demo.DemoData` (its ``attention``, labels,
+        data: the demo's :class:`~heatformer.demo.DemoData` (its ``attention``, labels,
             operators, and the layer, head and source the page opens with).
         times: the diffusion times of the ``t`` slider (``>= 0``, increasing, starting at 0).
         alpha: the personalized-PageRank teleport probability, in (0, 1).
@@ -179,7 +179,7 @@ code { background: #f0f0f0; padding: 0 0.2em; }
 
 
 def _script() -> str:
-    return resources.files("heatformer.viz.demo").joinpath("explore.js").read_text("utf-8")
+    return resources.files("heatformer.demo").joinpath("explore.js").read_text("utf-8")
 
 
 def write_explorer(out_dir: PathLike, data: DemoData, *, name: str = "explore.html") -> Path:
@@ -187,7 +187,7 @@ def write_explorer(out_dir: PathLike, data: DemoData, *, name: str = "explore.ht
 
     Args:
         out_dir: the folder (created).
-        data: the demo's :class:`~heatformer.viz.demo.DemoData`.
+        data: the demo's :class:`~heatformer.demo.DemoData`.
         name: the file name.
 
     Returns:

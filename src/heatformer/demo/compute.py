@@ -1,7 +1,7 @@
 """The teaching demo's numbers: trained models, attention graphs, heat flows, spectra.
 
 Everything the demo page shows is computed here into one :class:`DemoData` of tensors,
-strings and numbers, which :mod:`heatformer.viz.demo.page` draws without a model (and which
+strings and numbers, which :mod:`heatformer.demo.page` draws without a model (and which
 :meth:`DemoData.to_dict` turns into plain lists for JSON). :func:`compute_demo` trains the
 demo's two tiny byte-level GPTs on a built-in corpus (the source of a few standard-library
 modules, so no download) with the experiment trainer (:func:`train_tiny_gpt`), reads the attention
@@ -21,6 +21,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +33,7 @@ from heatformer.analysis import (
     within_sequence_variance,
 )
 from heatformer.checks import NORMALIZATIONS, bad_type, bad_value
+from heatformer.demo.data import DemoData
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,
@@ -42,10 +44,13 @@ from heatformer.graph_ops import (
     spectrum,
 )
 from heatformer.viz._common import single_graph
-from heatformer.viz.demo.data import DemoData
 from heatformer.viz.diffusion import _times, heat_diffusion_frames
 from heatformer.viz.graphs import _topk_title
 from heatformer.viz.spectra import _frequency_responses, _operator_outputs, _signal_of
+
+if TYPE_CHECKING:
+    from heatformer.experiments.tasks.base import Task
+    from heatformer.experiments.tasks.chars import CharsTask
 
 __all__ = [
     "CORPUS_MODULES",
@@ -147,22 +152,13 @@ def train_tiny_gpt(
         cross-entropies in nats per byte (:func:`heatformer.experiments.bits_per_char` turns
         them into bits).
     """
-    from heatformer.experiments import CompareSpec, StopSignal, TrainingInterrupted, train_run
+    from heatformer.experiments import CompareSpec
     from heatformer.experiments.checkpoint import load_checkpoint
-    from heatformer.experiments.tasks.chars import Chars, CharsTask
+    from heatformer.experiments.tasks.chars import Chars
     from heatformer.experiments.trainer import CHECKPOINT_NAME
 
     _check_steps(steps)
-    data = _byte_ids(corpus).to(torch.uint8)
-    cut = data.numel() - max(block_size + 2, data.numel() // 10)
-    if cut <= block_size + 1:
-        raise bad_value(
-            "corpus", f"expected more than {2 * block_size + 4} bytes, got {data.numel()}"
-        )
-    chars = CharsTask(
-        train=data[:cut], val=data[cut:], train_files=("<demo corpus>",),
-        val_files=("<demo corpus>",), source="<demo corpus>",
-    )  # fmt: skip
+    chars = _demo_corpus_task(corpus, block_size)
     spec = CompareSpec(
         task="chars", heads=(heads,), seeds=(seed,), steps=steps, batch_size=batch_size, lr=lr,
         n_layer=n_layer, n_head=n_head, n_embd=n_embd, eval_every=steps, analysis=False,
@@ -175,19 +171,7 @@ def train_tiny_gpt(
         else:  # the run's folder name is what its progress lines say
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="heatformer-"))
             folder = Path(scratch) / f"demo {heads}"
-        stop = StopSignal()
-        timer = None
-        if max_seconds is not None:
-            timer = threading.Timer(max_seconds, stop.request, args=("time budget",))
-            timer.daemon = True
-            timer.start()
-        try:
-            train_run(task, heads, seed, folder, stop=stop, progress=progress)
-        except TrainingInterrupted:
-            pass  # the time budget: the checkpoint holds the last completed step
-        finally:
-            if timer is not None:
-                timer.cancel()
+        _train_within(task, heads, seed, folder, max_seconds=max_seconds, progress=progress)
         saved = load_checkpoint(folder / CHECKPOINT_NAME)
         model = task.build_model(heads)
         if saved is not None:
@@ -195,6 +179,44 @@ def train_tiny_gpt(
         losses = [float(v) for v in saved["train_loss"]] if saved is not None else []
     model.eval()
     return model, losses
+
+
+def _demo_corpus_task(corpus: str | bytes, block_size: int) -> CharsTask:
+    """The demo corpus as ``chars`` data: its last tenth (at least a window) is validation."""
+    from heatformer.experiments.tasks.chars import CharsTask
+
+    data = _byte_ids(corpus).to(torch.uint8)
+    cut = data.numel() - max(block_size + 2, data.numel() // 10)
+    if cut <= block_size + 1:
+        raise bad_value(
+            "corpus", f"expected more than {2 * block_size + 4} bytes, got {data.numel()}"
+        )
+    return CharsTask(
+        train=data[:cut], val=data[cut:], train_files=("<demo corpus>",),
+        val_files=("<demo corpus>",), source="<demo corpus>",
+    )  # fmt: skip
+
+
+def _train_within(
+    task: Task, heads: str, seed: int, folder: Path, *, max_seconds: float | None, progress: bool
+) -> None:
+    """:func:`~heatformer.experiments.train_run` in ``folder``, stopped (its last completed step
+    checkpointed) after ``max_seconds`` of wall time."""
+    from heatformer.experiments import StopSignal, TrainingInterrupted, train_run
+
+    stop = StopSignal()
+    timer = None
+    if max_seconds is not None:
+        timer = threading.Timer(max_seconds, stop.request, args=("time budget",))
+        timer.daemon = True
+        timer.start()
+    try:
+        train_run(task, heads, seed, folder, stop=stop, progress=progress)
+    except TrainingInterrupted:
+        pass  # the time budget: the checkpoint holds the last completed step
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def _within_share(model: nn.Module, corpus: bytes, block_size: int) -> list[float]:
@@ -345,22 +367,13 @@ def demo_from_snapshots(
     att = _first_head(snap.operators, Attention)
     att = 0 if att is None else att
     lap = _first_head(snap.operators, Laplacian)
-    if source is None:  # the most attended token after the first (often a sink) and before the end
-        received = snap.graph.in_degree()[att]  # (N,)
-        source = 1 + int(received[1 : max(2, n - 2)].argmax()) if n > 3 else 0
-    elif not -n <= source < n:
-        raise bad_value("source", f"expected a token index in [0, {n}), got {source}")
+    source = _source(snap, att, n, source)
     dense = [s.graph.to_dense().detach().to("cpu", torch.float64) for s in layers]
     if any(d.shape != dense[layer].shape for d in dense):
         shapes = [tuple(d.shape) for d in dense]
         raise bad_value("layers", f"expected graphs of one shape (H, N, N), got {shapes}")
     head = single_graph(snap.graph, att)  # the head of the single-head pictures
     filter_head = lap if lap is not None else att
-    pair = {"attention head: P = I − L": Attention(), "Laplacian head: L = I − P": Laplacian()}
-    filters = {**pair, "heat head t=1: exp(−L)": HeatKernel(t=1.0)}  # section 5, left
-    lam = torch.linspace(0.0, 2.0, 201, dtype=torch.float64)
-    filter_graph = DenseGraph(snap.graph.to_dense()[filter_head].detach().to(torch.float64))
-    channel = _signal_of(snap.values[filter_head, :, 0], n)  # (N,)
     heat_times, animation_times = _times(HEAT_TIMES), _times(ANIMATION_TIMES)
     topk = {
         _topk_title(k): (head if k is None else single_graph(head.topk(k), None)).to_dense()
@@ -381,11 +394,7 @@ def demo_from_snapshots(
         mass=mass_frames(head, source, heat_times),  # (T, N)
         animation_times=tuple(animation_times),
         animation=heat_diffusion_frames(head, source, animation_times),  # (T', N)
-        lam=lam,
-        responses=_frequency_responses(filters, lam),
-        eigenvalues=spectrum(filter_graph, "rw").cpu(),
-        channel=channel,
-        outputs=_operator_outputs(single_graph(snap.graph, filter_head), channel, pair),
+        **_filter_panels(snap, filter_head, n),
         topk=topk,
         per_layer=None if per_layer is None else {k: tuple(v) for k, v in per_layer.items()},
         losses=dict(losses or {}),
@@ -394,6 +403,34 @@ def demo_from_snapshots(
         source_dtype=str(_least_precise(s.weight_dtype for s in layers)).removeprefix("torch."),
         token_unit=token_unit or ("character" if tokens is None else "token"),
     )
+
+
+def _source(snap: LayerSnapshot, att: int, n: int, source: int | None) -> int:
+    """The token that receives the drop of heat: ``source`` checked, or by default the most
+    attended token (in head ``att``) after the first (often a sink) and before the end."""
+    if source is None:
+        received = snap.graph.in_degree()[att]  # (N,)
+        return 1 + int(received[1 : max(2, n - 2)].argmax()) if n > 3 else 0
+    if not -n <= source < n:
+        raise bad_value("source", f"expected a token index in [0, {n}), got {source}")
+    return source
+
+
+def _filter_panels(snap: LayerSnapshot, filter_head: int, n: int) -> dict[str, Any]:
+    """The filter section's fields of :class:`DemoData`: frequency responses on ``lam``, the
+    eigenvalues of head ``filter_head``, one channel of its values and the operators' outputs."""
+    pair = {"attention head: P = I − L": Attention(), "Laplacian head: L = I − P": Laplacian()}
+    filters = {**pair, "heat head t=1: exp(−L)": HeatKernel(t=1.0)}  # section 5, left
+    lam = torch.linspace(0.0, 2.0, 201, dtype=torch.float64)
+    filter_graph = DenseGraph(snap.graph.to_dense()[filter_head].detach().to(torch.float64))
+    channel = _signal_of(snap.values[filter_head, :, 0], n)  # (N,)
+    return {
+        "lam": lam,
+        "responses": _frequency_responses(filters, lam),
+        "eigenvalues": spectrum(filter_graph, "rw").cpu(),
+        "channel": channel,
+        "outputs": _operator_outputs(single_graph(snap.graph, filter_head), channel, pair),
+    }
 
 
 def _least_precise(dtypes: Iterable[torch.dtype]) -> torch.dtype:
@@ -426,8 +463,8 @@ def compute_demo(
 ) -> DemoData:
     """Train the demo's GPTs briefly and compute everything its page shows on ``text``.
 
-    :func:`heatformer.viz.build_demo` calls this, then draws the page with
-    :func:`~heatformer.viz.demo.write_demo`.
+    :func:`heatformer.demo.build_demo` calls this, then draws the page with
+    :func:`~heatformer.demo.write_demo`.
 
     Args:
         text: the sentence, 2 to 64 bytes of UTF-8 (one token per byte).
@@ -442,7 +479,7 @@ def compute_demo(
         progress: report the training steps on stderr (:mod:`heatformer._progress`).
 
     Returns:
-        The :class:`~heatformer.viz.demo.DemoData`.
+        The :class:`~heatformer.demo.DemoData`.
 
     Raises:
         ValueError: as :func:`check_demo_arguments` (checked before any training).

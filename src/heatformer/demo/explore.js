@@ -1,5 +1,5 @@
 // heatformer's interactive teaching page (explore.html): draws the numbers that
-// heatformer.viz.demo.explore.explorer_data computed in Python (embedded as JSON in the page).
+// heatformer.demo.explore.explorer_data computed in Python (embedded as JSON in the page).
 // No libraries, no network. The exact curves are the library's; only the step-by-step
 // approximations (Euler steps, series terms) are computed here, from P.
 "use strict";

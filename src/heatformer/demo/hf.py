@@ -5,7 +5,7 @@ checkpoint folder with a tokenizer (a ``save_pretrained`` folder: ``config.json`
 and ``tokenizer.json`` or the tokenizer's vocabulary files), offline: nothing is trained and
 nothing is downloaded. :func:`compute_hf_demo` tokenizes the sentence, reads every layer with
 :func:`heatformer.integrations.hf.attention_snapshots` and hands the snapshots to
-:func:`~heatformer.viz.demo.demo_from_snapshots`; the nodes are the tokenizer's tokens.
+:func:`~heatformer.demo.demo_from_snapshots`; the nodes are the tokenizer's tokens.
 Needs the ``hf`` extra (``pip install 'heatformer[hf]'``).
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from heatformer.checks import bad_type, bad_value
+from heatformer.demo.compute import DEFAULT_TEXT, demo_from_snapshots
+from heatformer.demo.data import DemoData
+from heatformer.demo.page import DemoResult, check_writable, write_demo
 from heatformer.viz._common import require_matplotlib
-from heatformer.viz.demo.compute import DEFAULT_TEXT, demo_from_snapshots
-from heatformer.viz.demo.data import DemoData
-from heatformer.viz.demo.page import DemoResult, check_writable, write_demo
 
 __all__ = [
     "MAX_TOKENS",
@@ -139,7 +139,7 @@ def compute_hf_demo(
             model's own heads (all attention, or the heads a converted folder recorded).
 
     Returns:
-        The :class:`~heatformer.viz.demo.DemoData`; its nodes are the tokens.
+        The :class:`~heatformer.demo.DemoData`; its nodes are the tokens.
 
     Raises:
         ValueError: as :func:`load_checkpoint_folder`; ``text`` not 2 to :data:`MAX_TOKENS`

@@ -1,6 +1,6 @@
 """The teaching demo's page: pictures and ``index.html`` drawn from a :class:`DemoData` only.
 
-:func:`write_demo` takes the numbers :mod:`heatformer.viz.demo.compute` produced (no model, no
+:func:`write_demo` takes the numbers :mod:`heatformer.demo.compute` produced (no model, no
 training) and writes the PNG pictures, the animated GIF and an ``index.html`` that explains
 what each picture teaches:
 
@@ -10,8 +10,8 @@ and the mass view ``exp(−tLᵀ) e_j`` (total conserved); how a Laplacian head 
 attention head (high-pass vs low-pass); top-k pruning; token geometry across layers,
 attention-only vs with Laplacian heads. Sections are numbered when the page is written, and a
 text refers to another section as ``{ref:key}`` (a link "section N"). The words come from
-:mod:`heatformer.viz.demo.text`, which says of the model only what
-:func:`~heatformer.viz.demo.facts.demo_facts` measured on the data (causal or bidirectional,
+:mod:`heatformer.demo.text`, which says of the model only what
+:func:`~heatformer.demo.facts.demo_facts` measured on the data (causal or bidirectional,
 bytes or word pieces, real or complex eigenvalues, which spectrum panels coincide).
 """
 
@@ -31,12 +31,10 @@ from torch import Tensor
 
 from heatformer._progress import Progress
 from heatformer.checks import bad_value
-from heatformer.graph_ops import DenseGraph
-from heatformer.viz._common import PathLike, new_figure, require_matplotlib, save_figure
-from heatformer.viz.demo.data import DemoData
-from heatformer.viz.demo.explore import write_explorer
-from heatformer.viz.demo.facts import PageFacts, demo_facts
-from heatformer.viz.demo.text import (
+from heatformer.demo.data import DemoData
+from heatformer.demo.explore import write_explorer
+from heatformer.demo.facts import PageFacts, demo_facts
+from heatformer.demo.text import (
     MERGED_SPECTRUM_TITLE,
     geometry_text,
     graph_text,
@@ -48,6 +46,8 @@ from heatformer.viz.demo.text import (
     spectrum_text,
     topk_text,
 )
+from heatformer.graph_ops import DenseGraph
+from heatformer.viz._common import PathLike, new_figure, require_matplotlib, save_figure
 from heatformer.viz.diffusion import _draw_heat_strip, _write_heat_gif
 from heatformer.viz.graphs import (
     _draw_topk_pruning,
@@ -162,7 +162,7 @@ def check_writable(out: Path) -> None:
 def _spectra_shown(data: DemoData, facts: PageFacts) -> tuple[dict[str, Tensor], dict[str, str]]:
     """The spectra to draw and their titles: ``"rw"`` and ``"combinatorial"`` as one panel
     when every out-degree of the head is 1 (or 0) at the resolution of the model's dtype
-    (:attr:`PageFacts.row_stochastic <heatformer.viz.demo.facts.PageFacts>`), which makes
+    (:attr:`PageFacts.row_stochastic <heatformer.demo.facts.PageFacts>`), which makes
     ``D − W = I − D⁻¹W``."""
     if not facts.row_stochastic:
         return dict(data.spectra), {}
@@ -324,7 +324,7 @@ def demo_pictures(data: DemoData, *, gif: bool = True) -> tuple[str, ...]:
 
     Example:
         >>> import torch
-        >>> from heatformer.viz.demo import demo_from_snapshots
+        >>> from heatformer.demo import demo_from_snapshots
         >>> from heatformer.analysis import LayerSnapshot
         >>> from heatformer.graph_ops import Attention, DenseGraph
         >>> layer = LayerSnapshot(DenseGraph(torch.full((1, 3, 3), 1 / 3)), torch.ones(1, 3, 2),
@@ -347,18 +347,18 @@ def write_demo(
     progress: bool = False,
 ) -> DemoResult:
     """Write the demo's pictures and ``index.html``, drawn from ``data`` alone, and the
-    interactive ``explore.html`` (:func:`~heatformer.viz.demo.explore.write_explorer`).
+    interactive ``explore.html`` (:func:`~heatformer.demo.explore.write_explorer`).
 
     What the text says of the model (causal or bidirectional, bytes or word pieces, real or
     complex eigenvalues, which spectrum panels coincide, what the heads read) is measured on
-    ``data`` by :func:`~heatformer.viz.demo.facts.demo_facts` and worded by
-    :mod:`heatformer.viz.demo.text`.
+    ``data`` by :func:`~heatformer.demo.facts.demo_facts` and worded by
+    :mod:`heatformer.demo.text`.
 
     Args:
         out_dir: output folder (created).
-        data: the numbers, from :func:`~heatformer.viz.demo.compute_demo`,
-            :func:`~heatformer.viz.demo.demo_from_snapshots` or
-            :meth:`DemoData.from_dict <heatformer.viz.demo.DemoData.from_dict>`.
+        data: the numbers, from :func:`~heatformer.demo.compute_demo`,
+            :func:`~heatformer.demo.demo_from_snapshots` or
+            :meth:`DemoData.from_dict <heatformer.demo.DemoData.from_dict>`.
         gif: also write the animated GIF of the heat flow.
         explore: also write the interactive page ``explore.html`` (self-contained, offline).
         progress: report the pictures written on stderr (:mod:`heatformer._progress`).

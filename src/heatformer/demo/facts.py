@@ -1,14 +1,14 @@
 """What the teaching page may say, measured on its data: the facts behind every sentence.
 
-The page's words (:mod:`heatformer.viz.demo.text`) state nothing about the model that
-:func:`demo_facts` has not measured on the :class:`~heatformer.viz.demo.DemoData`: whether the
+The page's words (:mod:`heatformer.demo.text`) state nothing about the model that
+:func:`demo_facts` has not measured on the :class:`~heatformer.demo.DemoData`: whether the
 attention is causal (every weight above the diagonal zero) or bidirectional, whether the
 out-degrees are 1 (so the combinatorial and random-walk Laplacians coincide), how many of the
 head's Laplacian eigenvalues are complex, what each head mostly reads, how many edges top-k
 keeps and how much weight, and what a token is (a byte, a word piece...).
 
 Tolerances come from the dtype the model computed the weights in
-(:attr:`DemoData.source_dtype <heatformer.viz.demo.DemoData>`, machine epsilon ``ε``; float32:
+(:attr:`DemoData.source_dtype <heatformer.demo.DemoData>`, machine epsilon ``ε``; float32:
 ``ε = 1.19e-7``), not from the float64 copy the page holds:
 
 - a weight is **zero** when it is at most ``ε``: a masked weight is exactly 0, and a visible
@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from heatformer.checks import bad_value
-from heatformer.viz.demo.compute import topk_ks
-from heatformer.viz.demo.data import DemoData
+from heatformer.demo.compute import topk_ks
+from heatformer.demo.data import DemoData
 from heatformer.viz.graphs import _topk_title
 
 __all__ = ["HABITS", "PageFacts", "TopkFacts", "demo_facts", "source_dtype"]

@@ -10,24 +10,24 @@ command.
 
 Computing and drawing are apart:
 
-- :mod:`~heatformer.viz.demo.compute` computes everything the page shows (trained models,
+- :mod:`~heatformer.demo.compute` computes everything the page shows (trained models,
   graphs, heat flows, spectra, numbers) into a :class:`DemoData`
   (:func:`compute_demo`, or :func:`demo_from_snapshots` for given attention snapshots);
-- :mod:`~heatformer.viz.demo.data` holds :class:`DemoData`, plain tensors and numbers that
+- :mod:`~heatformer.demo.data` holds :class:`DemoData`, plain tensors and numbers that
   :meth:`DemoData.to_dict` turns into lists for JSON;
-- :mod:`~heatformer.viz.demo.page` draws the pictures and ``index.html`` from a
+- :mod:`~heatformer.demo.page` draws the pictures and ``index.html`` from a
   :class:`DemoData` alone (:func:`write_demo`); its words come from
-  :mod:`~heatformer.viz.demo.text`, which says of the model only what
-  :mod:`~heatformer.viz.demo.facts` measured on the data (:func:`demo_facts`: causal or
+  :mod:`~heatformer.demo.text`, which says of the model only what
+  :mod:`~heatformer.demo.facts` measured on the data (:func:`demo_facts`: causal or
   bidirectional, bytes or word pieces, real or complex eigenvalues, which panels coincide,
   with tolerances from the dtype the model computed its weights in);
-- :mod:`~heatformer.viz.demo.explore` computes the interactive page's numbers from it with
+- :mod:`~heatformer.demo.explore` computes the interactive page's numbers from it with
   the library's operators (:func:`explorer_data`) and writes ``explore.html``, one offline
   file with those numbers as JSON and the packaged ``explore.js`` inline
   (:func:`write_explorer`; :func:`write_demo` calls it).
 
 :func:`build_demo` and :func:`render_demo` chain the two; :func:`build_hf_demo` draws the
-same page from a local transformers checkpoint's own attention (:mod:`heatformer.viz.demo.hf`,
+same page from a local transformers checkpoint's own attention (:mod:`heatformer.demo.hf`,
 ``heatformer demo --hf-model DIR``).
 """
 
@@ -39,8 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from heatformer.analysis import LayerSnapshot, snapshot_attention
-from heatformer.viz._common import PathLike, require_matplotlib
-from heatformer.viz.demo.compute import (
+from heatformer.demo.compute import (
     CORPUS_MODULES,
     DEFAULT_TEXT,
     DEMO_HEADS,
@@ -52,11 +51,12 @@ from heatformer.viz.demo.compute import (
     mass_frames,
     train_tiny_gpt,
 )
-from heatformer.viz.demo.data import DemoData
-from heatformer.viz.demo.explore import explorer_data, write_explorer
-from heatformer.viz.demo.facts import PageFacts, demo_facts
-from heatformer.viz.demo.hf import build_hf_demo, compute_hf_demo
-from heatformer.viz.demo.page import DemoResult, check_writable, demo_pictures, write_demo
+from heatformer.demo.data import DemoData
+from heatformer.demo.explore import explorer_data, write_explorer
+from heatformer.demo.facts import PageFacts, demo_facts
+from heatformer.demo.hf import build_hf_demo, compute_hf_demo
+from heatformer.demo.page import DemoResult, check_writable, demo_pictures, write_demo
+from heatformer.viz._common import PathLike, require_matplotlib
 
 __all__ = [
     "CORPUS_MODULES",

@@ -1,7 +1,7 @@
 """The demo's data: everything its page shows, as tensors, strings and numbers.
 
-:class:`DemoData` is what :mod:`heatformer.viz.demo.compute` produces and
-:mod:`heatformer.viz.demo.page` draws; :meth:`DemoData.to_dict` turns it into lists, numbers
+:class:`DemoData` is what :mod:`heatformer.demo.compute` produces and
+:mod:`heatformer.demo.page` draws; :meth:`DemoData.to_dict` turns it into lists, numbers
 and strings for JSON (an interactive page can embed it) and :meth:`DemoData.from_dict` reads
 that back exactly (floats survive a JSON round trip bit for bit).
 """
@@ -66,7 +66,7 @@ class DemoData:
         tokens: the label of every node when a token is more than one character (a
             subword tokenizer's tokens, ``N`` of them); empty: the characters of ``text``.
         source_dtype: the name of the dtype the model computed the attention weights in
-            (``"float32"``); :mod:`~heatformer.viz.demo.facts` judges "zero" and "one" at its
+            (``"float32"``); :mod:`~heatformer.demo.facts` judges "zero" and "one" at its
             resolution.
         token_unit: what a token is, for the page's text: ``"byte"``, ``"character"``,
             ``"word piece"``, ``"word"``, ``"subword token"`` or ``"token"``.

@@ -1,10 +1,10 @@
 """The teaching page's words: every section's text, written from the data and its facts.
 
 Each function returns the HTML text of one part of ``index.html``
-(:func:`~heatformer.viz.demo.write_demo`). What a sentence says about the model -- causal or
+(:func:`~heatformer.demo.write_demo`). What a sentence says about the model -- causal or
 bidirectional, bytes or word pieces, real or complex eigenvalues, one spectrum panel or two,
 what the heads read, what top-k keeps -- is chosen from the
-:class:`~heatformer.viz.demo.facts.PageFacts` that :func:`~heatformer.viz.demo.facts.demo_facts`
+:class:`~heatformer.demo.facts.PageFacts` that :func:`~heatformer.demo.facts.demo_facts`
 measured, never assumed; the rest is the mathematics that holds for every attention graph.
 A text refers to another section as ``{ref:key}``.
 """
@@ -15,8 +15,8 @@ import html
 
 from torch import Tensor
 
-from heatformer.viz.demo.data import DemoData
-from heatformer.viz.demo.facts import PageFacts
+from heatformer.demo.data import DemoData
+from heatformer.demo.facts import PageFacts
 
 __all__ = [
     "MERGED_SPECTRUM_TITLE",
@@ -128,7 +128,7 @@ def matrices_text(data: DemoData, facts: PageFacts) -> str:
 
 
 def _habits_text(data: DemoData, facts: PageFacts) -> str:
-    """What the heads read (:data:`~heatformer.viz.demo.facts.HABITS`), with their counts."""
+    """What the heads read (:data:`~heatformer.demo.facts.HABITS`), with their counts."""
     unit, labels = facts.token_unit, data.labels
     keys = {
         "self": f"the {unit} itself",

@@ -1,0 +1,75 @@
+"""One training step, in the pieces the trainer and the preflight share.
+
+:func:`build_optimizer` makes the run's AdamW; a step is :func:`backward_pass` (forward under
+the task's autocast, loss, gradients) then :func:`optimizer_step` (clipping, ``step()``). The
+trainer (:func:`~heatformer.experiments.trainer.train_run`) puts its stop handling and its
+learning-rate schedule around them; the preflight times the same step before a run
+(:func:`~heatformer.experiments.preflight.time_steps`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from heatformer.experiments.tasks.base import Task, autocast
+
+__all__ = ["backward_pass", "build_optimizer", "optimizer_step"]
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (biases, norms and gains are not decayed).
+
+    Args:
+        model: the model.
+        lr: learning rate (the loop overwrites it every step from the schedule).
+        weight_decay: decay of the parameters with 2 or more dimensions.
+
+    Returns:
+        The optimizer, betas ``(0.9, 0.95)``.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+
+def backward_pass(
+    task: Task,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: Tensor,
+    targets: Tensor,
+    train_model: nn.Module | None = None,
+) -> Tensor:
+    """The forward and backward pass of one training step on a batch already on the model's
+    device: forward (under bfloat16 autocast if ``task.spec.bf16``), :meth:`Task.loss`, the
+    gradients cleared, backward. :func:`optimizer_step` completes the step.
+
+    Args:
+        task: the task (its spec and loss).
+        model: the model.
+        optimizer: its optimizer (whose gradients are cleared first).
+        inputs, targets: the batch.
+        train_model: what runs the forward pass (a DDP or compiled wrapper of ``model``);
+            default ``model``.
+
+    Returns:
+        The loss (a scalar tensor, still attached to the graph).
+    """
+    with autocast(inputs.device, task.spec.bf16):
+        logits = (train_model or model)(inputs)
+    loss = task.loss(logits, targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss
+
+
+def optimizer_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The end of a training step: gradient clipping at ``task.spec.grad_clip`` (0: none),
+    then ``optimizer.step()`` (learning rates set by the caller)."""
+    if task.spec.grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), task.spec.grad_clip)
+    optimizer.step()
