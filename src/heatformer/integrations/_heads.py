@@ -206,7 +206,7 @@ class HeadOperators(nn.Module):
         dh = q.shape[-1]
         kind = self.graph_kind
         if mask.dense is not None:
-            if kind.name != "softmax":
+            if not kind.takes_dense_mask:
                 raise checks.bad_value(
                     "graph",
                     f"graph kind {kind.spec!r} takes key masks and causal order only; this "
@@ -388,7 +388,7 @@ class HeadOperators(nn.Module):
                 "or use attention / 'rw' Laplacian heads there",
             )
         kind = self.graph_kind
-        if kind.name == "softmax":
+        if kind.takes_dense_mask:
             pv, has = self._sdpa(q, k, v, mask, scale, dropout)
         else:
             plain_causal = mask.dense is None and mask.causal and mask.key_mask is None

@@ -221,9 +221,12 @@ class DiffusionAttention(nn.Module):
 
     @property
     def topk(self) -> int | None:
-        """``k`` of a ``"topk[k=...]"`` layer, else None (the ``topk=`` shorthand, read back)."""
-        k = self.graph_kind.params.get("k") if self.graph_kind.name == "topk" else None
-        return int(k) if k is not None else None
+        """``k`` of a ``"topk[k=...]"`` layer, else None (the ``topk=`` shorthand, read back:
+        the ``k`` whose shorthand resolves to this layer's graph kind)."""
+        k = self.graph_kind.params.get("k")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            return None
+        return k if _graph_kind("softmax", k) == self.graph_kind else None
 
     # ---- projections -----------------------------------------------------------------------
 
