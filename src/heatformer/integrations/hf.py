@@ -59,13 +59,14 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.analysis.hooks import LayerSnapshot
 from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
-from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
+from heatformer.integrations._heads import HeadOperators, in_module, layer_specs
 from heatformer.integrations._record import (
     ModuleRecord,
     model_record,
     read_model_record,
     unchanged,
 )
+from heatformer.models.routing import AttentionMask
 
 #: the oldest transformers this module works with (the ``hf`` extra of setup.cfg declares it):
 #: 5.0-5.3 call mask functions with ``cache_position`` instead of ``q_length``/``q_offset``

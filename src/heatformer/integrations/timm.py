@@ -47,12 +47,13 @@ from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
-from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
+from heatformer.integrations._heads import HeadOperators, in_module, layer_specs
 from heatformer.integrations._record import (
     RecordedHeads,
     recorded,
     unchanged,
 )
+from heatformer.models.routing import AttentionMask
 
 __all__ = ["MIN_TIMM", "TimmDiffusionAttention", "convert", "import_timm", "load_state_dict"]
 

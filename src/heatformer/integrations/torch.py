@@ -49,13 +49,14 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
 from heatformer.graph_ops._precision import attention_scores
-from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
+from heatformer.integrations._heads import HeadOperators, in_module, layer_specs
 from heatformer.integrations._record import (
     RecordedHeads,
     recorded,
     unchanged,
 )
 from heatformer.models.attention import check_multihead_attention
+from heatformer.models.routing import AttentionMask
 
 __all__ = ["MultiheadDiffusionAttention", "convert", "load_state_dict"]
 
