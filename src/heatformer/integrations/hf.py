@@ -181,19 +181,11 @@ def _as_mask(
         causal = causal and n_q > 1
         return AttentionMask(causal=causal, q_offset=0 if causal else n_k - n_q)
     if isinstance(mask, Tensor) and mask.dim() == 4 and tuple(mask.shape[-2:]) == (n_q, n_k):
-        if mask.dtype == torch.bool:
-            return AttentionMask(dense=mask, q_offset=n_k - n_q)
-        if mask.is_floating_point():
-            allowed = mask == 0
-            blocked = mask <= torch.finfo(mask.dtype).min / 2
-            if not bool((allowed | blocked).all()):
-                raise checks.bad_value(
-                    "attention_mask",
-                    "expected a boolean mask, or an additive one of 0 (attend) and -inf / "
-                    "finfo.min (blocked); got other values (an attention bias), which a "
-                    "diffusion operator cannot apply",
-                )
-            return AttentionMask(dense=allowed, q_offset=n_k - n_q)
+        if mask.dtype == torch.bool or mask.is_floating_point():
+            shape = (int(q.shape[0]), int(q.shape[1]), n_q, n_k)
+            return AttentionMask.from_additive(
+                mask, shape=shape, argument="attention_mask", q_offset=n_k - n_q
+            )
     got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
     raise checks.bad_value(
         "attention_mask",

@@ -42,7 +42,6 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from heatformer import checks
@@ -223,8 +222,8 @@ class TimmDiffusionAttention(RecordedHeads):
     Shape:
         ``forward(x, attn_mask=None, is_causal=False)``: ``(B, N, D)`` -> ``(B, N, D)``.
         ``attn_mask`` as timm passes it to SDPA: boolean (``True`` = may attend) or additive
-        float of 0 and -inf, broadcastable to ``(B, H, N, N)``; a ``(B, 1, 1, N)`` boolean
-        mask is a key mask, which every graph kind takes.
+        float of 0 and -inf (or ``finfo.min``), broadcastable to ``(B, H, N, N)``; a
+        ``(B, 1, 1, N)`` mask is a key mask, which every graph kind takes.
 
     Equivalent to timm's ``Attention.forward`` with the SDPA call replaced by::
 
@@ -268,38 +267,11 @@ class TimmDiffusionAttention(RecordedHeads):
         return self.heads.spec
 
     def _mask(self, attn_mask: Tensor | None, is_causal: bool, b: int, n: int) -> AttentionMask:
+        """timm's ``attn_mask`` as SDPA takes it (``(B, 1, 1, N)``: a key mask)."""
         if attn_mask is None:
             return AttentionMask(causal=bool(is_causal))
-        if not isinstance(attn_mask, Tensor) or attn_mask.dim() > 4:
-            raise checks.bad_type("attn_mask", f"expected a tensor, got {type(attn_mask).__name__}")
-        if attn_mask.dtype == torch.bool:
-            allowed = attn_mask
-        elif attn_mask.is_floating_point():
-            allowed = attn_mask == 0
-            if not bool((allowed | (attn_mask == float("-inf"))).all()):
-                raise checks.bad_value(
-                    "attn_mask",
-                    "expected a boolean mask or an additive one of 0 and -inf; got other "
-                    "values (an attention bias), which a diffusion operator cannot apply",
-                )
-        else:
-            raise checks.bad_type(
-                "attn_mask", f"expected a bool or float mask, got {attn_mask.dtype}"
-            )
-        allowed = allowed.reshape(*([1] * (4 - allowed.dim())), *allowed.shape)  # 4-D
-        if tuple(allowed.shape) == (b, 1, 1, n):
-            return AttentionMask(allowed.reshape(b, n), causal=bool(is_causal))
-        try:
-            dense = allowed.expand(b, self.num_heads, n, n)
-        except RuntimeError:
-            raise checks.bad_value(
-                "attn_mask",
-                f"expected a mask broadcastable to ({b}, {self.num_heads}, {n}, {n}), got "
-                f"{tuple(attn_mask.shape)}",
-            ) from None
-        if is_causal:
-            dense = dense & torch.ones(n, n, dtype=torch.bool, device=dense.device).tril()
-        return AttentionMask(dense=dense)
+        shape = (b, self.num_heads, n, n)
+        return AttentionMask.from_additive(attn_mask, bool(is_causal), shape=shape)
 
     def forward(
         self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False

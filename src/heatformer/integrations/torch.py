@@ -16,10 +16,10 @@ parameters included.
 
 Masks follow ``nn.MultiheadAttention``: ``key_padding_mask`` ``(B, S)`` and ``attn_mask``
 ``(L, S)`` or ``(B * H, L, S)``, boolean (``True`` = *not* allowed) or additive float of
-``0`` and ``-inf``. A causal ``attn_mask`` (or ``is_causal=True`` with one) and padding reach
-every graph kind as a causal flag and a ``(B, S)`` key mask; any other pattern stays a dense
-mask, which only the ``"softmax"`` kind takes. A fully masked query row is a node without
-out-edges: its output is 0 (``nn.MultiheadAttention`` gives NaN there).
+``0`` and ``-inf`` (or ``finfo.min``). A causal ``attn_mask`` (or ``is_causal=True`` with
+one) and padding reach every graph kind as a causal flag and a ``(B, S)`` key mask; any other
+pattern stays a dense mask, which only the ``"softmax"`` kind takes. A fully masked query row
+is a node without out-edges: its output is 0 (``nn.MultiheadAttention`` gives NaN there).
 
 Cross-attention (``key`` is not ``query``, as in ``nn.TransformerDecoderLayer.multihead_attn``)
 has a rectangular graph: attention heads work there, heads that add ``I' v`` (Laplacian) or
@@ -56,7 +56,7 @@ from heatformer.integrations._record import (
     unchanged,
 )
 from heatformer.models.attention import check_multihead_attention
-from heatformer.models.routing import AttentionMask
+from heatformer.models.routing import AttentionMask, allowed_from
 
 __all__ = ["MultiheadDiffusionAttention", "convert", "load_state_dict"]
 
@@ -181,7 +181,7 @@ class MultiheadDiffusionAttention(RecordedHeads):
     ) -> AttentionMask:
         key_mask = None
         if key_padding_mask is not None:
-            key_mask = ~_blocked("key_padding_mask", key_padding_mask)
+            key_mask = _allowed("key_padding_mask", key_padding_mask)
             if tuple(key_mask.shape) != (b, n_k):
                 raise checks.bad_value(
                     "key_padding_mask",
@@ -189,7 +189,7 @@ class MultiheadDiffusionAttention(RecordedHeads):
                 )
         if attn_mask is None:
             return AttentionMask(key_mask)
-        allowed = ~_blocked("attn_mask", attn_mask)
+        allowed = _allowed("attn_mask", attn_mask)
         if allowed.dim() == 2 and tuple(allowed.shape) == (n_q, n_k):
             tri = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
             if n_q == n_k and torch.equal(allowed, tri):
@@ -294,23 +294,13 @@ class MultiheadDiffusionAttention(RecordedHeads):
         )
 
 
-def _blocked(name: str, mask: Tensor) -> Tensor:
-    """A bool tensor, ``True`` = not allowed, from an ``nn.MultiheadAttention`` mask (bool,
-    ``True`` = not allowed, or additive float of 0 and -inf)."""
-    if not isinstance(mask, Tensor):
-        raise checks.bad_type(name, f"expected a tensor, got {type(mask).__name__}")
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.is_floating_point():
-        blocked = mask == float("-inf")
-        if not bool((blocked | (mask == 0)).all()):
-            raise checks.bad_value(
-                name,
-                "expected a boolean mask or an additive one of 0 and -inf; got other values "
-                "(an attention bias), which a diffusion operator cannot apply",
-            )
-        return blocked
-    raise checks.bad_type(name, f"expected a bool or float mask, got {mask.dtype}")
+def _allowed(name: str, mask: Tensor) -> Tensor:
+    """A bool tensor, ``True`` = may attend, from an ``nn.MultiheadAttention`` mask: bool with
+    ``True`` = not allowed (the opposite of SDPA's polarity), or additive float
+    (:func:`~heatformer.models.routing.allowed_from`)."""
+    if isinstance(mask, Tensor) and mask.dtype == torch.bool:
+        return ~mask
+    return allowed_from(mask, name)
 
 
 def _attention_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
