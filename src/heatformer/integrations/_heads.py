@@ -24,14 +24,16 @@ import torch
 from torch import Tensor, nn
 
 from heatformer import checks
-from heatformer.graph_ops import DiffusionOperator, Graph, GraphBuilder
+from heatformer.graph_ops import DiffusionOperator, Graph, GraphBuilder, resolve_graph
 from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 from heatformer.models.routing import AttentionMask, HeadRouter
 
-__all__ = ["HeadOperators", "convert_modules", "in_module", "layer_specs"]
+__all__ = ["HeadOperators", "convert_modules", "heads_for", "in_module", "layer_specs"]
 
 #: what a ``convert`` returns: the model or module it converted (or its replacement)
 _Root = TypeVar("_Root", bound=nn.Module)
+#: what an adapter makes for one attention module: its replacement, or new heads for it
+_Made = TypeVar("_Made", bound=nn.Module)
 
 
 def in_module(name: str, err: ValueError) -> checks.ArgumentValueError:
@@ -57,16 +59,20 @@ def convert_modules(
     found: Sequence[tuple[str, nn.Module]],
     plan: Sequence[tuple[str, str]],
     *,
-    make: Callable[[str, nn.Module, str, str], nn.Module],
-    install: Callable[[_Root, Sequence[tuple[str, nn.Module]], list[nn.Module]], _Root],
+    make: Callable[[str, nn.Module, str, str], _Made],
+    install: Callable[[_Root, Sequence[tuple[str, nn.Module]], list[_Made]], _Root],
 ) -> _Root:
-    """The skeleton of every adapter's ``convert`` and ``load_state_dict``.
+    """The skeleton of every adapter's ``convert`` and ``load_state_dict``::
+
+        found = find(model)                                # the adapter's attention modules
+        plan = layer_specs(heads, graph, len(found))       # or what a state dict records
+        return convert_modules(model, found, plan, make=make, install=install)
 
     Args:
         root: the model or module converted.
         found: ``(name, module)`` of its attention modules (the adapter's ``find``).
-        plan: ``(head spec, graph kind)`` of each (:func:`layer_specs`, or a state dict's
-            records).
+        plan: ``(head spec, graph kind)`` of each (:func:`layer_specs`, or
+            :func:`~heatformer.integrations._record.recorded`).
         make: ``make(name, module, spec, kind)``: the module's replacement, or the
             :class:`HeadOperators` to give a module converted before (its own when they were
             built from ``spec`` and ``kind``).
@@ -76,13 +82,31 @@ def convert_modules(
         ValueError: what ``make`` raises, with the module's name in its detail
             (:func:`in_module`).
     """
-    made = []
+    made: list[_Made] = []
     for (name, module), (spec, kind) in zip(found, plan, strict=True):
         try:
             made.append(make(name, module, spec, kind))
         except ValueError as err:
             raise in_module(name or type(module).__name__, err) from None
     return install(root, found, made)
+
+
+def heads_for(
+    current: object, spec: str, kind: str, num_heads: int, like: nn.Module
+) -> HeadOperators:
+    """The heads a converted attention module gets: ``current`` when they were built from
+    ``spec`` and ``kind`` (converting again keeps them, learned parameters included), else new
+    heads in the dtype and on the device of ``like``'s first parameter (the module's weights).
+
+    Raises:
+        ValueError: a spec that does not fit ``num_heads``, an unknown graph kind.
+    """
+    if isinstance(current, HeadOperators) and current.built_from(spec, kind):
+        return current
+    param = next(like.parameters(), None)
+    device = None if param is None else param.device
+    dtype = param.dtype if param is not None and param.is_floating_point() else None
+    return HeadOperators(spec, num_heads, graph=kind, device=device, dtype=dtype)
 
 
 class HeadOperators(nn.Module):
@@ -141,6 +165,12 @@ class HeadOperators(nn.Module):
     def all_affine(self) -> bool:
         """Whether every head is affine in one propagation (what a KV cache needs)."""
         return self.router.all_affine
+
+    def built_from(self, spec: str, graph: str | GraphBuilder) -> bool:
+        """Whether these heads were built from the head spec ``spec`` and the graph kind
+        ``graph``: converting again with them keeps the heads, and their learned parameters,
+        instead of building new ones."""
+        return self.source == spec.strip() and self.graph_kind.spec == resolve_graph(graph).spec
 
     def extra_repr(self) -> str:
         return f"heads={self.spec!r}, graph={self.graph_kind.spec!r}"

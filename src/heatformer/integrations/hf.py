@@ -59,13 +59,14 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.analysis.hooks import LayerSnapshot
 from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
-from heatformer.integrations._heads import HeadOperators, in_module, layer_specs
-from heatformer.integrations._record import (
-    ModuleRecord,
-    model_record,
-    read_model_record,
-    unchanged,
+from heatformer.integrations._heads import (
+    HeadOperators,
+    convert_modules,
+    heads_for,
+    in_module,
+    layer_specs,
 )
+from heatformer.integrations._record import ModuleRecord, model_record, read_model_record
 from heatformer.models.routing import AttentionMask
 
 #: the oldest transformers this module works with (the ``hf`` extra of setup.cfg declares it):
@@ -310,13 +311,16 @@ def _restore_call(config: object) -> str | None:
     return str(restore or "heatformer.integrations.hf.from_pretrained(model_class, path)")
 
 
+def _heads_of(name: str, module: nn.Module, spec: str, kind: str) -> HeadOperators:
+    """The heads of one attention module: its own when they were built from ``spec`` and
+    ``kind``, else new ones in the dtype and on the device of its weights."""
+    return heads_for(getattr(module, HEADS_ATTRIBUTE, None), spec, kind, _num_heads(module), module)
+
+
 def _new_heads(name: str, module: nn.Module, spec: str, kind: str) -> HeadOperators:
-    """Heads for one attention module, in the dtype and on the device of its weights."""
-    param = next(module.parameters(), None)
-    device = None if param is None else param.device
-    dtype = param.dtype if param is not None and param.is_floating_point() else None
+    """New heads for one attention module, in the dtype and on the device of its weights."""
     try:
-        return HeadOperators(spec, _num_heads(module), graph=kind, device=device, dtype=dtype)
+        return heads_for(None, spec, kind, _num_heads(module), module)
     except ValueError as err:
         raise in_module(name, err) from None
 
@@ -403,6 +407,41 @@ def _write_record(model: nn.Module, modules: Sequence[tuple[str, nn.Module]]) ->
     config.attn_implementation = IMPLEMENTATION  # read back by the config's __init__
 
 
+def _convertible(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The attention modules :func:`convert` gives heads to.
+
+    Raises:
+        ValueError: no attention module; a model saved converted and loaded without its heads.
+    """
+    modules = attention_modules(model)
+    if not modules:
+        raise checks.bad_value(
+            "model",
+            f"found no attention module in {type(model).__name__} that calls transformers' "
+            "AttentionInterface (models written for transformers >= 5 do)",
+        )
+    restore = _restore_call(getattr(model, "config", None))
+    if restore is not None and not all(hasattr(m, HEADS_ATTRIBUTE) for _, m in modules):
+        raise checks.bad_value(
+            "model",
+            f"{type(model).__name__} was saved converted (its config records heatformer heads) "
+            "and loaded without them, so their learned parameters were not loaded; load it "
+            f"with {restore}, or call heatformer.integrations.hf.revert(model) first to drop "
+            "the record and convert the model as it is",
+        )
+    return modules
+
+
+def _install(
+    model: nn.Module, modules: Sequence[tuple[str, nn.Module]], made: list[HeadOperators]
+) -> nn.Module:
+    """Attach the heads, record them in the config and watch ``output_attentions``."""
+    _attach(model, modules, made)
+    _write_record(model, modules)
+    _watch_output_attentions(model)
+    return model
+
+
 def convert(
     model: nn.Module,
     heads: str | Sequence[str],
@@ -438,35 +477,9 @@ def convert(
             implementation; a model saved converted and loaded without its heads (their
             learned parameters would be lost: use :func:`from_pretrained`).
     """
-    modules = attention_modules(model)
-    if not modules:
-        raise checks.bad_value(
-            "model",
-            f"found no attention module in {type(model).__name__} that calls transformers' "
-            "AttentionInterface (models written for transformers >= 5 do)",
-        )
-    restore = _restore_call(getattr(model, "config", None))
-    if restore is not None and not all(hasattr(m, HEADS_ATTRIBUTE) for _, m in modules):
-        raise checks.bad_value(
-            "model",
-            f"{type(model).__name__} was saved converted (its config records heatformer heads) "
-            "and loaded without them, so their learned parameters were not loaded; load it "
-            f"with {restore}, or call heatformer.integrations.hf.revert(model) first to drop "
-            "the record and convert the model as it is",
-        )
-    made = []
-    for (name, module), (spec, kind) in zip(
-        modules, layer_specs(heads, graph, len(modules)), strict=True
-    ):
-        current = getattr(module, HEADS_ATTRIBUTE, None)
-        if isinstance(current, HeadOperators) and unchanged(current, spec, kind):
-            made.append(current)
-        else:
-            made.append(_new_heads(name, module, spec, kind))
-    _attach(model, modules, made)
-    _write_record(model, modules)
-    _watch_output_attentions(model)
-    return model
+    modules = _convertible(model)
+    plan = layer_specs(heads, graph, len(modules))
+    return convert_modules(model, modules, plan, make=_heads_of, install=_install)
 
 
 def revert(model: nn.Module) -> nn.Module:

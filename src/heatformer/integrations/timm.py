@@ -46,12 +46,13 @@ from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
-from heatformer.integrations._heads import HeadOperators, in_module, layer_specs
-from heatformer.integrations._record import (
-    RecordedHeads,
-    recorded,
-    unchanged,
+from heatformer.integrations._heads import (
+    HeadOperators,
+    convert_modules,
+    heads_for,
+    layer_specs,
 )
+from heatformer.integrations._record import RecordedHeads, recorded
 from heatformer.models.routing import AttentionMask
 
 __all__ = ["MIN_TIMM", "TimmDiffusionAttention", "convert", "import_timm", "load_state_dict"]
@@ -328,23 +329,18 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _converted(name: str, attn: nn.Module, spec: str, kind: str) -> nn.Module:
-    """The converted module for ``attn`` (a converted one gets new heads, or keeps its own
-    when they were built from ``spec`` and ``kind``): a :class:`TimmDiffusionAttention`, or
-    the :class:`HeadOperators` to give a converted one."""
-    try:
-        if isinstance(attn, TimmDiffusionAttention):
-            if unchanged(attn.heads, spec, kind):
-                return attn.heads
-            w = next(attn.qkv.parameters())
-            return HeadOperators(spec, attn.num_heads, graph=kind, device=w.device, dtype=w.dtype)
-        return TimmDiffusionAttention(attn, spec, graph=kind)
-    except ValueError as err:
-        raise in_module(name, err) from None
+    """The converted module for ``attn``: a :class:`TimmDiffusionAttention`, or for a
+    converted one the :class:`HeadOperators` to give it (its own when they were built from
+    ``spec`` and ``kind``)."""
+    if isinstance(attn, TimmDiffusionAttention):
+        return heads_for(attn.heads, spec, kind, attn.num_heads, attn)
+    return TimmDiffusionAttention(attn, spec, graph=kind)
 
 
 def _install(
     model: nn.Module, found: Sequence[tuple[str, nn.Module]], made: list[nn.Module]
-) -> None:
+) -> nn.Module:
+    """Put the converted modules in place; returns ``model``."""
     for (name, attn), new in zip(found, made, strict=True):
         if isinstance(new, HeadOperators):
             attn.heads = new
@@ -352,6 +348,7 @@ def _install(
         new.train(attn.training)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    return model
 
 
 def convert(
@@ -375,9 +372,7 @@ def convert(
     """
     found = _attention_modules(model)
     plan = layer_specs(heads, graph, len(found))
-    made = [_converted(name, attn, *specs) for (name, attn), specs in zip(found, plan, strict=True)]
-    _install(model, found, made)
-    return model
+    return convert_modules(model, found, plan, make=_converted, install=_install)
 
 
 def load_state_dict(
@@ -407,7 +402,7 @@ def load_state_dict(
         ValueError: a recorded module that ``model`` does not have, or one that cannot be
             rebuilt from its record.
     """
-    targets = recorded(_attention_modules(model), state_dict)
-    _install(model, [(n, m) for n, m, _, _ in targets], [_converted(*t) for t in targets])
+    found, plan = recorded(_attention_modules(model), state_dict)
+    model = convert_modules(model, found, plan, make=_converted, install=_install)
     model.load_state_dict(state_dict, strict=strict)
     return model

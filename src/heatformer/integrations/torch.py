@@ -49,12 +49,13 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
 from heatformer.graph_ops._precision import attention_scores
-from heatformer.integrations._heads import HeadOperators, in_module, layer_specs
-from heatformer.integrations._record import (
-    RecordedHeads,
-    recorded,
-    unchanged,
+from heatformer.integrations._heads import (
+    HeadOperators,
+    convert_modules,
+    heads_for,
+    layer_specs,
 )
+from heatformer.integrations._record import RecordedHeads, recorded
 from heatformer.models.attention import check_multihead_attention
 from heatformer.models.routing import AttentionMask, allowed_from
 
@@ -324,21 +325,15 @@ def _converted(name: str, mha: nn.Module, spec: str, kind: str) -> nn.Module:
     """A :class:`MultiheadDiffusionAttention` for an ``nn.MultiheadAttention``; for a converted
     one, the :class:`HeadOperators` to give it (its own when built from ``spec`` and
     ``kind``)."""
-    try:
-        if isinstance(mha, MultiheadDiffusionAttention):
-            if unchanged(mha.heads, spec, kind):
-                return mha.heads
-            w = mha.in_proj_weight
-            return HeadOperators(spec, mha.num_heads, graph=kind, device=w.device, dtype=w.dtype)
-        if not isinstance(mha, nn.MultiheadAttention):  # pragma: no cover - found by type
-            raise checks.bad_type("module", f"expected an nn.MultiheadAttention, got {mha!r}")
-        return MultiheadDiffusionAttention.from_mha(mha, spec, graph=kind)
-    except ValueError as err:
-        raise in_module(name or type(mha).__name__, err) from None
+    if isinstance(mha, MultiheadDiffusionAttention):
+        return heads_for(mha.heads, spec, kind, mha.num_heads, mha)
+    if not isinstance(mha, nn.MultiheadAttention):  # pragma: no cover - found by type
+        raise checks.bad_type("module", f"expected an nn.MultiheadAttention, got {mha!r}")
+    return MultiheadDiffusionAttention.from_mha(mha, spec, graph=kind)
 
 
 def _install(
-    module: nn.Module, found: Sequence[tuple[str, nn.Module]], made: Sequence[nn.Module]
+    module: nn.Module, found: Sequence[tuple[str, nn.Module]], made: list[nn.Module]
 ) -> nn.Module:
     """Put the converted modules in place; returns ``module``, or its replacement when it is
     an attention module itself."""
@@ -388,8 +383,7 @@ def convert(
     """
     found = _attention_modules(module)
     plan = layer_specs(heads, graph, len(found))
-    made = [_converted(name, mha, *specs) for (name, mha), specs in zip(found, plan, strict=True)]
-    return _install(module, found, made)
+    return convert_modules(module, found, plan, make=_converted, install=_install)
 
 
 def load_state_dict(
@@ -419,7 +413,7 @@ def load_state_dict(
         ValueError: a recorded module that ``module`` does not have, or one that cannot be
             rebuilt from its record.
     """
-    targets = recorded(_attention_modules(module), state_dict)
-    module = _install(module, [(n, m) for n, m, _, _ in targets], [_converted(*t) for t in targets])
+    found, plan = recorded(_attention_modules(module), state_dict)
+    module = convert_modules(module, found, plan, make=_converted, install=_install)
     module.load_state_dict(state_dict, strict=strict)
     return module
