@@ -13,7 +13,7 @@ How it plugs in: transformers looks up two functions by the model's attention im
 name, one that builds the attention mask and one that attends. This module registers both
 under ``"heatformer"``:
 
-- the **mask function** returns an :class:`~heatformer.integrations._heads.AttentionMask`:
+- the **mask function** returns an :class:`~heatformer.models.routing.AttentionMask`:
   the padding mask ``(B, T)`` and the causal flag with the positions of queries and keys, so
   causal, padding and bidirectional masks arrive intact and nothing ``N x N`` is formed;
   any other pattern (sliding windows, packed sequences) arrives as transformers' own dense
