@@ -1,7 +1,7 @@
 r"""The diffusion heads of one attention layer of another library's model.
 
 Every adapter of this package hands its layer's queries, keys and values to a
-:class:`HeadOperators` module, with an :class:`~heatformer.models.routing.AttentionMask`
+:class:`HeadOperators` module, with an :class:`~heatformer.models.masks.AttentionMask`
 saying which keys each query may attend. The module holds the operators (their parameters
 belong to the host model) and routes the heads through the same
 :class:`~heatformer.models.routing.HeadRouter` as :class:`~heatformer.models.DiffusionAttention`:
@@ -26,7 +26,8 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, Graph, GraphBuilder, resolve_graph
 from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
-from heatformer.models.routing import AttentionMask, HeadRouter
+from heatformer.models.masks import AttentionMask
+from heatformer.models.routing import HeadRouter
 
 __all__ = ["HeadOperators", "convert_modules", "heads_for", "in_module", "layer_specs"]
 

@@ -13,7 +13,7 @@ How it plugs in: transformers looks up two functions by the model's attention im
 name, one that builds the attention mask and one that attends. This module registers both
 under ``"heatformer"``:
 
-- the **mask function** returns an :class:`~heatformer.models.routing.AttentionMask`:
+- the **mask function** returns an :class:`~heatformer.models.masks.AttentionMask`:
   the padding mask ``(B, T)`` and the causal flag with the positions of queries and keys, so
   causal, padding and bidirectional masks arrive intact and nothing ``N x N`` is formed;
   any other pattern (sliding windows, packed sequences) arrives as transformers' own dense
@@ -67,7 +67,7 @@ from heatformer.integrations._heads import (
     layer_specs,
 )
 from heatformer.integrations._record import ModuleRecord, model_record, read_model_record
-from heatformer.models.routing import AttentionMask
+from heatformer.models.masks import AttentionMask
 
 #: the oldest transformers this module works with (the ``hf`` extra of setup.cfg declares it):
 #: 5.0-5.3 call mask functions with ``cache_position`` instead of ``q_length``/``q_offset``

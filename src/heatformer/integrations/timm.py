@@ -53,7 +53,7 @@ from heatformer.integrations._heads import (
     layer_specs,
 )
 from heatformer.integrations._record import RecordedHeads, recorded
-from heatformer.models.routing import AttentionMask
+from heatformer.models.masks import AttentionMask
 
 __all__ = ["MIN_TIMM", "TimmDiffusionAttention", "convert", "import_timm", "load_state_dict"]
 

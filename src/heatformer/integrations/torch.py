@@ -57,7 +57,7 @@ from heatformer.integrations._heads import (
 )
 from heatformer.integrations._record import RecordedHeads, recorded
 from heatformer.models.attention import check_multihead_attention
-from heatformer.models.routing import AttentionMask, allowed_from
+from heatformer.models.masks import AttentionMask, allowed_from
 
 __all__ = ["MultiheadDiffusionAttention", "convert", "load_state_dict"]
 
@@ -298,7 +298,7 @@ class MultiheadDiffusionAttention(RecordedHeads):
 def _allowed(name: str, mask: Tensor) -> Tensor:
     """A bool tensor, ``True`` = may attend, from an ``nn.MultiheadAttention`` mask: bool with
     ``True`` = not allowed (the opposite of SDPA's polarity), or additive float
-    (:func:`~heatformer.models.routing.allowed_from`)."""
+    (:func:`~heatformer.models.masks.allowed_from`)."""
     if isinstance(mask, Tensor) and mask.dtype == torch.bool:
         return ~mask
     return allowed_from(mask, name)

@@ -39,7 +39,8 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, Graph, GraphBuilder, resolve_graph
 from heatformer.models.cache import KVCache
-from heatformer.models.routing import AttentionMask, HeadRouter
+from heatformer.models.masks import AttentionMask
+from heatformer.models.routing import HeadRouter
 
 __all__ = ["DiffusionAttention", "KVCache"]
 
