@@ -99,6 +99,12 @@ def heads_for(
     ``spec`` and ``kind`` (converting again keeps them, learned parameters included), else new
     heads in the dtype and on the device of ``like``'s first parameter (the module's weights).
 
+    Args:
+        current: the module's heads (None, or anything else, for a module without them).
+        spec, kind: the head spec and graph kind of the conversion.
+        num_heads: the module's ``H``.
+        like: the attention module.
+
     Raises:
         ValueError: a spec that does not fit ``num_heads``, an unknown graph kind.
     """

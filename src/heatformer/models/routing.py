@@ -212,9 +212,17 @@ class HeadRouter:
 
         A compact mask goes to the graph kind; a dense one (any other pattern) to a
         :class:`~heatformer.graph_ops.SoftmaxGraph`, for a kind that
-        :attr:`~heatformer.graph_ops.GraphBuilder.takes_dense_mask` only. With
-        ``symmetric_mask``, masked queries lose their out-edges too, so that ``W^T`` cannot
-        carry them to real tokens.
+        :attr:`~heatformer.graph_ops.GraphBuilder.takes_dense_mask` only.
+
+        Args:
+            q, k: ``(B, h, N, Dh)`` queries and keys of the heads built (``h <= H``).
+            mask: which keys each query may attend (a dense mask of those heads).
+            scale: logit scale (default ``1 / sqrt(Dh)``).
+            symmetric_mask: masked queries lose their out-edges too, so that ``W^T`` cannot
+                carry them to real tokens (for operators that read it).
+
+        Returns:
+            The graph, batch shape ``(B, h)``, ``N`` nodes.
 
         Raises:
             ValueError: a mask the graph kind does not take.
@@ -250,6 +258,14 @@ class HeadRouter:
         Plain attention runs stay ``pv`` untouched and fixed coefficients are applied as the
         host knows them (``v - P v`` for the Laplacian step), so elementwise work is paid only
         by the heads that mix.
+
+        Args:
+            pv: ``(B, Hf, N, C)``: ``P v`` of the fused heads, in head order.
+            ident: ``(B, Hf, N, C)``: ``I' v`` of the same heads; None when no fused head
+                adds ``b I' v``.
+
+        Returns:
+            ``(B, Hf, N, C)``.
         """
         pieces = []
         # split, not slices: the backward of a split is one concatenation, where each slice's
