@@ -13,7 +13,8 @@ a spec string at the boundary (a config, the command line) by :func:`resolve_gra
                             (:class:`~heatformer.graph_ops.WindowGraph`, ``O(N (w + g))``)
 ==========================  =================================================================
 
-An entry declares what it supports -- causal masking, key masks, incremental decoding
+An entry declares what it supports -- causal masking, key masks, any dense mask pattern
+(:attr:`GraphBuilder.takes_dense_mask`), incremental decoding
 (:meth:`GraphBuilder.decode`, which the KV cache calls), which past keys decoding needs
 (:meth:`GraphBuilder.cache_keep`), what a graph costs in memory (:meth:`GraphBuilder.edges_per_row`,
 :meth:`GraphBuilder.saved_bytes_per_edge`, which the memory preflight of ``heatformer compare``
@@ -70,6 +71,12 @@ class GraphBuilder:
     supports_key_mask: ClassVar[bool] = True
     #: :meth:`decode` serves KV-cache decoding, equal to recomputing the full graph
     incremental: ClassVar[bool] = False
+    #: the kind is the dense attention graph ``softmax(q k^T * scale)`` itself, so it takes
+    #: any boolean mask pattern as a dense ``(..., Nq, T)`` mask (sliding windows, packed
+    #: sequences: what a host library passes beyond padding and causal order), built as a
+    #: :class:`~heatformer.graph_ops.SoftmaxGraph` with that mask or one SDPA call with it;
+    #: other kinds take key masks and causal order only
+    takes_dense_mask: ClassVar[bool] = False
     #: parameter sets worth testing, the defaults first (the combination matrix runs them)
     examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
 
@@ -203,6 +210,7 @@ class SoftmaxBuilder(GraphBuilder):
 
     name = "softmax"
     incremental = True
+    takes_dense_mask = True
 
     def saved_bytes_per_edge(self, itemsize: int) -> int:
         # propagate is one fused SDPA call: it saves its output and one log-sum-exp per row,

@@ -13,8 +13,11 @@ One module per library, each imported on its own (its library is an optional ext
   heads)``, ``load_state_dict(module, state_dict)`` (no extra).
 
 The adapters share :class:`~heatformer.integrations._heads.HeadOperators`, which applies one
-operator per head to the host layer's own queries, keys and values, and the conversion record
-of :mod:`heatformer.integrations._record`, which a saved converted model carries (in
+operator per head to the host layer's own queries, keys and values (through the
+:class:`~heatformer.models.routing.HeadRouter` that
+:class:`~heatformer.models.DiffusionAttention` uses too), one convert skeleton
+(:func:`~heatformer.integrations._heads.convert_modules`), and the conversion record of
+:mod:`heatformer.integrations._record`, which a saved converted model carries (in
 ``config.json`` for transformers, in the state dict for timm and ``torch.nn``) so that it
 loads as what it is.
 """

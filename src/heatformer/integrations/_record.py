@@ -30,7 +30,6 @@ import torch
 from torch import Tensor, nn
 
 from heatformer import checks
-from heatformer.graph_ops import resolve_graph
 from heatformer.integrations._heads import HeadOperators
 
 __all__ = [
@@ -42,7 +41,6 @@ __all__ = [
     "read_model_record",
     "recorded",
     "records_in_state_dict",
-    "unchanged",
 ]
 
 #: the version of the record's layout
@@ -127,16 +125,6 @@ class ModuleRecord:
                              device=device, dtype=dtype)  # fmt: skip
 
 
-def unchanged(heads: object, spec: str, graph: str) -> bool:
-    """Whether ``heads`` were built from ``spec`` and ``graph``: converting again with them
-    keeps the heads, and their learned parameters, instead of building new ones."""
-    return (
-        isinstance(heads, HeadOperators)
-        and heads.source == spec.strip()
-        and heads.graph_kind.spec == resolve_graph(graph).spec
-    )
-
-
 # ---- a whole model's record (Hugging Face config.json) --------------------------------------
 
 
@@ -215,10 +203,11 @@ def records_in_state_dict(state_dict: Mapping[str, object]) -> dict[str, ModuleR
 
 def recorded(
     found: Sequence[tuple[str, nn.Module]], state_dict: Mapping[str, object]
-) -> list[tuple[str, nn.Module, str, str]]:
-    """``(name, module, head spec, graph kind)`` of every module in ``found`` (a model's
-    convertible modules) that ``state_dict`` records: how to convert the model before the
-    state dict loads.
+) -> tuple[list[tuple[str, nn.Module]], list[tuple[str, str]]]:
+    """``(name, module)`` of every module in ``found`` (a model's convertible modules) that
+    ``state_dict`` records, and the ``(head spec, graph kind)`` of each: how to convert the
+    model before the state dict loads (see
+    :func:`~heatformer.integrations._heads.convert_modules`).
 
     Raises:
         ValueError: a record of a module the model does not have, or of heads built from
@@ -233,11 +222,9 @@ def recorded(
             f"records converted modules {unknown} that this model does not have (its "
             f"attention modules: {names}); expected the state dict of this architecture",
         )
-    return [
-        (name, module, records[name].spec(name, "state_dict"), records[name].graph)
-        for name, module in found
-        if name in records
-    ]
+    targets = [(name, module) for name, module in found if name in records]
+    plan = [(records[name].spec(name, "state_dict"), records[name].graph) for name, _ in targets]
+    return targets, plan
 
 
 class RecordedHeads(nn.Module):

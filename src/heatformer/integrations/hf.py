@@ -13,7 +13,7 @@ How it plugs in: transformers looks up two functions by the model's attention im
 name, one that builds the attention mask and one that attends. This module registers both
 under ``"heatformer"``:
 
-- the **mask function** returns an :class:`~heatformer.integrations._heads.AttentionMask`:
+- the **mask function** returns an :class:`~heatformer.models.masks.AttentionMask`:
   the padding mask ``(B, T)`` and the causal flag with the positions of queries and keys, so
   causal, padding and bidirectional masks arrive intact and nothing ``N x N`` is formed;
   any other pattern (sliding windows, packed sequences) arrives as transformers' own dense
@@ -59,13 +59,15 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.analysis.hooks import LayerSnapshot
 from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
-from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
-from heatformer.integrations._record import (
-    ModuleRecord,
-    model_record,
-    read_model_record,
-    unchanged,
+from heatformer.integrations._heads import (
+    HeadOperators,
+    convert_modules,
+    heads_for,
+    in_module,
+    layer_specs,
 )
+from heatformer.integrations._record import ModuleRecord, model_record, read_model_record
+from heatformer.models.masks import AttentionMask
 
 #: the oldest transformers this module works with (the ``hf`` extra of setup.cfg declares it):
 #: 5.0-5.3 call mask functions with ``cache_position`` instead of ``q_length``/``q_offset``
@@ -180,19 +182,11 @@ def _as_mask(
         causal = causal and n_q > 1
         return AttentionMask(causal=causal, q_offset=0 if causal else n_k - n_q)
     if isinstance(mask, Tensor) and mask.dim() == 4 and tuple(mask.shape[-2:]) == (n_q, n_k):
-        if mask.dtype == torch.bool:
-            return AttentionMask(dense=mask, q_offset=n_k - n_q)
-        if mask.is_floating_point():
-            allowed = mask == 0
-            blocked = mask <= torch.finfo(mask.dtype).min / 2
-            if not bool((allowed | blocked).all()):
-                raise checks.bad_value(
-                    "attention_mask",
-                    "expected a boolean mask, or an additive one of 0 (attend) and -inf / "
-                    "finfo.min (blocked); got other values (an attention bias), which a "
-                    "diffusion operator cannot apply",
-                )
-            return AttentionMask(dense=allowed, q_offset=n_k - n_q)
+        if mask.dtype == torch.bool or mask.is_floating_point():
+            shape = (int(q.shape[0]), int(q.shape[1]), n_q, n_k)
+            return AttentionMask.from_additive(
+                mask, shape=shape, argument="attention_mask", q_offset=n_k - n_q
+            )
     got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
     raise checks.bad_value(
         "attention_mask",
@@ -317,13 +311,16 @@ def _restore_call(config: object) -> str | None:
     return str(restore or "heatformer.integrations.hf.from_pretrained(model_class, path)")
 
 
+def _heads_of(name: str, module: nn.Module, spec: str, kind: str) -> HeadOperators:
+    """The heads of one attention module: its own when they were built from ``spec`` and
+    ``kind``, else new ones in the dtype and on the device of its weights."""
+    return heads_for(getattr(module, HEADS_ATTRIBUTE, None), spec, kind, _num_heads(module), module)
+
+
 def _new_heads(name: str, module: nn.Module, spec: str, kind: str) -> HeadOperators:
-    """Heads for one attention module, in the dtype and on the device of its weights."""
-    param = next(module.parameters(), None)
-    device = None if param is None else param.device
-    dtype = param.dtype if param is not None and param.is_floating_point() else None
+    """New heads for one attention module, in the dtype and on the device of its weights."""
     try:
-        return HeadOperators(spec, _num_heads(module), graph=kind, device=device, dtype=dtype)
+        return heads_for(None, spec, kind, _num_heads(module), module)
     except ValueError as err:
         raise in_module(name, err) from None
 
@@ -410,6 +407,41 @@ def _write_record(model: nn.Module, modules: Sequence[tuple[str, nn.Module]]) ->
     config.attn_implementation = IMPLEMENTATION  # read back by the config's __init__
 
 
+def _convertible(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The attention modules :func:`convert` gives heads to.
+
+    Raises:
+        ValueError: no attention module; a model saved converted and loaded without its heads.
+    """
+    modules = attention_modules(model)
+    if not modules:
+        raise checks.bad_value(
+            "model",
+            f"found no attention module in {type(model).__name__} that calls transformers' "
+            "AttentionInterface (models written for transformers >= 5 do)",
+        )
+    restore = _restore_call(getattr(model, "config", None))
+    if restore is not None and not all(hasattr(m, HEADS_ATTRIBUTE) for _, m in modules):
+        raise checks.bad_value(
+            "model",
+            f"{type(model).__name__} was saved converted (its config records heatformer heads) "
+            "and loaded without them, so their learned parameters were not loaded; load it "
+            f"with {restore}, or call heatformer.integrations.hf.revert(model) first to drop "
+            "the record and convert the model as it is",
+        )
+    return modules
+
+
+def _install(
+    model: nn.Module, modules: Sequence[tuple[str, nn.Module]], made: list[HeadOperators]
+) -> nn.Module:
+    """Attach the heads, record them in the config and watch ``output_attentions``."""
+    _attach(model, modules, made)
+    _write_record(model, modules)
+    _watch_output_attentions(model)
+    return model
+
+
 def convert(
     model: nn.Module,
     heads: str | Sequence[str],
@@ -445,35 +477,9 @@ def convert(
             implementation; a model saved converted and loaded without its heads (their
             learned parameters would be lost: use :func:`from_pretrained`).
     """
-    modules = attention_modules(model)
-    if not modules:
-        raise checks.bad_value(
-            "model",
-            f"found no attention module in {type(model).__name__} that calls transformers' "
-            "AttentionInterface (models written for transformers >= 5 do)",
-        )
-    restore = _restore_call(getattr(model, "config", None))
-    if restore is not None and not all(hasattr(m, HEADS_ATTRIBUTE) for _, m in modules):
-        raise checks.bad_value(
-            "model",
-            f"{type(model).__name__} was saved converted (its config records heatformer heads) "
-            "and loaded without them, so their learned parameters were not loaded; load it "
-            f"with {restore}, or call heatformer.integrations.hf.revert(model) first to drop "
-            "the record and convert the model as it is",
-        )
-    made = []
-    for (name, module), (spec, kind) in zip(
-        modules, layer_specs(heads, graph, len(modules)), strict=True
-    ):
-        current = getattr(module, HEADS_ATTRIBUTE, None)
-        if isinstance(current, HeadOperators) and unchanged(current, spec, kind):
-            made.append(current)
-        else:
-            made.append(_new_heads(name, module, spec, kind))
-    _attach(model, modules, made)
-    _write_record(model, modules)
-    _watch_output_attentions(model)
-    return model
+    modules = _convertible(model)
+    plan = layer_specs(heads, graph, len(modules))
+    return convert_modules(model, modules, plan, make=_heads_of, install=_install)
 
 
 def revert(model: nn.Module) -> nn.Module:

@@ -42,17 +42,18 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
-from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
-from heatformer.integrations._record import (
-    RecordedHeads,
-    recorded,
-    unchanged,
+from heatformer.integrations._heads import (
+    HeadOperators,
+    convert_modules,
+    heads_for,
+    layer_specs,
 )
+from heatformer.integrations._record import RecordedHeads, recorded
+from heatformer.models.masks import AttentionMask
 
 __all__ = ["MIN_TIMM", "TimmDiffusionAttention", "convert", "import_timm", "load_state_dict"]
 
@@ -222,8 +223,8 @@ class TimmDiffusionAttention(RecordedHeads):
     Shape:
         ``forward(x, attn_mask=None, is_causal=False)``: ``(B, N, D)`` -> ``(B, N, D)``.
         ``attn_mask`` as timm passes it to SDPA: boolean (``True`` = may attend) or additive
-        float of 0 and -inf, broadcastable to ``(B, H, N, N)``; a ``(B, 1, 1, N)`` boolean
-        mask is a key mask, which every graph kind takes.
+        float of 0 and -inf (or ``finfo.min``), broadcastable to ``(B, H, N, N)``; a
+        ``(B, 1, 1, N)`` mask is a key mask, which every graph kind takes.
 
     Equivalent to timm's ``Attention.forward`` with the SDPA call replaced by::
 
@@ -267,38 +268,11 @@ class TimmDiffusionAttention(RecordedHeads):
         return self.heads.spec
 
     def _mask(self, attn_mask: Tensor | None, is_causal: bool, b: int, n: int) -> AttentionMask:
+        """timm's ``attn_mask`` as SDPA takes it (``(B, 1, 1, N)``: a key mask)."""
         if attn_mask is None:
             return AttentionMask(causal=bool(is_causal))
-        if not isinstance(attn_mask, Tensor) or attn_mask.dim() > 4:
-            raise checks.bad_type("attn_mask", f"expected a tensor, got {type(attn_mask).__name__}")
-        if attn_mask.dtype == torch.bool:
-            allowed = attn_mask
-        elif attn_mask.is_floating_point():
-            allowed = attn_mask == 0
-            if not bool((allowed | (attn_mask == float("-inf"))).all()):
-                raise checks.bad_value(
-                    "attn_mask",
-                    "expected a boolean mask or an additive one of 0 and -inf; got other "
-                    "values (an attention bias), which a diffusion operator cannot apply",
-                )
-        else:
-            raise checks.bad_type(
-                "attn_mask", f"expected a bool or float mask, got {attn_mask.dtype}"
-            )
-        allowed = allowed.reshape(*([1] * (4 - allowed.dim())), *allowed.shape)  # 4-D
-        if tuple(allowed.shape) == (b, 1, 1, n):
-            return AttentionMask(allowed.reshape(b, n), causal=bool(is_causal))
-        try:
-            dense = allowed.expand(b, self.num_heads, n, n)
-        except RuntimeError:
-            raise checks.bad_value(
-                "attn_mask",
-                f"expected a mask broadcastable to ({b}, {self.num_heads}, {n}, {n}), got "
-                f"{tuple(attn_mask.shape)}",
-            ) from None
-        if is_causal:
-            dense = dense & torch.ones(n, n, dtype=torch.bool, device=dense.device).tril()
-        return AttentionMask(dense=dense)
+        shape = (b, self.num_heads, n, n)
+        return AttentionMask.from_additive(attn_mask, bool(is_causal), shape=shape)
 
     def forward(
         self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False
@@ -355,23 +329,18 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _converted(name: str, attn: nn.Module, spec: str, kind: str) -> nn.Module:
-    """The converted module for ``attn`` (a converted one gets new heads, or keeps its own
-    when they were built from ``spec`` and ``kind``): a :class:`TimmDiffusionAttention`, or
-    the :class:`HeadOperators` to give a converted one."""
-    try:
-        if isinstance(attn, TimmDiffusionAttention):
-            if unchanged(attn.heads, spec, kind):
-                return attn.heads
-            w = next(attn.qkv.parameters())
-            return HeadOperators(spec, attn.num_heads, graph=kind, device=w.device, dtype=w.dtype)
-        return TimmDiffusionAttention(attn, spec, graph=kind)
-    except ValueError as err:
-        raise in_module(name, err) from None
+    """The converted module for ``attn``: a :class:`TimmDiffusionAttention`, or for a
+    converted one the :class:`HeadOperators` to give it (its own when they were built from
+    ``spec`` and ``kind``)."""
+    if isinstance(attn, TimmDiffusionAttention):
+        return heads_for(attn.heads, spec, kind, attn.num_heads, attn)
+    return TimmDiffusionAttention(attn, spec, graph=kind)
 
 
 def _install(
     model: nn.Module, found: Sequence[tuple[str, nn.Module]], made: list[nn.Module]
-) -> None:
+) -> nn.Module:
+    """Put the converted modules in place; returns ``model``."""
     for (name, attn), new in zip(found, made, strict=True):
         if isinstance(new, HeadOperators):
             attn.heads = new
@@ -379,6 +348,7 @@ def _install(
         new.train(attn.training)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    return model
 
 
 def convert(
@@ -402,9 +372,7 @@ def convert(
     """
     found = _attention_modules(model)
     plan = layer_specs(heads, graph, len(found))
-    made = [_converted(name, attn, *specs) for (name, attn), specs in zip(found, plan, strict=True)]
-    _install(model, found, made)
-    return model
+    return convert_modules(model, found, plan, make=_converted, install=_install)
 
 
 def load_state_dict(
@@ -434,7 +402,7 @@ def load_state_dict(
         ValueError: a recorded module that ``model`` does not have, or one that cannot be
             rebuilt from its record.
     """
-    targets = recorded(_attention_modules(model), state_dict)
-    _install(model, [(n, m) for n, m, _, _ in targets], [_converted(*t) for t in targets])
+    found, plan = recorded(_attention_modules(model), state_dict)
+    model = convert_modules(model, found, plan, make=_converted, install=_install)
     model.load_state_dict(state_dict, strict=strict)
     return model

@@ -16,10 +16,10 @@ parameters included.
 
 Masks follow ``nn.MultiheadAttention``: ``key_padding_mask`` ``(B, S)`` and ``attn_mask``
 ``(L, S)`` or ``(B * H, L, S)``, boolean (``True`` = *not* allowed) or additive float of
-``0`` and ``-inf``. A causal ``attn_mask`` (or ``is_causal=True`` with one) and padding reach
-every graph kind as a causal flag and a ``(B, S)`` key mask; any other pattern stays a dense
-mask, which only the ``"softmax"`` kind takes. A fully masked query row is a node without
-out-edges: its output is 0 (``nn.MultiheadAttention`` gives NaN there).
+``0`` and ``-inf`` (or ``finfo.min``). A causal ``attn_mask`` (or ``is_causal=True`` with
+one) and padding reach every graph kind as a causal flag and a ``(B, S)`` key mask; any other
+pattern stays a dense mask, which only the ``"softmax"`` kind takes. A fully masked query row
+is a node without out-edges: its output is 0 (``nn.MultiheadAttention`` gives NaN there).
 
 Cross-attention (``key`` is not ``query``, as in ``nn.TransformerDecoderLayer.multihead_attn``)
 has a rectangular graph: attention heads work there, heads that add ``I' v`` (Laplacian) or
@@ -49,13 +49,15 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
 from heatformer.graph_ops._precision import attention_scores
-from heatformer.integrations._heads import AttentionMask, HeadOperators, in_module, layer_specs
-from heatformer.integrations._record import (
-    RecordedHeads,
-    recorded,
-    unchanged,
+from heatformer.integrations._heads import (
+    HeadOperators,
+    convert_modules,
+    heads_for,
+    layer_specs,
 )
+from heatformer.integrations._record import RecordedHeads, recorded
 from heatformer.models.attention import check_multihead_attention
+from heatformer.models.masks import AttentionMask, allowed_from
 
 __all__ = ["MultiheadDiffusionAttention", "convert", "load_state_dict"]
 
@@ -180,7 +182,7 @@ class MultiheadDiffusionAttention(RecordedHeads):
     ) -> AttentionMask:
         key_mask = None
         if key_padding_mask is not None:
-            key_mask = ~_blocked("key_padding_mask", key_padding_mask)
+            key_mask = _allowed("key_padding_mask", key_padding_mask)
             if tuple(key_mask.shape) != (b, n_k):
                 raise checks.bad_value(
                     "key_padding_mask",
@@ -188,7 +190,7 @@ class MultiheadDiffusionAttention(RecordedHeads):
                 )
         if attn_mask is None:
             return AttentionMask(key_mask)
-        allowed = ~_blocked("attn_mask", attn_mask)
+        allowed = _allowed("attn_mask", attn_mask)
         if allowed.dim() == 2 and tuple(allowed.shape) == (n_q, n_k):
             tri = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril()
             if n_q == n_k and torch.equal(allowed, tri):
@@ -293,23 +295,13 @@ class MultiheadDiffusionAttention(RecordedHeads):
         )
 
 
-def _blocked(name: str, mask: Tensor) -> Tensor:
-    """A bool tensor, ``True`` = not allowed, from an ``nn.MultiheadAttention`` mask (bool,
-    ``True`` = not allowed, or additive float of 0 and -inf)."""
-    if not isinstance(mask, Tensor):
-        raise checks.bad_type(name, f"expected a tensor, got {type(mask).__name__}")
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.is_floating_point():
-        blocked = mask == float("-inf")
-        if not bool((blocked | (mask == 0)).all()):
-            raise checks.bad_value(
-                name,
-                "expected a boolean mask or an additive one of 0 and -inf; got other values "
-                "(an attention bias), which a diffusion operator cannot apply",
-            )
-        return blocked
-    raise checks.bad_type(name, f"expected a bool or float mask, got {mask.dtype}")
+def _allowed(name: str, mask: Tensor) -> Tensor:
+    """A bool tensor, ``True`` = may attend, from an ``nn.MultiheadAttention`` mask: bool with
+    ``True`` = not allowed (the opposite of SDPA's polarity), or additive float
+    (:func:`~heatformer.models.masks.allowed_from`)."""
+    if isinstance(mask, Tensor) and mask.dtype == torch.bool:
+        return ~mask
+    return allowed_from(mask, name)
 
 
 def _attention_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -333,21 +325,15 @@ def _converted(name: str, mha: nn.Module, spec: str, kind: str) -> nn.Module:
     """A :class:`MultiheadDiffusionAttention` for an ``nn.MultiheadAttention``; for a converted
     one, the :class:`HeadOperators` to give it (its own when built from ``spec`` and
     ``kind``)."""
-    try:
-        if isinstance(mha, MultiheadDiffusionAttention):
-            if unchanged(mha.heads, spec, kind):
-                return mha.heads
-            w = mha.in_proj_weight
-            return HeadOperators(spec, mha.num_heads, graph=kind, device=w.device, dtype=w.dtype)
-        if not isinstance(mha, nn.MultiheadAttention):  # pragma: no cover - found by type
-            raise checks.bad_type("module", f"expected an nn.MultiheadAttention, got {mha!r}")
-        return MultiheadDiffusionAttention.from_mha(mha, spec, graph=kind)
-    except ValueError as err:
-        raise in_module(name or type(mha).__name__, err) from None
+    if isinstance(mha, MultiheadDiffusionAttention):
+        return heads_for(mha.heads, spec, kind, mha.num_heads, mha)
+    if not isinstance(mha, nn.MultiheadAttention):  # pragma: no cover - found by type
+        raise checks.bad_type("module", f"expected an nn.MultiheadAttention, got {mha!r}")
+    return MultiheadDiffusionAttention.from_mha(mha, spec, graph=kind)
 
 
 def _install(
-    module: nn.Module, found: Sequence[tuple[str, nn.Module]], made: Sequence[nn.Module]
+    module: nn.Module, found: Sequence[tuple[str, nn.Module]], made: list[nn.Module]
 ) -> nn.Module:
     """Put the converted modules in place; returns ``module``, or its replacement when it is
     an attention module itself."""
@@ -397,8 +383,7 @@ def convert(
     """
     found = _attention_modules(module)
     plan = layer_specs(heads, graph, len(found))
-    made = [_converted(name, mha, *specs) for (name, mha), specs in zip(found, plan, strict=True)]
-    return _install(module, found, made)
+    return convert_modules(module, found, plan, make=_converted, install=_install)
 
 
 def load_state_dict(
@@ -428,7 +413,7 @@ def load_state_dict(
         ValueError: a recorded module that ``module`` does not have, or one that cannot be
             rebuilt from its record.
     """
-    targets = recorded(_attention_modules(module), state_dict)
-    module = _install(module, [(n, m) for n, m, _, _ in targets], [_converted(*t) for t in targets])
+    found, plan = recorded(_attention_modules(module), state_dict)
+    module = convert_modules(module, found, plan, make=_converted, install=_install)
     module.load_state_dict(state_dict, strict=strict)
     return module

@@ -6,7 +6,8 @@ attention head, ``(I - P_h) v_h`` for a Laplacian head (Zhang & Papyan, 2026),
 ``exp(-t L) v_h`` for a heat head, and so on. Heads are concatenated and projected as in
 :class:`torch.nn.MultiheadAttention`.
 
-The layer asks its parts what they can do, and imports neither operator nor graph classes:
+The layer is its projections and a :class:`~heatformer.models.routing.HeadRouter`, which
+asks the parts what they can do and imports neither operator nor graph classes:
 
 - every head whose operator is affine in one propagation
   (:meth:`~heatformer.graph_ops.DiffusionOperator.affine_coefficients`, ``y = a P v + b v``:
@@ -36,15 +37,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heatformer import checks
-from heatformer.graph_ops import (
-    DiffusionOperator,
-    Graph,
-    GraphBuilder,
-    GraphLaplacian,
-    resolve_graph,
-)
+from heatformer.graph_ops import DiffusionOperator, Graph, GraphBuilder, resolve_graph
 from heatformer.models.cache import KVCache
-from heatformer.models.heads import adds_identity, format_heads, group_heads, parse_heads
+from heatformer.models.masks import AttentionMask
+from heatformer.models.routing import HeadRouter
 
 __all__ = ["DiffusionAttention", "KVCache"]
 
@@ -57,13 +53,6 @@ def _autocasting(device_type: str) -> bool:
         if device_type == "cpu":
             return bool(torch.is_autocast_cpu_enabled())
         return bool(torch.is_autocast_enabled())
-
-
-def _heads_index(heads: Sequence[int]) -> slice | Tensor:
-    """A slice when the heads are contiguous (a view, no copy), else an index tensor."""
-    if list(heads) == list(range(heads[0], heads[0] + len(heads))):
-        return slice(heads[0], heads[0] + len(heads))
-    return torch.tensor(list(heads), dtype=torch.long)
 
 
 class DiffusionAttention(nn.Module):
@@ -157,32 +146,19 @@ class DiffusionAttention(nn.Module):
         self.causal, self.dropout = bool(causal), float(dropout)
         self.row_block = row_block
         self.zero_init = zero_init
-        head_ops = parse_heads(operators, num_heads, **factory)  # names: made in dtype
-        self.spec = format_heads(head_ops)
-        # unique operators (parameters register once) and the heads each one serves
-        groups = group_heads(head_ops)
-        unique = [op for op, _ in groups]
-        if self.causal:
-            future = [op.name for op in unique if op.reads_transpose]
-            if future:
-                raise checks.bad_value(
-                    "operators",
-                    f"expected heads that read only the past in a causal layer, got heads "
-                    f"{future} that read W^T (e.g. the 'sym' normalization symmetrizes the "
-                    f"attention graph (W + W^T)/2), which would let earlier tokens see later "
-                    f"ones (use 'rw' or 'combinatorial')",
-                )
-        given = [] if isinstance(operators, str) else list(operators)
-        for op in unique:  # instances the caller made move to the layer's device and dtype
-            if any(op is item for item in given):
-                op.to(**factory)
-        self.operators = nn.ModuleList(unique)  # registers parameters
-        self._groups: list[tuple[DiffusionOperator, list[int]]] = groups
-        self._fused_heads = sorted(
-            h for op, hs in self._groups for h in hs if op.affine_coefficients() is not None
+        # the heads' operators (names made in dtype), their groups and fused runs: decided
+        # here, on the host, never per call
+        self.router = HeadRouter(
+            operators, num_heads, graph=self.graph_kind, row_block=self.row_block, **factory
         )
-        # whether a fused head adds b I' v: decided here, on the host, never per call
-        self._uses_v = any(adds_identity(op) for op, _ in self._groups)
+        self.spec = self.router.spec
+        if self.causal:
+            self.router.check_causal("operators")
+        given = [] if isinstance(operators, str) else list(operators)
+        for op in self.router.operators:  # instances the caller made move to the layer's
+            if any(op is item for item in given):  # device and dtype
+                op.to(**factory)
+        self.operators = nn.ModuleList(self.router.operators)  # registers parameters
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias, **factory)  # [q; k; v]
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.q_norm = nn.LayerNorm(self.head_dim, **factory) if qk_norm else None
@@ -204,19 +180,21 @@ class DiffusionAttention(nn.Module):
     @property
     def head_operators(self) -> list[DiffusionOperator]:
         """The operator of every head, in head order."""
-        ops: dict[int, DiffusionOperator] = {h: op for op, hs in self._groups for h in hs}
-        return [ops[h] for h in range(self.num_heads)]
+        return self.router.head_operators
 
     @property
     def fused_heads(self) -> tuple[int, ...]:
         """The heads served by one propagation (operators affine in ``P v``), in head order."""
-        return tuple(self._fused_heads)
+        return self.router.fused_heads
 
     @property
     def topk(self) -> int | None:
-        """``k`` of a ``"topk[k=...]"`` layer, else None (the ``topk=`` shorthand, read back)."""
-        k = self.graph_kind.params.get("k") if self.graph_kind.name == "topk" else None
-        return int(k) if k is not None else None
+        """``k`` of a ``"topk[k=...]"`` layer, else None (the ``topk=`` shorthand, read back:
+        the ``k`` whose shorthand resolves to this layer's graph kind)."""
+        k = self.graph_kind.params.get("k")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            return None
+        return k if _graph_kind("softmax", k) == self.graph_kind else None
 
     # ---- projections -----------------------------------------------------------------------
 
@@ -286,15 +264,9 @@ class DiffusionAttention(nn.Module):
         padding = self._mask(key_padding_mask, x.shape[0], x.shape[1], name="key_padding_mask")
         return None if padding is None else ~padding
 
-    def _graph(
-        self, q: Tensor, k: Tensor, key_mask: Tensor | None, *, symmetric_mask: bool = False
-    ) -> Graph:
-        # with symmetric_mask, padded queries lose their out-edges too, so W^T cannot carry
-        # them to real tokens
-        return self.graph_kind.build(
-            q, k, key_mask=key_mask, drop_masked_queries=symmetric_mask, causal=self.causal,
-            row_block=self.row_block,
-        )  # fmt: skip
+    def _attention_mask(self, key_mask: Tensor | None) -> AttentionMask:
+        """The router's mask: the checked key mask and the layer's causal order."""
+        return AttentionMask(key_mask, causal=self.causal)
 
     def graphs(
         self,
@@ -309,48 +281,18 @@ class DiffusionAttention(nn.Module):
         masks as in :meth:`forward`."""
         key_mask = self._key_mask(x, key_mask, key_padding_mask)
         q, k, _ = self.project_qkv(x)
-        return self._graph(q, k, self._mask(key_mask, x.shape[0], x.shape[1]))
+        mask = self._mask(key_mask, x.shape[0], x.shape[1])
+        return self.router.graph(q, k, self._attention_mask(mask))
 
     # ---- forward ---------------------------------------------------------------------------
 
-    def _coefficients(self, like: Tensor) -> tuple[Tensor, Tensor, bool]:
-        """``(a, b)`` of the fused heads, each ``(Hf, 1, 1)``, and whether any adds ``b v``."""
-        coef: dict[int, tuple[Tensor, Tensor]] = {}
-        for op, heads in self._groups:
-            pair = op.affine_coefficients()
-            if pair is not None:
-                a, b = (c.to(device=like.device, dtype=like.dtype) for c in pair)
-                coef.update({h: (a, b) for h in heads})
-        a = torch.stack([coef[h][0] for h in self._fused_heads])[:, None, None]
-        b = torch.stack([coef[h][1] for h in self._fused_heads])[:, None, None]
-        return a, b, self._uses_v
-
     def diffuse(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        """Apply each head's operator: ``(B, H, N, Dh)`` -> ``(B, H, N, Dh)``."""
+        """Apply each head's operator: ``(B, H, N, Dh)`` -> ``(B, H, N, Dh)`` (the layer's
+        :class:`~heatformer.models.routing.HeadRouter`, with the key mask as in
+        :meth:`forward` and the layer's causal order)."""
         b, _, n, _ = q.shape
         mask = self._mask(key_mask, b, n)
-        outs: list[tuple[list[int], Tensor]] = []
-        if self._fused_heads:
-            fi = _heads_index(self._fused_heads)
-            walk = GraphLaplacian(self._graph(q[:, fi], k[:, fi], mask), "rw")
-            vf = v[:, fi]
-            a, b_coef, uses_v = self._coefficients(v)
-            pv = walk.adjacency(vf)  # P v for every fused head: one propagation
-            y = pv * a if not uses_v else torch.addcmul(pv * a, walk.identity(vf), b_coef)
-            outs.append((self._fused_heads, y))
-        for op, heads in self._groups:
-            if op.affine_coefficients() is None:
-                idx = _heads_index(heads)
-                graph = self._graph(q[:, idx], k[:, idx], mask, symmetric_mask=op.reads_transpose)
-                outs.append((heads, op(graph, v[:, idx])))
-        outs.sort(key=lambda item: item[0][0])
-        order = [h for heads, _ in outs for h in heads]
-        if order == list(range(self.num_heads)):  # groups are contiguous and in order
-            return outs[0][1] if len(outs) == 1 else torch.cat([y for _, y in outs], dim=1)
-        out = torch.empty_like(v)
-        for heads, y in outs:
-            out[:, _heads_index(heads)] = y
-        return out
+        return self.router.diffuse(q, k, v, self._attention_mask(mask))
 
     def forward(
         self,
@@ -391,16 +333,14 @@ class DiffusionAttention(nn.Module):
         out = self.merge_heads(y)
         if need_weights:
             mask = self._mask(key_mask, x.shape[0], x.shape[1])
-            return out, self._graph(q, k, mask).to_dense()
+            return out, self.router.graph(q, k, self._attention_mask(mask)).to_dense()
         return out
 
     @property
     def supports_cache(self) -> bool:
         """Whether :class:`KVCache` decoding is exact for this layer: causal, a graph kind that
         decodes incrementally, and every head affine in one propagation."""
-        return (
-            self.causal and self.graph_kind.incremental and len(self._fused_heads) == self.num_heads
-        )
+        return self.causal and self.graph_kind.incremental and self.router.all_affine
 
     def _forward_cached(
         self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, key_mask: Tensor | None
@@ -422,10 +362,10 @@ class DiffusionAttention(nn.Module):
         cache.append(k, v)
         keys, values = cast(Tensor, cache.k), cast(Tensor, cache.v)  # set by append
         positions = cast(Tensor, cache.positions)
-        pv = self.graph_kind.decode(q, keys, values, positions=positions, past=past)
+        # new tokens always see themselves: I' v = v
+        y = self.router.decode(q, keys, values, positions=positions, past=past, own_values=v)
         cache.trim(*self.graph_kind.cache_keep())  # keys no later token can attend
-        a, b, _ = self._coefficients(v)  # new tokens always see themselves: I' v = v
-        return self.merge_heads(torch.addcmul(pv * a, v, b))
+        return self.merge_heads(y)
 
     # ---- interop with nn.MultiheadAttention ------------------------------------------------
 
@@ -468,7 +408,7 @@ class DiffusionAttention(nn.Module):
             (pair := op.affine_coefficients()) is not None
             and float(pair[0]) == 1.0
             and float(pair[1]) == 0.0
-            for op, _ in self._groups
+            for op in self.router.operators
         )
         if not plain:
             raise checks.bad_value("to_mha", f"expected every head 'attention', got {self.spec!r}")

@@ -1,0 +1,473 @@
+r"""Head routing: one diffusion operator per head, applied to a layer's ``q``, ``k``, ``v``.
+
+Every attention layer with diffusion heads -- heatformer's own
+:class:`~heatformer.models.DiffusionAttention` and the adapters of
+:mod:`heatformer.integrations`, which hand over another library's queries, keys and values --
+routes its heads through one :class:`HeadRouter`, with an
+:class:`~heatformer.models.masks.AttentionMask` saying which keys each query may attend.
+The router asks its parts what they can do, and imports neither operator nor graph classes:
+
+- heads whose operator is affine in one propagation
+  (:meth:`~heatformer.graph_ops.DiffusionOperator.affine_coefficients`: ``y = a P v + b I' v``,
+  attention and ``"rw"`` Laplacian heads) share one propagation of one graph -- on the dense
+  kind one fused :func:`~torch.nn.functional.scaled_dot_product_attention` call -- and they
+  are the only heads a KV cache can serve;
+- other heads (heat, PPR, polynomial) build the layer's graph kind and propagate repeatedly;
+- an operator that reads ``W^T`` (:attr:`~heatformer.graph_ops.DiffusionOperator.
+  reads_transpose`) is refused when the mask is causal;
+- a mask beyond padding and causal order (a dense pattern) goes only to a graph kind that
+  :attr:`~heatformer.graph_ops.GraphBuilder.takes_dense_mask`.
+
+What the operators decide is decided once, on the host, when the router is built: the head
+groups, the fused heads and their runs, which runs add ``b I' v`` and which coefficients are
+fixed (:meth:`~heatformer.graph_ops.DiffusionOperator.affine_constants`). A call reads no
+tensor value (no host sync): learnable coefficients are applied as tensors.
+
+Queries may be fewer than keys (a KV cache holds the past, or cross-attention): the graph is
+then rectangular, only affine heads are exact, and ``I' v`` needs the queries' own values.
+No ``N x N`` tensor is formed unless the caller passes one (a dense mask).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from heatformer import checks
+from heatformer.graph_ops import (
+    DiffusionOperator,
+    Graph,
+    GraphBuilder,
+    GraphLaplacian,
+    SoftmaxGraph,
+    resolve_graph,
+)
+from heatformer.models.heads import adds_identity, format_heads, group_heads, parse_heads
+from heatformer.models.masks import AttentionMask
+
+__all__ = ["HeadRouter", "head_index"]
+
+
+def head_index(heads: Sequence[int]) -> slice | Tensor:
+    """A slice when the heads are contiguous (a view, no copy), else an index tensor.
+
+    Example:
+        >>> head_index([2, 3]), head_index([0, 2])
+        (slice(2, 4, None), tensor([0, 2]))
+    """
+    if list(heads) == list(range(heads[0], heads[0] + len(heads))):
+        return slice(heads[0], heads[0] + len(heads))
+    return torch.tensor(list(heads), dtype=torch.long)
+
+
+class _Run(NamedTuple):
+    """Consecutive fused heads that share an operator: positions ``start:stop`` among the
+    fused heads, and the operator's fixed coefficients (None: learnable)."""
+
+    op: DiffusionOperator
+    start: int
+    stop: int
+    constants: tuple[float, float] | None
+
+
+class _Group(NamedTuple):
+    """Heads whose operator is not affine: they build their own graph."""
+
+    op: DiffusionOperator
+    heads: list[int]
+    where: slice | Tensor
+
+
+class HeadRouter:
+    r"""One diffusion operator per head, applied to a layer's ``q``, ``k``, ``v``.
+
+    Holds the operators and the graph kind, owns no parameter: the module that uses it
+    registers :attr:`operators` (so learnable ones, such as a heat head's time, are parameters
+    of that module) and keeps the projections.
+
+    Args:
+        heads: a head spec (``"attention:6,laplacian:2"``, see :mod:`heatformer.models.heads`)
+            or ``num_heads`` operators / names; heads sharing an operator instance run as one
+            batched call.
+        num_heads: ``H``.
+        graph: the graph kind (``"softmax"``, ``"topk[k=32]"``; see
+            :data:`~heatformer.graph_ops.GRAPHS`) or a
+            :class:`~heatformer.graph_ops.GraphBuilder`.
+        row_block: query rows per block when graphs are built in blocks (None: the kind's
+            default).
+        device, dtype: factory kwargs for operators made from names.
+
+    Shape:
+        :meth:`diffuse`: ``q`` ``(B, H, Nq, Dh)``, ``k`` ``(B, H, T, Dh)``, ``v``
+        ``(B, H, T, C)`` -> ``(B, H, Nq, C)``.
+
+    Equivalent to::
+
+        P = graph_kind.build(q, k, mask)                   # (B, H, Nq, T), never formed
+        y[:, h] = op_h(P[:, h], v[:, h])                   # a P v + b I' v for affine heads
+
+    Example:
+        >>> router = HeadRouter("attention:2,laplacian:1,heat:1", 4)
+        >>> router.fused_heads, router.spec
+        ((0, 1, 2), 'attention:2,laplacian:1,heat:1')
+        >>> q = k = v = torch.randn(1, 4, 5, 8)
+        >>> router.diffuse(q, k, v, AttentionMask(causal=True)).shape
+        torch.Size([1, 4, 5, 8])
+    """
+
+    def __init__(
+        self,
+        heads: str | Sequence[DiffusionOperator | str],
+        num_heads: int,
+        *,
+        graph: str | GraphBuilder = "softmax",
+        row_block: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        checks.check_positive_int("num_heads", num_heads)
+        head_ops = parse_heads(heads, num_heads, device=device, dtype=dtype)
+        self.num_heads = num_heads
+        self.graph_kind = resolve_graph(graph)
+        self.row_block = row_block
+        #: a short summary (``"attention:2,heat:2"``, no operator parameters), for reprs
+        self.spec = format_heads(head_ops)
+        groups = group_heads(head_ops)
+        #: the distinct operators, in order of first appearance (register them once)
+        self.operators: list[DiffusionOperator] = [op for op, _ in groups]
+        self._op_of = list(head_ops)  # the operator of every head
+        fused = sorted(h for op, hs in groups for h in hs if op.affine_coefficients() is not None)
+        self._fused = fused
+        self._fused_index = head_index(fused) if fused else None
+        self._runs: list[_Run] = []
+        for pos, head in enumerate(fused):  # consecutive fused heads sharing an operator
+            op = head_ops[head]
+            if self._runs and self._runs[-1].op is op and self._runs[-1].stop == pos:
+                self._runs[-1] = self._runs[-1]._replace(stop=pos + 1)
+            else:
+                self._runs.append(_Run(op, pos, pos + 1, op.affine_constants()))
+        self._run_sizes = [run.stop - run.start for run in self._runs]
+        #: whether a fused head adds ``b I' v``
+        self._uses_identity = any(adds_identity(run.op) for run in self._runs)
+        self._groups = [
+            _Group(op, hs, head_index(hs)) for op, hs in groups if op.affine_coefficients() is None
+        ]
+        # the order in which diffuse produces its pieces (fused heads first), and the order
+        # that sorts them by their first head
+        pieces = ([fused] if fused else []) + [g.heads for g in self._groups]
+        self._order = sorted(range(len(pieces)), key=lambda i: pieces[i][0])
+        self._in_order = [h for i in self._order for h in pieces[i]] == list(range(num_heads))
+        self._piece_index = [head_index(heads) for heads in pieces]
+        self._reads_transpose = [op.name for op in self.operators if op.reads_transpose]
+
+    # ---- what the heads are ----------------------------------------------------------------
+
+    @property
+    def head_operators(self) -> list[DiffusionOperator]:
+        """The operator of every head, in head order."""
+        return list(self._op_of)
+
+    @property
+    def fused_heads(self) -> tuple[int, ...]:
+        """The heads served by one propagation (operators affine in ``P v``), in head order."""
+        return tuple(self._fused)
+
+    @property
+    def all_affine(self) -> bool:
+        """Whether every head is affine in one propagation (what a KV cache needs)."""
+        return len(self._fused) == self.num_heads
+
+    def check_causal(self, argument: str = "heads") -> None:
+        """Refuse heads that read ``W^T`` in a causal layer.
+
+        Raises:
+            ValueError: naming ``argument``, when a head's operator reads ``W^T``.
+        """
+        if self._reads_transpose:
+            raise checks.bad_value(
+                argument,
+                f"expected heads that read only the past in a causal layer, got heads "
+                f"{self._reads_transpose} that read W^T (e.g. the 'sym' normalization "
+                f"symmetrizes the attention graph (W + W^T)/2), which would let earlier tokens "
+                f"see later ones (use 'rw' or 'combinatorial')",
+            )
+
+    # ---- graphs ----------------------------------------------------------------------------
+
+    def graph(
+        self,
+        q: Tensor,
+        k: Tensor,
+        mask: AttentionMask,
+        *,
+        scale: float | None = None,
+        symmetric_mask: bool = False,
+    ) -> Graph:
+        """The layer's graph for square ``q``, ``k`` ``(..., N, Dh)`` (batch ``(B, H)``).
+
+        A compact mask goes to the graph kind; a dense one (any other pattern) to a
+        :class:`~heatformer.graph_ops.SoftmaxGraph`, for a kind that
+        :attr:`~heatformer.graph_ops.GraphBuilder.takes_dense_mask` only.
+
+        Args:
+            q, k: ``(B, h, N, Dh)`` queries and keys of the heads built (``h <= H``).
+            mask: which keys each query may attend (a dense mask of those heads).
+            scale: logit scale (default ``1 / sqrt(Dh)``).
+            symmetric_mask: masked queries lose their out-edges too, so that ``W^T`` cannot
+                carry them to real tokens (for operators that read it).
+
+        Returns:
+            The graph, batch shape ``(B, h)``, ``N`` nodes.
+
+        Raises:
+            ValueError: a mask the graph kind does not take.
+        """
+        kind = self.graph_kind
+        if mask.dense is not None:
+            if not kind.takes_dense_mask:
+                raise checks.bad_value(
+                    "graph",
+                    f"graph kind {kind.spec!r} takes key masks and causal order only; this "
+                    "layer got another mask pattern (e.g. a sliding window or packed "
+                    "sequences), which only the dense 'softmax' kind takes",
+                )
+            dense = mask.dense
+            if symmetric_mask:
+                dense = dense & dense.transpose(-1, -2)
+            return SoftmaxGraph(q, k, scale=scale, mask=dense, row_block=self.row_block)
+        if mask.causal and not kind.supports_causal:
+            raise checks.bad_value("graph", f"graph kind {kind.spec!r} does not take causal masks")
+        if mask.key_mask is not None and not kind.supports_key_mask:
+            raise checks.bad_value("graph", f"graph kind {kind.spec!r} takes no key mask")
+        return kind.build(
+            _rescaled(q, scale), k, key_mask=mask.key_mask, drop_masked_queries=symmetric_mask,
+            causal=mask.causal, row_block=self.row_block,
+        )  # fmt: skip
+
+    # ---- diffusion -------------------------------------------------------------------------
+
+    def mix(self, pv: Tensor, ident: Tensor | None) -> Tensor:
+        """``a P v + b I' v`` of every fused head from ``pv`` ``(B, Hf, N, C)`` and ``ident``
+        (``I' v`` of the fused heads, None when no head adds it).
+
+        Plain attention runs stay ``pv`` untouched and fixed coefficients are applied as the
+        host knows them (``v - P v`` for the Laplacian step), so elementwise work is paid only
+        by the heads that mix.
+
+        Args:
+            pv: ``(B, Hf, N, C)``: ``P v`` of the fused heads, in head order.
+            ident: ``(B, Hf, N, C)``: ``I' v`` of the same heads; None when no fused head
+                adds ``b I' v``.
+
+        Returns:
+            ``(B, Hf, N, C)``.
+        """
+        pieces = []
+        # split, not slices: the backward of a split is one concatenation, where each slice's
+        # backward would fill a full-size tensor of zeros
+        parts = pv.split(self._run_sizes, dim=1)
+        for run, piece in zip(self._runs, parts, strict=True):
+            constants = run.constants
+            a_is_one = constants is not None and constants[0] == 1.0
+            if constants is not None and constants[1] == 0.0:  # a P v
+                pieces.append(piece if a_is_one else piece * _coefficients(run.op, piece)[0])
+                continue
+            own = cast(Tensor, ident)[:, run.start : run.stop]
+            if constants == (-1.0, 1.0):  # the Laplacian step: v - P v
+                pieces.append(own - piece)
+            else:
+                a, b = _coefficients(run.op, piece)
+                pieces.append(torch.addcmul(piece if a_is_one else piece * a, own, b))
+        return _cat_heads(pieces)
+
+    def diffuse(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        *,
+        scale: float | None = None,
+        dropout: float = 0.0,
+        own_values: Tensor | None = None,
+        cross: bool = False,
+    ) -> Tensor:
+        """Apply each head's operator.
+
+        Args:
+            q, k, v: ``(B, H, Nq, Dh)``, ``(B, H, T, Dh)``, ``(B, H, T, C)``.
+            mask: which keys each query may attend.
+            scale: logit scale (default ``1 / sqrt(Dh)``).
+            dropout: attention dropout (training), applied to ``P`` inside the fused SDPA call
+                as host libraries do; refused for heads that are not affine.
+            own_values: ``(B, H, Nq, C)`` the queries' own values when ``Nq < T`` (``I' v``
+                of a rectangular graph); None for cross-attention.
+            cross: the keys are other tokens than the queries (cross-attention): the graph
+                is rectangular even when ``Nq == T``, and there is no ``I' v``.
+
+        Returns:
+            ``(B, H, Nq, C)``.
+
+        Raises:
+            ValueError: another head count than the router's; heads that read ``W^T`` under a
+                causal mask; a mask the graph kind does not take; attention dropout for heads
+                that are not affine; non-affine heads on a rectangular graph.
+        """
+        b, h, n_q, _ = q.shape
+        if h != self.num_heads:
+            raise checks.bad_value(
+                "q", f"expected {self.num_heads} heads (the head spec), got {h} in {tuple(q.shape)}"
+            )
+        if mask.causal:
+            self.check_causal()
+        square = not cross and n_q == int(k.shape[-2]) and mask.q_offset == mask.kv_offset
+        if not square:
+            return self._rectangular(q, k, v, mask, scale, dropout, own_values)
+        outs: list[Tensor] = []
+        if self._fused_index is not None:
+            fi = self._fused_index
+            vf, mf = v[:, fi], mask.heads(fi)
+            if dropout > 0.0:
+                pv, has = _sdpa(q[:, fi], k[:, fi], vf, mf, scale, dropout)
+                ident = None if not self._uses_identity else vf if has is None else vf * has
+            else:
+                walk = GraphLaplacian(self.graph(q[:, fi], k[:, fi], mf, scale=scale), "rw")
+                pv = walk.adjacency(vf)  # P v for every fused head: one propagation
+                ident = walk.identity(vf) if self._uses_identity else None
+            outs.append(self.mix(pv, ident))
+        for group in self._groups:
+            if dropout > 0.0:
+                raise checks.bad_value(
+                    "dropout",
+                    f"attention dropout ({dropout}) has no counterpart for {group.op.name!r} "
+                    "heads; set the model's attention dropout to 0 or call model.eval()",
+                )
+            idx = group.where
+            graph = self.graph(
+                q[:, idx], k[:, idx], mask.heads(idx), scale=scale,
+                symmetric_mask=group.op.reads_transpose,
+            )  # fmt: skip
+            outs.append(group.op(graph, v[:, idx]))
+        if self._in_order:  # the pieces cover the heads in order
+            return _cat_heads([outs[i] for i in self._order])
+        out = v.new_empty(b, h, n_q, v.shape[-1])
+        for index, y in zip(self._piece_index, outs, strict=True):
+            out[:, index] = y
+        return out
+
+    def decode(
+        self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int, own_values: Tensor
+    ) -> Tensor:
+        """New queries of a causal sequence against the cached keys and values, by the graph
+        kind's :meth:`~heatformer.graph_ops.GraphBuilder.decode` (every head affine).
+
+        Args:
+            q: ``(B, H, n, Dh)`` queries at positions ``past ... past + n - 1``.
+            k, v: ``(B, H, T, Dh)``, ``(B, H, T, C)``: the cached keys and values.
+            positions: ``(T,)`` absolute position of every cached key.
+            past: tokens before the new ones.
+            own_values: ``(B, H, n, C)`` the new tokens' own values (they always see
+                themselves: ``I' v = v``).
+
+        Returns:
+            ``(B, H, n, C)``.
+        """
+        pv = self.graph_kind.decode(q, k, v, positions=positions, past=past)
+        return self.mix(pv, own_values)
+
+    def _rectangular(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        scale: float | None,
+        dropout: float,
+        own_values: Tensor | None,
+    ) -> Tensor:
+        """Fewer queries than keys (a KV cache, cross-attention): affine heads only."""
+        if not self.all_affine:
+            others = sorted({g.op.name for g in self._groups})
+            raise checks.bad_value(
+                "heads",
+                f"{others} heads need the full square graph, and this call has "
+                f"{q.shape[-2]} queries against {k.shape[-2]} keys (a KV cache or "
+                "cross-attention); recompute without a cache (generate(..., use_cache=False)) "
+                "or use attention / 'rw' Laplacian heads there",
+            )
+        kind = self.graph_kind
+        if kind.takes_dense_mask:
+            pv, has = _sdpa(q, k, v, mask, scale, dropout)
+        else:
+            plain_causal = mask.dense is None and mask.causal and mask.key_mask is None
+            if not (kind.incremental and plain_causal) or dropout > 0.0:
+                raise checks.bad_value(
+                    "graph",
+                    f"graph kind {kind.spec!r} decodes causal sequences without padding or "
+                    "attention dropout only; this call had another mask",
+                )
+            positions = mask.kv_offset + torch.arange(k.shape[-2], device=k.device)
+            pv = kind.decode(_rescaled(q, scale), k, v, positions=positions, past=mask.q_offset)
+            has = None
+        ident = None
+        if self._uses_identity:
+            if own_values is None:
+                raise checks.bad_value(
+                    "heads",
+                    f"heads {self.spec!r} add the queries' own values (b I' v), which "
+                    "cross-attention does not have (its keys are other tokens); use attention "
+                    "heads there",
+                )
+            ident = own_values if has is None else own_values * has
+        return self.mix(pv, ident)
+
+
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, scale: float | None, dropout: float
+) -> tuple[Tensor, Tensor | None]:
+    """``P v`` by one SDPA call (as host libraries make it), and the rows with an edge
+    ``(B or 1, 1 or H, Nq, 1)`` (None: every row)."""
+    n_q, n_k = int(q.shape[-2]), int(k.shape[-2])
+    plain = mask.dense is None and mask.key_mask is None
+    if plain and mask.causal and n_q == n_k and mask.q_offset == mask.kv_offset:
+        pv = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
+        return pv, None
+    allowed = mask.allowed(n_q, n_k, q.device)
+    if allowed is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale), None
+    has = allowed.any(-1, keepdim=True)  # (.., Nq, 1)
+    pv = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=allowed | ~has, dropout_p=dropout, scale=scale
+    )
+    return pv * has, has
+
+
+def _rescaled(q: Tensor, scale: float | None) -> Tensor:
+    """``q`` scaled so that a graph kind's ``1 / sqrt(Dh)`` gives the logit scale ``scale``."""
+    dh = q.shape[-1]
+    if scale is None or scale == 1.0 / math.sqrt(dh):
+        return q
+    return q * (scale * math.sqrt(dh))
+
+
+def _coefficients(op: DiffusionOperator, like: Tensor) -> tuple[Tensor, Tensor]:
+    """``(a, b)`` of an affine operator on ``like``'s device and in its dtype."""
+    pair = op.affine_coefficients()
+    if pair is None:  # pragma: no cover - runs hold affine heads only
+        raise RuntimeError("a fused run without coefficients")
+    a, b = (c.to(device=like.device, dtype=like.dtype) for c in pair)
+    return a, b
+
+
+def _cat_heads(pieces: Sequence[Tensor]) -> Tensor:
+    """``(B, h_i, N, C)`` pieces -> ``(B, H, N, C)``, concatenated in the ``(B, N, H, C)``
+    memory layout that layers transpose the heads back to (their transpose is then free); one
+    piece is returned as it is."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return torch.cat([p.transpose(1, 2) for p in pieces], dim=2).transpose(1, 2)
