@@ -194,7 +194,7 @@ class DiffusionAttention(nn.Module):
         k = self.graph_kind.params.get("k")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             return None
-        return k if _graph_kind("softmax", k) == self.graph_kind else None
+        return k if resolve_graph(checks.resolve_topk("softmax", k)) == self.graph_kind else None
 
     # ---- projections -----------------------------------------------------------------------
 
