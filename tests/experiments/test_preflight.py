@@ -66,6 +66,8 @@ CASES = {
     "recall window": {"task": "recall", "n_layer": 2, "graph": "window[w=32]",
                       "options": {"seq_len": 256, "eval_size": 32, "analysis_size": 32}},
     "digits": {"task": "digits", "n_layer": 2},
+    "recall checkpointed": {"task": "recall", "n_layer": 3, "activation_checkpointing": True,
+                            "options": {"seq_len": 512, "eval_size": 16, "analysis_size": 16}},
 }  # fmt: skip
 TOPK = {"task": "recall", "n_layer": 2, "topk": 16,
         "options": {"seq_len": 256, "eval_size": 32, "analysis_size": 32}}  # fmt: skip
@@ -129,7 +131,8 @@ def test_graph_kinds_declare_their_edges() -> None:
     assert resolve_graph("softmax").saved_bytes_per_edge(4) == 0  # the fused SDPA path
     assert resolve_graph("topk[k=8]").edges_per_row(100) == 8
     assert resolve_graph("topk[k=8]").edges_per_row(5) == 5
-    assert resolve_graph("topk[k=8]").saved_bytes_per_edge(4) == 12
+    # two int32 indices, the weight, the softmax's output and the clamp's input, a mask byte
+    assert resolve_graph("topk[k=8]").saved_bytes_per_edge(4) == 21
     window = resolve_graph("window[w=4,global=2]")
     assert window.edges_per_row(100, causal=True) == 6
     assert window.edges_per_row(100) == 11
@@ -144,8 +147,36 @@ def test_estimate_grows_linearly_in_batch_and_edges() -> None:
     soft = estimate_memory(task, "attention").training
     topk = estimate_memory(validate_spec(CompareSpec(task="recall", topk=16, options={
         "seq_len": 64, "eval_size": 8}, analysis=False)), "attention").training  # fmt: skip
-    # 4 layers x 4 heads x 16 edges x 12 bytes per token, times the allocator's factor
-    assert topk - soft == pytest.approx(ALLOCATOR_FACTOR * 32 * 64 * 4 * 4 * 16 * 12, rel=1e-3)
+    # 4 layers x 4 heads x 16 edges x 21 bytes per token, times the allocator's factor
+    assert topk - soft == pytest.approx(ALLOCATOR_FACTOR * 32 * 64 * 4 * 4 * 16 * 21, rel=1e-3)
+
+
+def test_checkpointed_estimate_keeps_the_inputs_and_one_layer() -> None:
+    """With activation checkpointing the training term is ``2 s D`` per token and layer plus
+    the largest residual branch (here the attention branch and its edges), not the sum over
+    the layers."""
+    options = {"seq_len": 64, "eval_size": 8}
+    plain, ck = (
+        estimate_memory(
+            validate_spec(
+                CompareSpec(
+                    task="recall",
+                    topk=16,
+                    options=options,
+                    analysis=False,
+                    activation_checkpointing=on,
+                )
+            ),
+            "attention",
+        ).training
+        for on in (False, True)
+    )
+    logits = 3 * 4 * 32 * 1 * 144  # (B, n = 1, V = 144) logits, their copy and gradient
+    layer = 4 * 20 * 128 + 4 * 16 * 21  # per token: one layer's (12 + 2 r) D values, 4 heads' edges
+    assert plain == pytest.approx(ALLOCATOR_FACTOR * (32 * 64 * 4 * layer + logits), rel=1e-3)
+    branch = max(4 * 8 * 128 + 4 * 16 * 21, 4 * (2 + 8) * 128)  # attention vs MLP
+    expected = 32 * 64 * (2 * 4 * 128 * 4 + branch) + logits
+    assert ck == pytest.approx(ALLOCATOR_FACTOR * expected, rel=1e-3)
 
 
 def test_check_memory_refuses_naming_the_flags() -> None:

@@ -152,6 +152,13 @@ def _add_common(parser: OptionParser) -> None:
     g.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
     g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     g.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        default=None,
+        help="recompute each block's activations in backward instead of keeping them: "
+        "training memory of about one layer, for about one more forward per step",
+    )
+    g.add_argument(
         "--stop-at-step",
         type=int,
         metavar="K",

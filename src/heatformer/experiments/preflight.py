@@ -25,7 +25,12 @@ examples of one evaluation or analysis pass:
   affine in ``P v`` (heat, PageRank, polynomial, mean: one propagation or more of its own)
   keeps ``c_op = 32`` values of its width per token more (measured on ``heat[t=1]``, the
   most expensive default); and the logits ``(B, n, V)`` of ``n`` scored positions per
-  sequence, their float32 copy and their gradient.
+  sequence, their float32 copy and their gradient. With activation checkpointing
+  (``--activation-checkpointing``) backward keeps the two branch inputs of every block,
+  ``2 s D`` per token and layer, and recomputes one residual branch at a time: the sum over
+  layers becomes ``2 s D L`` plus the largest branch, an attention branch's ``8 D`` values
+  (its LayerNorm's output, ``q, k, v``, the heads' output before and after merging, the
+  projection) with its graph's edges, or an MLP branch's ``(2 + 2r) D``.
 - ``f = 1.1``: what a step frees is not all reused at once (fitted to the measured peaks,
   with glibc's mmap threshold fixed at 4 MiB as the command does,
   :mod:`heatformer.cli._heap`: freed large blocks leave the process, so the passes without
@@ -154,7 +159,12 @@ def estimate_memory(task: Task, heads: str, *, batch_size: int | None = None) ->
     n, d, r = config.max_tokens(), config.n_embd, config.mlp_ratio
     layers = [m for m in model.modules() if isinstance(m, DiffusionAttention)]
     graph_bytes = [_layer_bytes(layer, n, itemsize) for layer in layers]
-    per_token = sum(itemsize * (12 + 2 * r) * d + e + u for e, u in graph_bytes)
+    if getattr(config, "activation_checkpointing", False):  # inputs kept, one branch at a time
+        branch = max((itemsize * 8 * d + e + u for e, u in graph_bytes), default=0)
+        branch = max(branch, itemsize * (2 + 2 * r) * d)
+        per_token = 2 * itemsize * d * len(layers) + branch
+    else:
+        per_token = sum(itemsize * (12 + 2 * r) * d + e + u for e, u in graph_bytes)
     scored, classes = _logits_shape(task, model)
     train = batch * n * per_token + 3 * itemsize * batch * scored * classes
     passes = _pass_size(task)

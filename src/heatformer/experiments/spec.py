@@ -45,7 +45,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from heatformer.checks import bad_type, bad_value, check_int, check_positive_int, resolve_topk
+from heatformer.checks import (
+    bad_type,
+    bad_value,
+    check_bool,
+    check_int,
+    check_positive_int,
+    resolve_topk,
+)
 
 if TYPE_CHECKING:
     from heatformer.experiments.tasks.base import TaskOptions
@@ -120,6 +127,9 @@ class CompareSpec:
     device: str = "auto"  # "auto", "cpu" or "cuda" (or "cuda:1")
     bf16: bool = False  # bfloat16 autocast
     compile: bool = False  # torch.compile the model
+    # recompute each block's activations in backward (models.TransformerBlock): the same
+    # numbers in about one layer's training memory, for about one more forward per step
+    activation_checkpointing: bool = False
     name: str = field(default="", compare=False)  # a label for reports only
 
     # ------------------------------------------------------------------ validation
@@ -135,6 +145,8 @@ class CompareSpec:
             raise bad_value("heads", f"expected distinct schedules, got {list(self.heads)}")
         for name in ("steps", "batch_size", "n_layer", "n_embd"):
             check_positive_int(name, getattr(self, name))
+        for name in ("analysis", "bf16", "compile", "activation_checkpointing"):
+            check_bool(name, getattr(self, name))
         for name in ("eval_every", "ckpt_every", "n_head", "topk"):
             check_positive_int(name, getattr(self, name), optional=True)
         for heads in self.heads:
@@ -279,9 +291,18 @@ class CompareSpec:
         return cls(**values)
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fields a checkpoint must agree with to be resumed (numbers-determining)."""
+        """The fields a checkpoint must agree with to be resumed (numbers-determining: not
+        where or how fast it runs, so a run may resume with activation checkpointing on)."""
         out = self.resolved().to_dict()
-        for key in ("name", "heads", "seeds", "device", "compile", "analysis"):
+        for key in (
+            "name",
+            "heads",
+            "seeds",
+            "device",
+            "compile",
+            "analysis",
+            "activation_checkpointing",
+        ):
             out.pop(key)
         out["options"] = self.options.fingerprint()
         return out

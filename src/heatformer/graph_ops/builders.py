@@ -265,6 +265,12 @@ class TopkBuilder(GraphBuilder):
     def edges_per_row(self, num_nodes: int, *, causal: bool = False) -> int:
         return min(self.k, num_nodes)
 
+    def saved_bytes_per_edge(self, itemsize: int) -> int:
+        # two int32 indices (the selection's, which the kept scores' backward gathers again,
+        # and the CSR column), the weight, and what the softmax over the kept scores keeps
+        # (its float32 output, the clamp's input and the allowed-key mask byte)
+        return 4 + 4 + itemsize + 4 + itemsize + 1
+
     def build(
         self,
         q: Tensor,

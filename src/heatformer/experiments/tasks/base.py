@@ -238,6 +238,7 @@ class Task(abc.ABC):
             "graph": spec.graph,
             "topk": spec.topk,
             "dropout": spec.dropout,
+            "activation_checkpointing": spec.activation_checkpointing,
         }
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
