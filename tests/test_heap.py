@@ -43,7 +43,7 @@ def _probe(mode: str, env: dict[str, str] | None = None) -> str:
 )
 def test_a_fixed_threshold_maps_large_blocks_after_a_larger_one_was_freed() -> None:
     # glibc's default: freeing the 20 MiB mapping raises the threshold, so the next 5 MiB
-    # block comes from the heap (0 MiB mapped); fixed at 4 MiB it is mapped (5 MiB)
+    # block comes from the heap (0 MiB mapped); fixed (at 1 MiB) it is mapped (5 MiB)
     assert _probe("default") == ["False", "0"]
     assert _probe("fix") == ["True", "5"]
     import os

@@ -6,16 +6,19 @@ in the process's resident memory. The threshold starts at 128 KiB but is *dynami
 freed ``mmap`` chunk raises it to that chunk's size (up to 32 MiB). A training step frees many
 temporaries of 1-64 MiB (score slabs, activations), so after the first step they all come from
 the heap, and the holes they leave between long-lived tensors (saved activations, optimizer
-state) add up. Measured on one training step of the top-k recall model (N = 2048, k = 32, batch
-2, 4 layers; three interleaved runs each, ``docs/benchmarks.md``), a fixed 4 MiB threshold
-cuts the resident peak from 338-357 MB to 272-277 MB, and costs time: 6.1-6.2 s a step
-against 4.5-4.9 s, because every large block is mapped and zero-filled afresh. The command
-takes memory over speed, since a run that no longer fits is killed, not slowed.
+state) add up. Measured on one training step of the top-k recall model (4 layers, k = 32;
+``benchmarks/bench_topk_train.py``, ``docs/benchmarks.md``): at N = 2048, batch 2, a threshold
+fixed at 4 MiB cut the resident peak from 338-357 MB to 272-277 MB; at N = 4096, batch 2,
+with activation checkpointing (whose recomputed layers allocate many 1-4 MiB blocks), 1 MiB
+cuts it from 133-141 MB (4 MiB) to 106-114 MB, three rounds each. It costs time, because
+every large block is mapped and zero-filled afresh: 10.8-11.6 s a step against 8.9-10.3 s
+there. The command takes memory over speed, since a run that no longer fits is killed, not
+slowed.
 
-:func:`fix_mmap_threshold` fixes it (``mallopt(M_MMAP_THRESHOLD, 4 MiB)``, which also turns the
+:func:`fix_mmap_threshold` fixes it (``mallopt(M_MMAP_THRESHOLD, 1 MiB)``, which also turns the
 dynamic adjustment off). The command calls it at start; a library never changes a process's
 allocator, so scripts that import heatformer choose for themselves, e.g. with glibc's
-environment variable ``MALLOC_MMAP_THRESHOLD_=4194304``.
+environment variable ``MALLOC_MMAP_THRESHOLD_=1048576``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import sys
 __all__ = ["MMAP_THRESHOLD", "fix_mmap_threshold"]
 
 #: Bytes from which an allocation gets its own mapping (returned to the system when freed).
-MMAP_THRESHOLD = 4 << 20
+MMAP_THRESHOLD = 1 << 20
 
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 

@@ -32,7 +32,7 @@ examples of one evaluation or analysis pass:
   (its LayerNorm's output, ``q, k, v``, the heads' output before and after merging, the
   projection) with its graph's edges, or an MLP branch's ``(2 + 2r) D``.
 - ``f = 1.1``: what a step frees is not all reused at once (fitted to the measured peaks,
-  with glibc's mmap threshold fixed at 4 MiB as the command does,
+  with glibc's mmap threshold fixed at 1 MiB as the command does,
   :mod:`heatformer.cli._heap`: freed large blocks leave the process, so the passes without
   gradients start from the weights, not on top of the training's activations).
 - :math:`A_\text{eval} = B_e N (s (4 + 2r) D + \max_\ell \sum_h e\,b) + 2 s B_e n V`:
@@ -40,9 +40,10 @@ examples of one evaluation or analysis pass:
   the MLP's hidden layer before and after GELU), and the logits, for the evaluation and the
   analysis passes, which run ``B_e`` examples at a time (the larger of their batches, in
   slices of :attr:`~heatformer.experiments.Task.sequences_per_pass`).
-- ``R_0 = 56 MiB``: what the first steps load and keep (kernels, lazily imported modules,
+- ``R_0 = 24 MiB``: what the first steps load and keep (kernels, lazily imported modules,
   the code pages they touch); fitted so that the measured cases sit near the middle of
-  the test's +-30 % (at 32 MiB the digits case measured 0.70-0.76 of its peak).
+  the test's +-30 %, with the command's 1 MiB mmap threshold (ratios 0.86-1.18 of the
+  measured peaks; it was 56 MiB at a 4 MiB threshold, where more of a freed step stays).
 
 The formula was checked against measured peaks (the peak resident set of a subprocess after
 the data are loaded, minus its resident set at that moment): see ``tests/experiments/
@@ -87,7 +88,7 @@ __all__ = [
 #: ``f``: peak resident size of a run over the live size of its first step (see above).
 ALLOCATOR_FACTOR = 1.1
 #: ``R_0``: bytes the first steps load and keep whatever the model.
-RUNTIME_BYTES = 56 * 2**20
+RUNTIME_BYTES = 24 * 2**20
 #: ``c_op``: values per token a head keeps whose operator is not affine in ``P v``.
 OPERATOR_VALUES = 32
 
