@@ -207,6 +207,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(
     assert code == 0
     assert "1 run(s) x 40 steps, 10 evaluation(s) per run" in out
     assert "estimated time:" in out and "estimated peak memory:" in out
+    assert "one evaluation and one analysis per configuration" in out
     assert list(tmp_path.iterdir()) == []  # no run folder, no runs/
 
 
@@ -225,4 +226,5 @@ def test_memory_refusal_is_status_2_and_force_passes_it(
     assert main([*args, "--force"]) == 0  # the check is skipped (nothing is timed here)
     out = capsys.readouterr().out
     assert "estimated time: 0.0 min for 1 run(s)" in out  # 1 step + 1 evaluation of 1 s
+    assert "analysis" not in out  # --no-analysis: none timed, none counted, none named
     assert "dry run: nothing trained, nothing written" in out

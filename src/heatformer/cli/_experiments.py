@@ -512,7 +512,8 @@ def _preflight(
     free = f", {available[0] / 1e9:.1f} GB available ({available[1]})" if available else ""
     say(
         f"estimated time: {plan_time(spec, times) / 60:.1f} min for {runs} run(s) (from 2 timed "
-        f"steps after a warm-up, one evaluation and one analysis per configuration)"
+        f"steps after a warm-up, one evaluation{' and one analysis' if spec.analysis else ''} "
+        "per configuration)"
     )
     say(f"estimated peak memory: {worst.describe()}{free}")
     say("dry run: nothing trained, nothing written")
