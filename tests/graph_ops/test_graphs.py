@@ -188,7 +188,7 @@ def test_symmetrized_graph_rows_blockwise() -> None:
     g = SymmetrizedGraph(SoftmaxGraph(case.q, case.k, mask=case.mask, row_block=3))
     p = case.probs()
     ws = 0.5 * (p + np.swapaxes(p, -1, -2))
-    rows = g._weight_rows(2, 5).reshape(2, 3, 7)
+    rows = g.weight_rows(2, 5).reshape(2, 3, 7)
     gh.assert_close_np(rows, ws[:, 2:5], atol=1e-12)
     assert g.symmetrize() is g
     # every block size, through the public methods built on the row blocks

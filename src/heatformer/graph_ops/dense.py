@@ -75,7 +75,7 @@ class DenseGraph(Graph):
         """Row (``dim=-1``) or column sums, in float32 for half weights, rounded once."""
         return self.weight.sum(dim, dtype=accumulation_dtype(self.dtype)).to(self.dtype)
 
-    def _weight_rows(self, start: int, stop: int) -> Tensor:
+    def weight_rows(self, start: int, stop: int) -> Tensor:
         n = self.num_nodes
         return self.weight[..., start:stop, :].reshape(-1, stop - start, n)  # (Bf, rows, N)
 

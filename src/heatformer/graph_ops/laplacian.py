@@ -128,7 +128,7 @@ class GraphLaplacian:
     def identity(self, x: Tensor) -> Tensor:
         """``I' x``: ``x`` on the nodes with out-edges, 0 on the others (``x`` when every row
         is known to have an edge)."""
-        if self.graph._rows_nonempty:
+        if self.graph.rows_nonempty:
             return x
         has = (self.graph.out_degree() > 0).to(x.dtype).unsqueeze(-1)  # (..., N, 1)
         return has * x
@@ -137,13 +137,13 @@ class GraphLaplacian:
         """``L x``, shape ``(..., N, C)``."""
         if self.normalization == "combinatorial":
             return self._deg * x - self.graph.propagate(x)
-        if self.graph._rows_nonempty:  # no isolated node to mask: skip a pass over x
+        if self.graph.rows_nonempty:  # no isolated node to mask: skip a pass over x
             return x - self.adjacency(x)
         return self._has * x - self.adjacency(x)
 
     def markov(self, x: Tensor) -> Tensor:
         """``M x = x - L x / c``: non-negative, ``||M|| <= 1`` (the heat-series step)."""
-        if self.normalization == "combinatorial" or self.graph._rows_nonempty:
+        if self.normalization == "combinatorial" or self.graph.rows_nonempty:
             return self.adjacency(x)  # no isolated node keeps its own value
         return self.adjacency(x) + (1.0 - self._has) * x
 

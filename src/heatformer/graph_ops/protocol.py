@@ -139,7 +139,7 @@ class Graph(ABC):
     """A batch of weighted directed graphs on ``num_nodes`` nodes (the protocol).
 
     Subclasses implement :meth:`propagate`, :meth:`propagate_transpose`, :meth:`out_degree`,
-    :meth:`in_degree`, :meth:`_weight_rows` and :meth:`to`; everything else (top-k,
+    :meth:`in_degree`, :meth:`weight_rows` and :meth:`to`; everything else (top-k,
     thresholding, symmetrization, interop) is written once, in
     :mod:`~heatformer.graph_ops.sparsify`, :mod:`~heatformer.graph_ops.symmetrized` and
     :mod:`~heatformer.graph_ops.interop`, on top of them.
@@ -151,7 +151,7 @@ class Graph(ABC):
     symmetric: bool = False
     #: every row has an out-edge, known without reading the weights (e.g. attention without a
     #: key mask); lets the Laplacians skip masking isolated nodes. False means "unknown".
-    _rows_nonempty: bool = False
+    rows_nonempty: bool = False
 
     @property
     @abstractmethod
@@ -193,8 +193,10 @@ class Graph(ABC):
         """Column sums ``W^T 1``, shape ``(..., N)``."""
 
     @abstractmethod
-    def _weight_rows(self, start: int, stop: int) -> Tensor:
-        """Differentiable dense rows ``W[..., start:stop, :]`` flattened to ``(Bf, rows, N)``."""
+    def weight_rows(self, start: int, stop: int) -> Tensor:
+        """Differentiable dense rows ``W[..., start:stop, :]`` flattened to ``(Bf, rows, N)``
+        (``Bf = prod(batch_shape)``): the slabs that :meth:`to_dense`, top-k and thresholding
+        read, a block of rows at a time, never all ``N x N`` at once."""
 
     @abstractmethod
     def to(self, dtype: torch.dtype) -> Graph:
@@ -211,13 +213,13 @@ class Graph(ABC):
         """Ranking scores of rows ``start:stop`` for a top-``k_top`` selection, ``(Bf, rows,
         W)``: missing edges rank last. ``W <= N`` columns: a kind may leave out keys that no
         row of the block can choose (here ``W = N``: the weights themselves)."""
-        w = self._weight_rows(start, stop)
+        w = self.weight_rows(start, stop)
         return w
 
     def _kept_weights(self, idx: Tensor, blocks: list[tuple[int, int]]) -> Tensor:
         """Renormalized weights ``(Bf, N, k)`` of the kept entries ``idx`` ``(Bf, N, k)``,
         row block by row block of ``blocks`` (those of the selection)."""
-        w = [self._weight_rows(s, e).gather(-1, idx[:, s:e].long()) for s, e in blocks]
+        w = [self.weight_rows(s, e).gather(-1, idx[:, s:e].long()) for s, e in blocks]
         return _row_normalize(torch.cat(w, dim=1))
 
     def materialized_bytes(self) -> int | None:
@@ -236,7 +238,7 @@ class Graph(ABC):
 
     def _kept_row_entries(self, k_top: int) -> int:
         """Entries per query row that :meth:`_kept_weights` holds at once for ``k_top`` kept
-        keys (here a row of :meth:`_weight_rows`: ``N``); top-k sizes its blocks by it."""
+        keys (here a row of :meth:`weight_rows`: ``N``); top-k sizes its blocks by it."""
         return self.num_nodes
 
     def _blocks(
@@ -261,7 +263,7 @@ class Graph(ABC):
 
         Uses ``N^2`` memory: meant for small graphs, analysis and teaching.
         """
-        rows = [self._weight_rows(s, e) for s, e in self._blocks(None)]
+        rows = [self.weight_rows(s, e) for s, e in self._blocks(None)]
         dense = torch.cat(rows, dim=-2)  # (Bf, N, N)
         return dense.reshape(*self.batch_shape, self.num_nodes, self.num_nodes)
 

@@ -105,7 +105,7 @@ class SoftmaxGraph(Graph):
         self.causal = causal
         self.row_block = row_block
         self._row_has_edge: Tensor | None = None
-        self._rows_nonempty = mask is None  # a causal row keeps its diagonal
+        self.rows_nonempty = mask is None  # a causal row keeps its diagonal
         self._flat_qk: dict[bool, tuple[Tensor, Tensor]] = {}
 
     @property
@@ -143,7 +143,7 @@ class SoftmaxGraph(Graph):
         dense = DenseGraph.__new__(DenseGraph)  # trusted: NaN in, NaN out
         dense.weight = dense._tensor = self.to_dense()
         dense.row_stochastic = True
-        dense._rows_nonempty = self._rows_nonempty
+        dense.rows_nonempty = self.rows_nonempty
         return dense
 
     def to(self, dtype: torch.dtype) -> SoftmaxGraph:
@@ -199,7 +199,7 @@ class SoftmaxGraph(Graph):
             s.masked_fill_(~allowed[..., :width], float("-inf"))
         return s
 
-    def _weight_rows(self, start: int, stop: int) -> Tensor:
+    def weight_rows(self, start: int, stop: int) -> Tensor:
         return self._weight_rows_from(*self._flat(), start, stop)
 
     def _weight_rows_from(self, q: Tensor, k: Tensor, start: int, stop: int) -> Tensor:

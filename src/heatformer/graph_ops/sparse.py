@@ -362,7 +362,7 @@ class SparseGraph(Graph):
     def in_degree(self) -> Tensor:
         return self._degree(self._struct.col)
 
-    def _weight_rows(self, start: int, stop: int) -> Tensor:
+    def weight_rows(self, start: int, stop: int) -> Tensor:
         n, bf = self.num_nodes, _numel(self.batch_shape)
         row, col = self.row, self.col
         local_row = row % n

@@ -1,6 +1,6 @@
 """Sparse graphs made from any graph: top-k, thresholding and the non-zero entries.
 
-Everything works on :meth:`~heatformer.graph_ops.Graph._weight_rows` slabs of at most
+Everything works on :meth:`~heatformer.graph_ops.Graph.weight_rows` slabs of at most
 ``row_block`` query rows, so the extra memory is ``O(row_block * N)`` per graph, never
 ``N x N``; the kept weights stay differentiable in the graph's tensors.
 """
@@ -60,7 +60,7 @@ def select_edges(
     n = graph.num_nodes
     rows, cols, vals = [], [], []
     for s, e in graph._blocks(row_block):
-        w = graph._weight_rows(s, e)  # (Bf, rows, N)
+        w = graph.weight_rows(s, e)  # (Bf, rows, N)
         b, i, j = keep(w.detach()).nonzero(as_tuple=True)
         rows.append(b * n + i + s)
         cols.append(b * n + j)

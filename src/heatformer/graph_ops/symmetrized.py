@@ -48,11 +48,11 @@ class SymmetrizedGraph(Graph):
     def in_degree(self) -> Tensor:
         return self.out_degree()
 
-    def _weight_rows(self, start: int, stop: int) -> Tensor:
-        rows = self.base._weight_rows(start, stop)  # (Bf, rows, N)
+    def weight_rows(self, start: int, stop: int) -> Tensor:
+        rows = self.base.weight_rows(start, stop)  # (Bf, rows, N)
         # columns start:stop of W, i.e. rows of W^T, gathered block by block
         cols = torch.cat(
-            [self.base._weight_rows(s, e)[..., start:stop] for s, e in self._blocks(None)], dim=1
+            [self.base.weight_rows(s, e)[..., start:stop] for s, e in self._blocks(None)], dim=1
         )  # (Bf, N, rows)
         return 0.5 * (rows + cols.transpose(-1, -2))
 

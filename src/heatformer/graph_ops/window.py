@@ -171,7 +171,7 @@ class WindowGraph(Graph):
             self._key_mask = view.expand(*batch, n).reshape(bf, n)  # (Bf, N)
         b = row_block if row_block is not None else min(256, max(self.window, 32))
         self.row_block = V.check_positive_int("row_block", b)
-        self._rows_nonempty = key_mask is None  # a row always keeps its own key
+        self.rows_nonempty = key_mask is None  # a row always keeps its own key
         self._row_has_edge: Tensor | None = None
         self._pattern: tuple[Tensor, Tensor] | None = None  # see _run_masks
         self._all_masks: tuple[Tensor, Tensor, Tensor | None] | None = None  # see _run_masks
@@ -535,7 +535,7 @@ class WindowGraph(Graph):
         )
         return self.propagate_transpose(ones).squeeze(-1)
 
-    def _weight_rows(self, start: int, stop: int) -> Tensor:
+    def weight_rows(self, start: int, stop: int) -> Tensor:
         """Dense rows ``(Bf, rows, N)`` (for to_dense and generic conversions: ``O(rows N)``),
         scores and softmax in float32 for half inputs, rounded to the graph's dtype once."""
         q, k = self._flat()

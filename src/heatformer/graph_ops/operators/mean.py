@@ -110,7 +110,7 @@ def _uniform_propagate(graph: Graph, x: Tensor) -> Tensor:
     outs = []
     for start, stop in graph._blocks(None):
         with torch.no_grad():
-            edges = (graph._weight_rows(start, stop) != 0).to(x.dtype)  # (Bf, rows, N)
+            edges = (graph.weight_rows(start, stop) != 0).to(x.dtype)  # (Bf, rows, N)
         count = edges.sum(-1, keepdim=True)  # (Bf, rows, 1)
         outs.append((edges @ xf) * _safe_reciprocal(count))  # (Bf, rows, C')
     return unfold(torch.cat(outs, dim=1))
