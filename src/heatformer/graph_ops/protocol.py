@@ -54,6 +54,9 @@ SLAB_ELEMENTS = 1 << 24
 #: model's activations (and activation checkpointing makes them again during backward), and
 #: smaller slabs cost the selection no measurable time (bench_topk_train.py).
 SELECTION_SLAB_ELEMENTS = 1 << 21
+#: Feature width of the constant queries and keys with which an attention kind computes
+#: :meth:`Graph.uniform` (every allowed score 0): a multiple of 8, as fused kernels want.
+UNIFORM_DIM = 8
 
 
 def _numel(shape: torch.Size | tuple[int, ...]) -> int:
@@ -138,11 +141,18 @@ def _row_normalize(w: Tensor) -> Tensor:
 class Graph(ABC):
     """A batch of weighted directed graphs on ``num_nodes`` nodes (the protocol).
 
-    Subclasses implement :meth:`propagate`, :meth:`propagate_transpose`, :meth:`out_degree`,
-    :meth:`in_degree`, :meth:`weight_rows` and :meth:`to`; everything else (top-k,
-    thresholding, symmetrization, interop) is written once, in
+    A graph kind implements :attr:`num_nodes`, :attr:`batch_shape`, :meth:`propagate`,
+    :meth:`propagate_transpose`, :meth:`out_degree`, :meth:`in_degree`, :meth:`weight_rows`
+    and :meth:`to`, and sets ``_tensor`` (a tensor of the graph: it fixes :attr:`dtype` and
+    :attr:`device`). Everything else (dense form, top-k, thresholding, symmetrization,
+    interop, the uniform walk of :meth:`uniform`) is written once, here and in
     :mod:`~heatformer.graph_ops.sparsify`, :mod:`~heatformer.graph_ops.symmetrized` and
     :mod:`~heatformer.graph_ops.interop`, on top of them.
+
+    What a kind may add, each a documented extension point: :attr:`row_stochastic`,
+    :attr:`symmetric` and :attr:`rows_nonempty` (facts known without reading the weights,
+    which spare the Laplacians work), and a faster :meth:`uniform` where the kind knows its
+    structure (the softmax, window and sparse kinds override it).
     """
 
     #: rows sum to 1 except rows with no out-edges, which sum to 0 (e.g. attention).
@@ -195,8 +205,8 @@ class Graph(ABC):
     @abstractmethod
     def weight_rows(self, start: int, stop: int) -> Tensor:
         """Differentiable dense rows ``W[..., start:stop, :]`` flattened to ``(Bf, rows, N)``
-        (``Bf = prod(batch_shape)``): the slabs that :meth:`to_dense`, top-k and thresholding
-        read, a block of rows at a time, never all ``N x N`` at once."""
+        (``Bf = prod(batch_shape)``): the slabs that :meth:`to_dense`, :meth:`uniform`, top-k
+        and thresholding read, a block of rows at a time, never all ``N x N`` at once."""
 
     @abstractmethod
     def to(self, dtype: torch.dtype) -> Graph:
@@ -221,6 +231,34 @@ class Graph(ABC):
         row block by row block of ``blocks`` (those of the selection)."""
         w = [self.weight_rows(s, e).gather(-1, idx[:, s:e].long()) for s, e in blocks]
         return _row_normalize(torch.cat(w, dim=1))
+
+    def uniform(self, x: Tensor) -> Tensor:
+        r"""``U x``: the mean of ``x`` over each node's out-neighbours, whatever the weights.
+
+        ``U`` is the uniform random walk on the structure of ``W``,
+        ``U_ij = [j in N(i)] / |N(i)|``; a node without out-edges gives 0. Here the
+        out-neighbours are the non-zero entries of :meth:`weight_rows`, read one
+        ``(Bf, rows, N)`` slab at a time; an implicit attention kind overrides it with its own
+        structure (mask, causal order, window, kept keys), so that an entry whose weight
+        underflows to 0 still counts. Differentiable in ``x``; no gradient reaches the
+        graph's tensors.
+
+        Shape:
+            ``x``: ``(..., N, C)`` -> ``(..., N, C)``.
+
+        Equivalent to::
+
+            edges = (self.to_dense() != 0).to(x.dtype)
+            edges / edges.sum(-1, keepdim=True).clamp_min(1) @ x
+        """
+        xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, N, C')
+        outs = []
+        for start, stop in self._blocks(None):
+            with torch.no_grad():
+                edges = (self.weight_rows(start, stop) != 0).to(x.dtype)  # (Bf, rows, N)
+            count = edges.sum(-1, keepdim=True)  # (Bf, rows, 1)
+            outs.append((edges @ xf) * _safe_reciprocal(count))  # (Bf, rows, C')
+        return unfold(torch.cat(outs, dim=1))
 
     def materialized_bytes(self) -> int | None:
         """Bytes an explicit copy of the weights would take when it makes repeated

@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
-from heatformer.graph_ops.protocol import SLAB_ELEMENTS, Graph, _fold, _numel
+from heatformer.graph_ops.protocol import SLAB_ELEMENTS, UNIFORM_DIM, Graph, _fold, _numel
 
 __all__ = ["SoftmaxGraph"]
 
@@ -311,6 +311,15 @@ class SoftmaxGraph(Graph):
             xb = xf[:, s:e]
             out = out + (checkpoint(fn, q, k, xb, use_reentrant=False) if grad else fn(q, k, xb))
         return unfold(out.to(xf.dtype))
+
+    def uniform(self, x: Tensor) -> Tensor:
+        """``U x`` (see :meth:`Graph.uniform <heatformer.graph_ops.Graph.uniform>`): the
+        attention of constant queries and keys under the same mask and causal order, where
+        every allowed score is 0 and every row uniform; one fused product, as
+        :meth:`propagate`."""
+        z = self.q.new_zeros(*self.batch_shape, self.num_nodes, UNIFORM_DIM)  # (..., N, 8)
+        uniform = SoftmaxGraph(z, z, mask=self.mask, causal=self.causal, row_block=self.row_block)
+        return uniform.propagate(x)
 
     def row_has_edge(self) -> Tensor:
         """Bool ``(..., N)``: which rows have at least one allowed key."""

@@ -424,11 +424,25 @@ class SparseGraph(Graph):
     def to(self, dtype: torch.dtype) -> SparseGraph:
         if dtype == self.dtype:
             return self
-        graph = SparseGraph.__new__(SparseGraph)  # same structure, cast weights
+        return self._with_weight(self.weight.to(dtype))
+
+    def _with_weight(self, weight: Tensor) -> SparseGraph:
+        """The same structure (and its cached transpose) with other weights ``(E,)``."""
+        graph = SparseGraph.__new__(SparseGraph)
         graph._batch_shape, graph._n = self._batch_shape, self._n
         graph._struct, graph._transposed = self._struct, self._transposed
-        graph.weight = graph._tensor = self.weight.to(dtype)
+        graph.weight = graph._tensor = weight
         return graph
+
+    def uniform(self, x: Tensor) -> Tensor:
+        """``U x`` (see :meth:`Graph.uniform <heatformer.graph_ops.Graph.uniform>`) by the
+        same CSR product: the stored entries of positive weight are the edges (the
+        zero-weight padding of a top-k row with fewer allowed keys is none), each weighted
+        ``1 / |N(i)|``."""
+        edge = (self.weight.detach() > 0).to(self.dtype)  # (E,)
+        row = self._struct.rows()  # (E,)
+        count = edge.new_zeros(self._struct.size).index_add_(0, row, edge)  # (Bf * N,)
+        return self._with_weight(edge * _safe_reciprocal(count)[row]).propagate(x)
 
     def to_edge_index(self, flow: str = "target_to_source") -> tuple[Tensor, Tensor]:
         """``(edge_index (2, E), edge_weight (E,))``; batched graphs as a disjoint union.

@@ -45,6 +45,7 @@ from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._window_attention import GradSink, shared, window_attention
 from heatformer.graph_ops.protocol import (
     SLAB_ELEMENTS,
+    UNIFORM_DIM,
     Graph,
     _check_key_mask,
     _fold,
@@ -192,12 +193,25 @@ class WindowGraph(Graph):
     def to(self, dtype: torch.dtype) -> WindowGraph:
         if dtype == self.dtype:
             return self
+        return self._with_qk(self.q.to(dtype), self.k.to(dtype))
+
+    def _with_qk(self, q: Tensor, k: Tensor) -> WindowGraph:
+        """The same structure (window, global tokens, key mask and the masks made of them) on
+        other queries and keys ``(..., N, E')`` of the graph's batch shape, unchecked."""
         graph = WindowGraph.__new__(WindowGraph)
         graph.__dict__.update(self.__dict__)
-        graph.q = graph._tensor = self.q.to(dtype)
-        graph.k = self.k.to(dtype)
+        graph.q = graph._tensor = q
+        graph.k = k
         graph._flat_qk = None
         return graph
+
+    def uniform(self, x: Tensor) -> Tensor:
+        """``U x`` (see :meth:`Graph.uniform <heatformer.graph_ops.Graph.uniform>`): the
+        window attention of constant queries and keys, every allowed score 0 and every row
+        uniform over its window, global tokens and real keys; the same products as
+        :meth:`propagate`."""
+        z = self.q.new_zeros(*self.batch_shape, self.num_nodes, UNIFORM_DIM)  # (..., N, 8)
+        return self._with_qk(z, z).propagate(x)
 
     def _before(self) -> int:
         """Keys of a block's slab before its first query (``w - 1``, or ``w`` bidirectional)."""
