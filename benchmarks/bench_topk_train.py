@@ -11,10 +11,13 @@ sequences. "peak" is the growth of the resident set over the level before the st
 (``_common.PeakRSS``). Printed per N: the peak, its ratio to the smallest N's (linear memory:
 the ratio follows N), the peak per sequence, and the step's time. With ``--rounds R`` every
 cell runs R times, the rounds interleaved (a load spike hits every cell alike), and the
-median is printed.
+median is printed. ``--baseline SRC`` adds the same step (without checkpointing) on another
+source tree (``git worktree add /tmp/base <commit>``; its own heap where it has no
+``heatformer.cli._heap``), in the same rounds.
 
     python benchmarks/bench_topk_train.py              # N = 4096, 8192; batch 2 (~3 min)
     python benchmarks/bench_topk_train.py --ns 4096 16384 65536 --kinds topk --checkpointing on
+    python benchmarks/bench_topk_train.py --ns 4096 --rounds 3 --baseline /tmp/base/src
 """
 
 from __future__ import annotations
@@ -36,16 +39,20 @@ KINDS = {"topk": 32, "softmax": None}
 def child(kind: str, n: int, batch: int, checkpointing: bool, threshold: int) -> dict[str, object]:
     import torch
 
-    from heatformer.cli._heap import fix_mmap_threshold
     from heatformer.experiments import CompareSpec, resolve_task
 
     torch.set_num_threads(1)
-    fixed = fix_mmap_threshold(threshold)
+    try:
+        from heatformer.cli._heap import fix_mmap_threshold
+
+        fixed = fix_mmap_threshold(threshold)
+    except ImportError:  # a baseline tree from before the command fixed its heap
+        fixed = False
+    extra = {"activation_checkpointing": True} if checkpointing else {}
 
     def step_at(length: int) -> None:
         spec = CompareSpec(task="recall", heads=("attention:4",), topk=KINDS[kind],
-                           options={"seq_len": length},
-                           activation_checkpointing=checkpointing)  # fmt: skip
+                           options={"seq_len": length}, **extra)  # fmt: skip
         task = resolve_task("recall")(spec)
         torch.manual_seed(0)
         model = task.build_model(spec.heads[0])
@@ -66,7 +73,10 @@ def child(kind: str, n: int, batch: int, checkpointing: bool, threshold: int) ->
 
 
 def main() -> None:
-    from heatformer.cli._heap import MMAP_THRESHOLD
+    try:
+        from heatformer.cli._heap import MMAP_THRESHOLD
+    except ImportError:  # a child of --baseline, whose tree has no such module
+        MMAP_THRESHOLD = 1 << 20
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ns", type=int, nargs="+", default=[4096, 8192])
@@ -77,6 +87,7 @@ def main() -> None:
     parser.add_argument(
         "--threshold", type=int, default=MMAP_THRESHOLD, help="glibc's mmap threshold, bytes"
     )
+    parser.add_argument("--baseline", metavar="SRC", help="another tree's src folder")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -85,11 +96,15 @@ def main() -> None:
         return
     print_machine()
     cells = [(n, kind, ck) for n in args.ns for kind in args.kinds for ck in args.checkpointing]
+    if args.baseline:
+        cells += [(n, kind, "baseline") for n in args.ns for kind in args.kinds]
     runs: dict[tuple[int, str, str], list[dict[str, object]]] = {cell: [] for cell in cells}
     for _ in range(args.rounds):
         for n, kind, ck in cells:
-            child_args = ["--child", kind, str(n), str(args.batch), ck, str(args.threshold)]
-            runs[n, kind, ck].append(run_child(__file__, child_args, timeout=3600))
+            on = "on" if ck == "on" else "off"
+            child_args = ["--child", kind, str(n), str(args.batch), on, str(args.threshold)]
+            env = {"PYTHONPATH": args.baseline} if ck == "baseline" else None
+            runs[n, kind, ck].append(run_child(__file__, child_args, timeout=3600, env=env))
     rows, first = [], {}
     for n, kind, ck in cells:
         done = [r for r in runs[n, kind, ck] if "error" not in r]
@@ -104,7 +119,8 @@ def main() -> None:
             fmt_bytes(peak / args.batch), fmt_time(seconds), f"{float(done[0]['loss']):.6f}",
         ])  # fmt: skip
     print_table(
-        ["N", "graph", "checkpointing", "peak", "vs first N", "per sequence", "step time",
+        ["N", "graph", "checkpointing (baseline: the other tree)", "peak", "vs first N",
+         "per sequence", "step time",
          "loss"],
         rows,
         title=f"One training step of the recall model, batch {args.batch}, one thread, mmap "
