@@ -1,10 +1,16 @@
 """Aggregate run records into the comparison report: numbers, table, CSV and plots.
 
-Three modules, one concern each; every public name is importable from here:
+Four modules, one concern each; every public name is importable from here:
 
 - :mod:`~heatformer.experiments.report.stats` -- statistics over seeds (:func:`mean_std`,
-  :func:`t_interval`), paired differences against the baseline (:func:`paired_difference`,
-  :func:`add_paired`) and the per-configuration summary (:func:`aggregate`);
+  :func:`t_interval`, :func:`one_sample_t`), paired differences against the baseline
+  (:func:`paired_difference`, :func:`add_paired`) and the per-configuration summary
+  (:func:`aggregate`);
+- :mod:`~heatformer.experiments.report.inference` -- what a reviewer asks of those numbers:
+  the trend in k (:func:`trend_test`), Holm and Benjamini-Hochberg corrections
+  (:func:`holm`, :func:`benjamini_hochberg`), many-to-one comparisons against the shared
+  baseline (:func:`many_to_one`), effect sizes in seed-SD units (:func:`effect_size`),
+  equivalence (:func:`tost`, :func:`detectable_effect`, :func:`equivalence_statement`);
 - :mod:`~heatformer.experiments.report.tables` -- the text: the terminal tables
   (:func:`format_table`, :func:`format_paired_table`), ``results.csv`` (:func:`write_csv`)
   and the environment facts of ``results.json`` (:func:`environment`);
@@ -18,10 +24,21 @@ Nothing here prints: :func:`format_table` returns the table as a string.
 from __future__ import annotations
 
 from heatformer.experiments.report.figures import plot_report, plot_sweeps
+from heatformer.experiments.report.inference import (
+    benjamini_hochberg,
+    detectable_effect,
+    effect_size,
+    equivalence_statement,
+    holm,
+    many_to_one,
+    tost,
+    trend_test,
+)
 from heatformer.experiments.report.stats import (
     add_paired,
     aggregate,
     mean_std,
+    one_sample_t,
     paired_difference,
     t_interval,
 )
@@ -35,13 +52,22 @@ from heatformer.experiments.report.tables import (
 __all__ = [
     "add_paired",
     "aggregate",
+    "benjamini_hochberg",
+    "detectable_effect",
+    "effect_size",
     "environment",
+    "equivalence_statement",
     "format_paired_table",
     "format_table",
+    "holm",
+    "many_to_one",
     "mean_std",
+    "one_sample_t",
     "paired_difference",
     "plot_report",
     "plot_sweeps",
     "t_interval",
+    "tost",
+    "trend_test",
     "write_csv",
 ]

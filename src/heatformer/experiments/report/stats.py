@@ -25,6 +25,7 @@ __all__ = [
     "add_paired",
     "aggregate",
     "mean_std",
+    "one_sample_t",
     "paired_difference",
     "t_interval",
 ]
@@ -88,6 +89,43 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     return mean, float(t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
 
 
+def one_sample_t(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    r"""One-sample Student-t test of ``mean == 0``, with the interval of the mean.
+
+    .. math:: t = \frac{\bar x}{s / \sqrt n}, \qquad \nu = n - 1, \qquad
+        p = 2\, P(T_\nu \ge |t|)
+
+    (``scipy.stats.ttest_1samp(values, 0)``); the interval is :func:`t_interval`'s.
+
+    Args:
+        values: at least one number; ``None`` counts as NaN.
+        level: the confidence level of ``ci95`` (the key keeps its name).
+
+    Returns:
+        ``{"mean", "ci95", "t", "p", "df", "n"}``: ``t`` and ``p`` are NaN below two values or
+        with a NaN; when every value is the same, ``t`` is 0 or +-inf and ``p`` 1 or 0.
+
+    Examples:
+        >>> r = one_sample_t([1.0, 2.0, 3.0])
+        >>> round(r["t"], 4), round(r["p"], 4), r["df"]
+        (3.4641, 0.0742, 2)
+    """
+    mean, half = t_interval(values, level)
+    n = len(values)
+    t_stat = p = math.nan
+    if n >= 2 and math.isfinite(mean):
+        std = mean_std(values)[1]
+        if std > 0:
+            from scipy.stats import t
+
+            t_stat = mean / (std / math.sqrt(n))
+            p = float(2 * t.sf(abs(t_stat), n - 1))
+        else:
+            t_stat = 0.0 if mean == 0 else math.copysign(math.inf, mean)
+            p = 1.0 if mean == 0 else 0.0
+    return {"mean": mean, "ci95": half, "t": t_stat, "p": p, "df": n - 1, "n": n}
+
+
 def paired_difference(
     values: Sequence[float], baseline: Sequence[float], level: float = 0.95
 ) -> dict[str, Any]:
@@ -117,19 +155,8 @@ def paired_difference(
         math.nan if a is None or b is None else float(a) - float(b)
         for a, b in zip(values, baseline)
     ]
-    mean, half = t_interval(diffs, level)
-    n = len(diffs)
-    p = math.nan
-    if n >= 2 and math.isfinite(mean):
-        std = mean_std(diffs)[1]
-        if std > 0:
-            from scipy.stats import t
-
-            statistic = mean / (std / math.sqrt(n))
-            p = float(2 * t.sf(abs(statistic), n - 1))
-        else:
-            p = 1.0 if mean == 0 else 0.0
-    return {"mean": mean, "ci95": half, "p": p, "n": n, "values": diffs}
+    test = one_sample_t(diffs, level)
+    return {key: test[key] for key in ("mean", "ci95", "p", "n")} | {"values": diffs}
 
 
 def add_paired(
