@@ -192,6 +192,16 @@ def test_topk_gradcheck_q_k_x(variant) -> None:
     assert torch.autograd.gradcheck(f, inputs)
 
 
+def _assert_same_output_and_gradients(y1, y2, leaves1, leaves2) -> None:
+    """``y1 == y2``, and the gradients of one weighted sum of each reach equal leaves."""
+    torch.testing.assert_close(y1, y2)
+    weight = torch.randn_like(y1)
+    (y1 * weight).sum().backward()
+    (y2 * weight).sum().backward()
+    for a, b in zip(leaves1, leaves2, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
 def test_topk_gradient_equals_explicit_reference() -> None:
     """Grad of the top-k output equals that of an explicit masked softmax over the kept set."""
     case = gh.make_attention(7, n=6, batch=(2,), masked=True)
@@ -203,12 +213,7 @@ def test_topk_gradient_equals_explicit_reference() -> None:
     s = (q2 @ k2.transpose(-1, -2)) / np.sqrt(3)
     p = torch.softmax(s.masked_fill(~kept, float("-inf")), -1)
     y2 = p @ case.x
-    torch.testing.assert_close(y1, y2)
-    weight = torch.randn_like(y1)
-    (y1 * weight).sum().backward()
-    (y2 * weight).sum().backward()
-    torch.testing.assert_close(q1.grad, q2.grad)
-    torch.testing.assert_close(k1.grad, k2.grad)
+    _assert_same_output_and_gradients(y1, y2, (q1, k1), (q2, k2))
 
 
 # ---- the selection's memory: narrow causal slabs, kept scores, int32 structure --------------
@@ -241,12 +246,7 @@ def test_topk_gradient_over_many_blocks_equals_explicit_reference() -> None:
     s = (q2 @ k2.transpose(-1, -2)) / np.sqrt(3)
     p = torch.softmax(s.masked_fill(~kept, float("-inf")), -1).nan_to_num(0.0)  # row 5: empty
     y2 = p @ case.x
-    torch.testing.assert_close(y1, y2)
-    weight = torch.randn_like(y1)
-    (y1 * weight).sum().backward()
-    (y2 * weight).sum().backward()
-    torch.testing.assert_close(q1.grad, q2.grad)
-    torch.testing.assert_close(k1.grad, k2.grad)
+    _assert_same_output_and_gradients(y1, y2, (q1, k1), (q2, k2))
 
 
 def test_kept_scores_backward_equals_autograd_through_the_gather() -> None:
