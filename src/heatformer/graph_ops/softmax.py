@@ -173,16 +173,18 @@ class SoftmaxGraph(Graph):
             self._flat_qk[grad] = flat
         return flat
 
-    def _allowed_rows(self, start: int, stop: int) -> Tensor | None:
-        """Bool ``(Bf or 1, rows, N)`` of allowed edges in rows ``start:stop``; None = all."""
+    def _allowed_rows(self, start: int, stop: int, keys: int | None = None) -> Tensor | None:
+        """Bool ``(Bf or 1, rows, W)`` of allowed edges in rows ``start:stop`` to the first
+        ``W = keys`` keys (default all ``N``); None = all."""
         n = self.num_nodes
+        w = n if keys is None else keys
         allowed: Tensor | None = None
         if self.mask is not None:
-            m = self.mask.expand(*self.batch_shape, n, n)[..., start:stop, :]
-            allowed = m.reshape(_numel(self.batch_shape), stop - start, n)  # (Bf, rows, N)
+            m = self.mask.expand(*self.batch_shape, n, n)[..., start:stop, :w]
+            allowed = m.reshape(_numel(self.batch_shape), stop - start, w)  # (Bf, rows, W)
         if self.causal:
             i = torch.arange(start, stop, device=self.device).unsqueeze(-1)
-            tri = (torch.arange(n, device=self.device) <= i).unsqueeze(0)  # (1, rows, N)
+            tri = (torch.arange(w, device=self.device) <= i).unsqueeze(0)  # (1, rows, W)
             allowed = tri if allowed is None else allowed & tri
         return allowed
 
@@ -194,9 +196,9 @@ class SoftmaxGraph(Graph):
         width = min(self.num_nodes, max(stop, k_top)) if self.causal else self.num_nodes
         q, k = self._flat()
         s = attention_scores(q[:, start:stop], k[:, :width], self.scale)  # (Bf, rows, W)
-        allowed = self._allowed_rows(start, stop)
+        allowed = self._allowed_rows(start, stop, width)
         if allowed is not None:  # in place: the selection holds one score slab, not two
-            s.masked_fill_(~allowed[..., :width], float("-inf"))
+            s.masked_fill_(~allowed, float("-inf"))
         return s
 
     def weight_rows(self, start: int, stop: int) -> Tensor:
