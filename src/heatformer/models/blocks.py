@@ -115,8 +115,8 @@ class TransformerBlock(nn.Module):
             input ``(B, N, D)`` for backward and is run again there. What backward keeps per
             token falls from about ``(12 + 2r) D`` values and the graph's edges to ``2 D``, at
             the cost of one more forward; the results and gradients are the same (dropout
-            and drop-path draw the same masks again). Off in eval mode, without gradients and
-            with a KV cache.
+            and drop-path draw the same masks again). Off without gradients (``no_grad``,
+            inference) and with a KV cache; it follows autograd, not ``train()``/``eval()``.
 
     Shape:
         ``x``: ``(B, N, D)`` -> ``(B, N, D)``.
