@@ -187,3 +187,24 @@ def test_topk_graph_breaks_are_the_sparse_structure() -> None:
     assert explained.graph_break_count > 0
     assert "_warnings" in reasons or "sparse" in reasons.lower(), reasons
     assert "bincount" not in reasons
+
+
+@pytest.mark.parametrize("graph", ["softmax", "topk[k=3]"])
+def test_a_compiled_checkpointed_model_trains_as_eager(graph: str) -> None:
+    """``torch.compile`` of a model with activation checkpointing: the loss and every gradient
+    equal those of the same weights without checkpointing, eager (top-k with its breaks)."""
+    from heatformer.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    fields = {"vocab_size": 13, "block_size": 12, "n_layer": 2, "n_head": 2, "n_embd": 8}
+    checkpointed = GPT(GPTConfig(graph=graph, activation_checkpointing=True, **fields))
+    plain = GPT(GPTConfig(graph=graph, **fields))
+    plain.load_state_dict(checkpointed.state_dict())
+    idx = torch.randint(0, 13, (2, 12), generator=torch.Generator().manual_seed(1))
+    loss = torch.compile(checkpointed)(idx).square().mean()
+    expected = plain(idx).square().mean()
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
+    for a, b in zip(checkpointed.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
