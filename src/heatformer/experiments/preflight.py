@@ -10,7 +10,7 @@ examples of one evaluation or analysis pass:
 
 .. math::
 
-    \text{peak} = R_0 + 4 s P + \max(f\,A_\text{train}, A_\text{eval})
+    \text{peak} = R_0 + 4 s P + \max(A_\text{train}, A_\text{eval})
 
 - ``4 s P``: the weights, their gradients and AdamW's two moments.
 - :math:`A_\text{train} = \sum_\ell B N \big(s\,(12 + 2r) D
@@ -23,7 +23,7 @@ examples of one evaluation or analysis pass:
   saved_bytes_per_edge`: 0 for ``softmax``, whose fused SDPA path recomputes its weights;
   a weight for ``window``; a weight and an index for ``topk``); a head whose operator is not
   affine in ``P v`` (heat, PageRank, polynomial, mean: one propagation or more of its own)
-  keeps ``c_op = 32`` values of its width per token more (measured on ``heat[t=1]``, the
+  keeps ``c_op = 20`` values of its width per token more (fitted on ``heat[t=1]``, the
   most expensive default); and the logits ``(B, n, V)`` of ``n`` scored positions per
   sequence, their float32 copy and their gradient. With activation checkpointing
   (``--activation-checkpointing``) backward keeps the two branch inputs of every block,
@@ -31,24 +31,28 @@ examples of one evaluation or analysis pass:
   layers becomes ``2 s D L`` plus the largest branch, an attention branch's ``8 D`` values
   (its LayerNorm's output, ``q, k, v``, the heads' output before and after merging, the
   projection) with its graph's edges, or an MLP branch's ``(2 + 2r) D``.
-- ``f = 1.1``: what a step frees is not all reused at once (fitted to the measured peaks,
-  with glibc's mmap threshold fixed at 1 MiB as the command does,
-  :mod:`heatformer.cli._heap`: freed large blocks leave the process, so the passes without
-  gradients start from the weights, not on top of the training's activations).
 - :math:`A_\text{eval} = B_e N (s (4 + 2r) D + \max_\ell \sum_h e\,b) + 2 s B_e n V`:
   one layer's values at a time under ``no_grad`` (its input, ``q, k, v``, the heads' output,
   the MLP's hidden layer before and after GELU), and the logits, for the evaluation and the
   analysis passes, which run ``B_e`` examples at a time (the larger of their batches, in
   slices of :attr:`~heatformer.experiments.Task.sequences_per_pass`).
-- ``R_0 = 24 MiB``: what the first steps load and keep (kernels, lazily imported modules,
-  the code pages they touch); fitted so that the measured cases sit near the middle of
-  the test's +-30 %, with the command's 1 MiB mmap threshold (ratios 0.86-1.18 of the
-  measured peaks; it was 56 MiB at a 4 MiB threshold, where more of a freed step stays).
+- ``R_0 = 48 MiB``: what the first run loads and keeps whatever the model (kernels, lazily
+  imported modules, caches, the code pages of torch's libraries it touches). It depends on the
+  machine more than the rest: measured here, a first run peaks 26-41 MiB above a second run of
+  the same model in the same process, of which 25-27 MiB are code pages (file-backed: shared
+  and reclaimable) and 2-15 MiB anonymous; on the CI machine first runs peaked 23-37 MiB
+  higher still.
 
-The formula was checked against measured peaks (the peak resident set of a subprocess after
-the data are loaded, minus its resident set at that moment): see ``tests/experiments/
-test_preflight.py``. On CUDA it describes the caching allocator less well (no ``f``, but
-its own rounding); it is an estimate, to refuse what cannot fit, not an accounting.
+The formula was checked against measured peaks (``tests/experiments/test_preflight.py``), with
+glibc's mmap threshold fixed at 1 MiB as the command does (:mod:`heatformer.cli._heap`:
+freed large blocks leave the process, so the passes without gradients start from the weights,
+not on top of the training's activations). Each case trains a whole run twice in one fresh
+process after loading its data: ``R_0`` must cover the anonymous memory the first run's peak
+adds over the second's (code pages are file-backed: shared, and reclaimed under pressure),
+and the rest of the estimate must lie within 30 % of the second run's peak resident set over
+its resident set before it (ratios 0.86-1.16 for the six measured cases). On CUDA it describes the
+caching allocator less well (its own rounding); it is an estimate, to refuse what cannot fit,
+not an accounting.
 
 :func:`time_steps` runs a few real steps of a configuration (after a warm-up) and one
 evaluation, which ``heatformer compare --dry-run`` extrapolates to the whole plan
@@ -57,7 +61,6 @@ evaluation, which ``heatformer compare --dry-run`` extrapolates to the whole pla
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +77,6 @@ if TYPE_CHECKING:
     from heatformer.models import DiffusionAttention
 
 __all__ = [
-    "ALLOCATOR_FACTOR",
     "MemoryEstimate",
     "StepTimes",
     "available_memory",
@@ -85,12 +87,10 @@ __all__ = [
     "time_steps",
 ]
 
-#: ``f``: peak resident size of a run over the live size of its first step (see above).
-ALLOCATOR_FACTOR = 1.1
-#: ``R_0``: bytes the first steps load and keep whatever the model.
-RUNTIME_BYTES = 24 * 2**20
+#: ``R_0``: bytes the first run loads and keeps whatever the model.
+RUNTIME_BYTES = 48 * 2**20
 #: ``c_op``: values per token a head keeps whose operator is not affine in ``P v``.
-OPERATOR_VALUES = 32
+OPERATOR_VALUES = 20
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class MemoryEstimate:
 
     Attributes:
         weights: weights, gradients and the two AdamW moments (``4 s P``), bytes.
-        training: ``f A_train``: what backward keeps, with the allocator's factor.
+        training: ``A_train``: what backward keeps.
         evaluation: ``A_eval``: the largest pass without gradients.
         runtime: ``R_0``.
     """
@@ -175,7 +175,7 @@ def estimate_memory(task: Task, heads: str, *, batch_size: int | None = None) ->
     params = sum(p.numel() for p in model.parameters())
     return MemoryEstimate(
         weights=4 * itemsize * params,
-        training=math.ceil(ALLOCATOR_FACTOR * train),
+        training=train,
         evaluation=evaluation,
     )
 
