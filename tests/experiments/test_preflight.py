@@ -48,7 +48,7 @@ from heatformer.experiments import CompareSpec, preflight
 from heatformer.experiments.compare import validate_spec
 from heatformer.cli._heap import fix_mmap_threshold
 from heatformer.experiments.trainer import train_run
-fix_mmap_threshold()  # as the command does
+assert fix_mmap_threshold(), "glibc's mmap threshold was not set"  # as the command does
 
 def status(key):
     text = Path("/proc/self/status").read_text()
@@ -83,7 +83,8 @@ STEPS = {"steps": 4, "eval_every": 4}
 
 
 def _probe(values: dict[str, object]) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
+    env |= {"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-c", _PROBE, json.dumps(values)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
