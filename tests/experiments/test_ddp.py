@@ -20,10 +20,15 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "topk-checkpointed"])
 def test_two_process_ddp_matches_one_process(
-    tiny_spec: Callable[..., CompareSpec], corpus: Path, tmp_path: Path
+    tiny_spec: Callable[..., CompareSpec], corpus: Path, tmp_path: Path, checkpointed: bool
 ) -> None:
-    spec = tiny_spec(heads=("attention:1,laplacian:1",), steps=4, eval_every=4, analysis=False)
+    """With ``checkpointed``: top-k graphs, and the two processes recompute every block in
+    backward (``--activation-checkpointing``) while the one process keeps its activations."""
+    graph = "topk[k=8]" if checkpointed else "softmax"
+    spec = tiny_spec(heads=("attention:1,laplacian:1",), steps=4, eval_every=4, analysis=False,
+                     graph=graph)  # fmt: skip
     out = tmp_path / "ddp"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -33,9 +38,10 @@ def test_two_process_ddp_matches_one_process(
         "--embd", str(spec.n_embd),
         "--lr", str(spec.lr), "--eval-every", "4", "--ckpt-every", str(spec.ckpt_every),
         "--eval-size", str(spec.options.eval_size), "--no-analysis", "--no-progress",
-        "--device", "cpu",
+        "--device", "cpu", "--graph", graph,
         "--out", str(out),
     ]  # fmt: skip
+    command += ["--activation-checkpointing"] if checkpointed else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
