@@ -154,6 +154,10 @@ def draw_attention_graph(
         >>> fig = draw_attention_graph(SoftmaxGraph(q, k), index=0, tokens="hello", top_k=2)
         >>> len(find_collection(fig, "edges").get_paths())  # 5 tokens x 2 edges each
         10
+
+    Over 80 lines for its eighteen parameters and their documentation only: the body
+    checks, prunes and hands the drawing to ``_canvas``, ``_draw_nodes``, ``_draw_edges`` and
+    ``_draw_labels``.
     """
     import numpy as np
 
