@@ -18,6 +18,7 @@ from heatformer.graph_ops import DenseGraph, Graph
 from heatformer.viz._common import (
     PathLike,
     axes_or_new,
+    finish_figure,
     new_figure,
     save_figure,
     single_graph,
@@ -187,10 +188,7 @@ def draw_attention_graph(
         alpha=edge_alpha, up=layout == "arc",
     )  # fmt: skip
     _draw_labels(ax, xy, labels, diameter)
-    if title is not None:
-        ax.set_title(title, fontsize=10)
-    save_figure(fig, save)
-    return fig
+    return finish_figure(fig, ax, title, save)
 
 
 def _node_values(node_values: Tensor | Sequence[float] | None, graph: Graph, n: int) -> np.ndarray:
