@@ -16,7 +16,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when huggingface_hub is imp
 
 collect_ignore: list[str] = []
 if importlib.util.find_spec("transformers") is None:
-    collect_ignore.append("src/heatformer/integrations/hf.py")
+    collect_ignore += [
+        "src/heatformer/integrations/hf.py",
+        "src/heatformer/integrations/_hf_attention.py",
+    ]
 
 
 def _skip_reason(report: Any) -> str:

@@ -118,8 +118,10 @@ def test_the_hf_module_refuses_a_transformers_below_the_floor() -> None:
     """transformers 5.0-5.3 import fine and fail at the first forward with an unrelated
     TypeError (``q_length``); the module refuses them at import, naming the floor."""
     hf = pytest.importorskip("heatformer.integrations.hf")
+    from heatformer.integrations import _hf_attention  # where the check and the floor live
+
     assert Version(hf.MIN_TRANSFORMERS) == _floor(_requirements()["transformers"])
     with pytest.raises(ImportError, match=r"needs transformers >= 5\.4, found 5\.3\.0"):
-        hf._check_transformers_version("5.3.0")
-    hf._check_transformers_version(hf.MIN_TRANSFORMERS)
-    hf._check_transformers_version("5.24.0")
+        _hf_attention.check_transformers_version("5.3.0")
+    _hf_attention.check_transformers_version(hf.MIN_TRANSFORMERS)
+    _hf_attention.check_transformers_version("5.24.0")

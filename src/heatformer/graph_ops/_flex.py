@@ -269,6 +269,45 @@ def _compact(selected: Tensor, cols: Tensor, width: int) -> tuple[Tensor, Tensor
     return selected.sum(-1).to(_INT), ordered.to(_INT)
 
 
+def _kv_blocks(
+    n: int, w: int, g: int, bs: int, *, causal: bool, no_full: bool, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(kv_num, kv_idx, full_num, full_idx)`` of :func:`window_block_mask`: per query tile
+    (``ceil(N/B)`` of them), its partial and its full key tiles, ascending, int32; with
+    ``no_full`` (a key mask) every tile that holds an allowed pair is partial.
+
+    Only candidate tiles are classified (:func:`_tile_classes`): the band tiles a query tile
+    can meet and the global key tiles, and every key tile for the global query tiles.
+    """
+    nb = -(-n // bs)  # tiles per side
+    gb = -(-g // bs)  # tiles holding global tokens (keys and queries)
+    before, after = (w - 1, 0) if causal else (w, w)  # band keys before / after a row
+    span = -(-(bs + before + after) // bs) + 1  # band tiles a query tile can meet
+    classify = functools.partial(_tile_classes, n=n, w=w, g=g, bs=bs, causal=causal)
+
+    m = torch.arange(nb, device=device).unsqueeze(-1)  # (nb, 1)
+    first = (m * bs - before).clamp_min(0) // bs
+    band = first + torch.arange(span, device=device)  # (nb, span) candidate band tiles
+    band_ok = (band < nb) & (band >= gb)  # the global tiles come next, once
+    cand = torch.cat([torch.arange(gb, device=device).expand(nb, gb), band], dim=-1)
+    ok = torch.cat([torch.ones(nb, gb, dtype=torch.bool, device=device), band_ok], dim=-1)
+    any_, all_ = classify(m, cand.clamp_max(nb - 1))
+    partial, full = ok & any_ & ~all_, ok & all_
+    if no_full:
+        partial, full = partial | full, torch.zeros_like(full)
+    kv_num, kv_idx = _compact(partial, cand, nb)  # (nb,), (nb, nb)
+    full_num, full_idx = _compact(full, cand, nb)
+    if gb:  # the global query tiles: every key tile is a candidate
+        mg, cg = torch.arange(gb, device=device).unsqueeze(-1), torch.arange(nb, device=device)
+        any_g, all_g = classify(mg, cg)  # (gb, nb)
+        part_g, full_g = any_g & ~all_g, all_g
+        if no_full:
+            part_g, full_g = any_g, torch.zeros_like(all_g)
+        kv_num[:gb], kv_idx[:gb] = _compact(part_g, cg.expand(gb, nb), nb)
+        full_num[:gb], full_idx[:gb] = _compact(full_g, cg.expand(gb, nb), nb)
+    return kv_num, kv_idx, full_num, full_idx
+
+
 def window_block_mask(
     num_nodes: int,
     *,
@@ -322,37 +361,12 @@ def window_block_mask(
     _require_flex()
     from torch.nn.attention.flex_attention import BlockMask
 
-    g = num_global
-    nb = -(-n // bs)  # tiles per side
-    gb = -(-g // bs)  # tiles holding global tokens (keys and queries)
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    before, after = (w - 1, 0) if causal else (w, w)  # band keys before / after a row
-    span = -(-(bs + before + after) // bs) + 1  # band tiles a query tile can meet
-    classify = functools.partial(_tile_classes, n=n, w=w, g=g, bs=bs, causal=causal)
-    no_full = key_mask is not None
-
-    m = torch.arange(nb, device=dev).unsqueeze(-1)  # (nb, 1)
-    first = (m * bs - before).clamp_min(0) // bs
-    band = first + torch.arange(span, device=dev)  # (nb, span) candidate band tiles
-    band_ok = (band < nb) & (band >= gb)  # the global tiles come next, once
-    cand = torch.cat([torch.arange(gb, device=dev).expand(nb, gb), band], dim=-1)
-    ok = torch.cat([torch.ones(nb, gb, dtype=torch.bool, device=dev), band_ok], dim=-1)
-    any_, all_ = classify(m, cand.clamp_max(nb - 1))
-    partial, full = ok & any_ & ~all_, ok & all_
-    if no_full:
-        partial, full = partial | full, torch.zeros_like(full)
-    kv_num, kv_idx = _compact(partial, cand, nb)  # (nb,), (nb, nb)
-    full_num, full_idx = _compact(full, cand, nb)
-    if gb:  # the global query tiles: every key tile is a candidate
-        mg, cg = torch.arange(gb, device=dev).unsqueeze(-1), torch.arange(nb, device=dev)
-        any_g, all_g = classify(mg, cg)  # (gb, nb)
-        part_g, full_g = any_g & ~all_g, all_g
-        if no_full:
-            part_g, full_g = any_g, torch.zeros_like(all_g)
-        kv_num[:gb], kv_idx[:gb] = _compact(part_g, cg.expand(gb, nb), nb)
-        full_num[:gb], full_idx[:gb] = _compact(full_g, cg.expand(gb, nb), nb)
+    kv_num, kv_idx, full_num, full_idx = _kv_blocks(
+        n, w, num_global, bs, causal=causal, no_full=key_mask is not None, device=dev
+    )
     mask_mod = window_mask_mod(
-        n, window=w, causal=causal, num_global=g, key_mask=key_mask,
+        n, window=w, causal=causal, num_global=num_global, key_mask=key_mask,
         drop_masked_queries=drop_masked_queries, device=dev,
     )  # fmt: skip
     return BlockMask.from_kv_blocks(

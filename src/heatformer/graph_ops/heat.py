@@ -499,16 +499,24 @@ def heat_kernel(
     t = V.check_time(t)
     tol = V.check_tol(tol)
     V.check_normalization(normalization)
+    t_max = _check_t_max(t, t_max, graph.batch_shape)
+    return _heat_kernel(graph, x, t, normalization, method, tol, t_max)
+
+
+def _check_t_max(t: Tensor | float, t_max: float | None, batch_shape: torch.Size) -> float | None:
+    """``t_max`` of :func:`heat_kernel` as a float ``>= 0`` (or None), after checking a tensor
+    ``t`` (checked ``>= 0`` already) against it and against ``batch_shape``: ``t`` broadcasts
+    to it and has no value above ``t_max`` (read on the host)."""
     if isinstance(t, Tensor):
         try:
-            ok = torch.broadcast_shapes(t.shape, graph.batch_shape) == graph.batch_shape
+            ok = torch.broadcast_shapes(t.shape, batch_shape) == batch_shape
         except RuntimeError:
             ok = False
         if not ok:
             raise V.bad_value(
                 "t",
                 f"expected a shape that broadcasts (from the right) to the graph's batch "
-                f"shape {tuple(graph.batch_shape)}, e.g. one time per head; got {tuple(t.shape)}",
+                f"shape {tuple(batch_shape)}, e.g. one time per head; got {tuple(t.shape)}",
             )
     if t_max is not None:
         if isinstance(t_max, Tensor):
@@ -516,7 +524,7 @@ def heat_kernel(
         t_max = float(V.check_time(t_max, name="t_max"))
         if isinstance(t, Tensor) and t.numel() and bool((t.detach() > t_max).any()):
             raise V.bad_value("t", f"expected values <= t_max = {t_max:g}, got {t.max():g}")
-    return _heat_kernel(graph, x, t, normalization, method, tol, t_max)
+    return t_max
 
 
 def _heat_kernel(

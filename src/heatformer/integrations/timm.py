@@ -346,8 +346,7 @@ def _install(
             attn.heads = new
             continue
         new.train(attn.training)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+        model.set_submodule(name, new)
     return model
 
 

@@ -346,9 +346,7 @@ def _install(
         elif not name:
             root = new
         else:
-            parent_name, _, child = name.rpartition(".")
-            parent = module.get_submodule(parent_name) if parent_name else module
-            setattr(parent, child, new)
+            module.set_submodule(name, new)
     for sub in root.modules():
         if isinstance(sub, nn.TransformerEncoder):
             sub.use_nested_tensor = False

@@ -70,22 +70,31 @@ def count_heads(spec: str) -> int | None:
     """
     total = 0
     for entry in _split_entries(spec):
-        match = _ENTRY.match(entry)
-        if match is None:
-            raise checks.bad_value(
-                "heads",
-                f"cannot parse {entry.strip()!r} in {spec!r}; expected entries like "
-                f"'attention:6', 'heat[t=0.5]:2'",
-            )
-        count_text = match.group(3)
-        if count_text is None:
+        count = _parse_entry(entry, spec)[2]
+        if count is None:
             return None
-        if not count_text.isdigit() or int(count_text) < 1:
-            raise checks.bad_value(
-                "heads", f"expected a positive head count in {entry.strip()!r}, got {count_text!r}"
-            )
-        total += int(count_text)
+        total += count
     return total
+
+
+def _parse_entry(entry: str, spec: str) -> tuple[str, str | None, int | None]:
+    """``(name, params text, count)`` of one entry ``name[params]:count`` of ``spec``
+    (``None`` for what it omits), its syntax and count checked."""
+    match = _ENTRY.match(entry)
+    if match is None:
+        raise checks.bad_value(
+            "heads",
+            f"cannot parse {entry.strip()!r} in {spec!r}; expected entries like "
+            f"'attention:6', 'heat[t=0.5]:2'",
+        )
+    name, params_text, count_text = match.groups()
+    if count_text is None:
+        return name, params_text, None
+    if not count_text.isdigit() or int(count_text) < 1:
+        raise checks.bad_value(
+            "heads", f"expected a positive head count in {entry.strip()!r}, got {count_text!r}"
+        )
+    return name, params_text, int(count_text)
 
 
 def _parse_params(text: str | None, spec: str) -> dict[str, object]:
@@ -132,70 +141,78 @@ def parse_heads(
         ['attention', 'attention', 'laplacian']
     """
     if isinstance(spec, str):
-        entries = [e for e in _split_entries(spec) if e.strip()]
-        if not entries:
-            raise checks.bad_value("heads", f"empty head spec {spec!r}")
-        ops: list[DiffusionOperator] = []
-        for entry in entries:
-            match = _ENTRY.match(entry)
-            if match is None:
-                raise checks.bad_value(
-                    "heads",
-                    f"cannot parse {entry.strip()!r} in {spec!r}; expected entries like "
-                    f"'attention:6', 'heat[t=0.5]:2'",
-                )
-            name, params_text, count_text = match.groups()
-            if count_text is None:
-                if len(entries) != 1:
-                    raise checks.bad_value(
-                        "heads",
-                        f"{entry.strip()!r} has no ':count' in {spec!r}; only a spec "
-                        f"with a single entry may omit the count",
-                    )
-                count = num_heads
-            else:
-                if not count_text.isdigit() or int(count_text) < 1:
-                    raise checks.bad_value(
-                        "heads",
-                        f"expected a positive head count in {entry.strip()!r}, got {count_text!r}",
-                    )
-                count = int(count_text)
-            params = _parse_params(params_text, spec)
-            try:
-                op = resolve_operator(name, device=device, dtype=dtype, **params)
-            except (ValueError, TypeError) as err:
-                raise checks.bad_value("heads", f"in {spec!r}: {err}") from None
-            ops.extend([op] * count)
-        if len(ops) != num_heads:
-            raise checks.bad_value(
-                "heads",
-                f"expected counts adding up to num_heads = {num_heads}, got {len(ops)} "
-                f"heads in {spec!r}",
-            )
-        return ops
+        return _operators_of_spec(spec, num_heads, device=device, dtype=dtype)
     if isinstance(spec, Sequence):
-        if len(spec) != num_heads:
-            raise checks.bad_value(
-                "operators", f"expected one operator per head ({num_heads}), got {len(spec)}"
-            )
-        resolved: dict[str, DiffusionOperator] = {}
-        out = []
-        for item in spec:
-            if isinstance(item, str):  # equal names share one instance
-                if item not in resolved:
-                    resolved[item] = resolve_operator(item, device=device, dtype=dtype)
-                out.append(resolved[item])
-            elif isinstance(item, DiffusionOperator):
-                out.append(item)
-            else:
-                raise checks.bad_type(
-                    "operators",
-                    f"expected DiffusionOperator instances or names, got {type(item).__name__}",
-                )
-        return out
+        return _operators_of_list(spec, num_heads, device=device, dtype=dtype)
     raise checks.bad_type(
         "operators", f"expected a spec string or a list of operators, got {type(spec).__name__}"
     )
+
+
+def _operators_of_spec(
+    spec: str,
+    num_heads: int,
+    *,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+) -> list[DiffusionOperator]:
+    """:func:`parse_heads` of a spec string: one instance per entry, repeated ``count`` times."""
+    entries = [e for e in _split_entries(spec) if e.strip()]
+    if not entries:
+        raise checks.bad_value("heads", f"empty head spec {spec!r}")
+    ops: list[DiffusionOperator] = []
+    for entry in entries:
+        name, params_text, count = _parse_entry(entry, spec)
+        if count is None:
+            if len(entries) != 1:
+                raise checks.bad_value(
+                    "heads",
+                    f"{entry.strip()!r} has no ':count' in {spec!r}; only a spec "
+                    f"with a single entry may omit the count",
+                )
+            count = num_heads
+        params = _parse_params(params_text, spec)
+        try:
+            op = resolve_operator(name, device=device, dtype=dtype, **params)
+        except (ValueError, TypeError) as err:
+            raise checks.bad_value("heads", f"in {spec!r}: {err}") from None
+        ops.extend([op] * count)
+    if len(ops) != num_heads:
+        raise checks.bad_value(
+            "heads",
+            f"expected counts adding up to num_heads = {num_heads}, got {len(ops)} "
+            f"heads in {spec!r}",
+        )
+    return ops
+
+
+def _operators_of_list(
+    spec: Sequence[DiffusionOperator | str],
+    num_heads: int,
+    *,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+) -> list[DiffusionOperator]:
+    """:func:`parse_heads` of a per-head list: instances as they are, equal names one instance."""
+    if len(spec) != num_heads:
+        raise checks.bad_value(
+            "operators", f"expected one operator per head ({num_heads}), got {len(spec)}"
+        )
+    resolved: dict[str, DiffusionOperator] = {}
+    out = []
+    for item in spec:
+        if isinstance(item, str):  # equal names share one instance
+            if item not in resolved:
+                resolved[item] = resolve_operator(item, device=device, dtype=dtype)
+            out.append(resolved[item])
+        elif isinstance(item, DiffusionOperator):
+            out.append(item)
+        else:
+            raise checks.bad_type(
+                "operators",
+                f"expected DiffusionOperator instances or names, got {type(item).__name__}",
+            )
+    return out
 
 
 def parse_layer_heads(heads: str | Sequence[str], n_layer: int) -> list[str]:

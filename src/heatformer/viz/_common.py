@@ -73,6 +73,15 @@ def save_figure(fig: Figure, save: PathLike | None, *, dpi: int = 110) -> None:
     fig.savefig(path, dpi=dpi)
 
 
+def finish_figure(fig: Figure, ax: Axes, title: str | None, save: PathLike | None) -> Figure:
+    """The last steps of every ``viz`` figure: the axes' ``title`` (when given), then
+    :func:`save_figure`; returns ``fig``."""
+    if title is not None:
+        ax.set_title(title, fontsize=10)
+    save_figure(fig, save)
+    return fig
+
+
 def single_graph(graph: Graph | Tensor, index: tuple[int, ...] | int | None) -> DenseGraph:
     """One graph of a batch as an unbatched float64 :class:`DenseGraph` (detached, on CPU).
 

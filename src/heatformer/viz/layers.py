@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from heatformer.checks import bad_value
-from heatformer.viz._common import PathLike, axes_or_new, save_figure
+from heatformer.viz._common import PathLike, axes_or_new, finish_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -90,7 +90,4 @@ def plot_per_layer(
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    if title is not None:
-        ax.set_title(title, fontsize=10)
-    save_figure(fig, save)
-    return fig
+    return finish_figure(fig, ax, title, save)

@@ -31,6 +31,7 @@ from heatformer.graph_ops import (
 from heatformer.viz._common import (
     PathLike,
     axes_or_new,
+    finish_figure,
     new_figure,
     save_figure,
     single_graph,
@@ -254,10 +255,7 @@ def _draw_frequency_responses(
     ax.set_xlabel("Laplacian eigenvalue λ  (0 = smooth, large = rough)")
     ax.set_ylabel("gain f(λ)")
     ax.legend(fontsize=8)
-    if title is not None:
-        ax.set_title(title, fontsize=10)
-    save_figure(fig, save)
-    return fig
+    return finish_figure(fig, ax, title, save)
 
 
 def plot_operator_outputs(
@@ -338,7 +336,4 @@ def _draw_operator_outputs(
     ax.set_xticks(pos[::step], labels[::step], fontsize=8)
     ax.set_xlabel("token")
     ax.legend(fontsize=8)
-    if title is not None:
-        ax.set_title(title, fontsize=10)
-    save_figure(fig, save)
-    return fig
+    return finish_figure(fig, ax, title, save)
