@@ -16,10 +16,12 @@ Then, from the ``results.json`` files, the tables of docs/reproducing.md: every 
 every configuration as mean [95 % Student-t interval], the paired difference against k = 0 on
 the same seeds, and for each of the paper's claims a verdict: ``reproduces`` when the paired
 interval excludes 0 on the claimed side, ``opposite`` when it excludes 0 on the other side,
-``noise`` when it contains 0. The sweep figures (each metric against k, per layer) are copied
-to ``--figures``.
+``noise`` when it contains 0. With ``--figures DIR`` the sweep figures (each metric against
+k, per layer; each study's ``plots/sweep_*.png``) are copied to ``DIR/<study>/``; the ones
+docs/reproducing.md shows are committed under ``docs/study/<study>/`` (``--figures
+docs/study``; ``docs/figures/`` is git-ignored, for generated figures only).
 
-    python benchmarks/paper_study.py --out runs/study --figures docs/figures/study
+    python benchmarks/paper_study.py --out runs/study --figures docs/study
     python benchmarks/paper_study.py --out runs/study --only chars       # one study
 """
 

@@ -380,9 +380,12 @@ def test_compare_prints_the_table_and_writes_the_report(
     header = next(line for line in lines if line.startswith("heads"))
     assert "val_bpc" in header and "val_loss" in header and "nc1@L1" in header
     row = next(line for line in lines if line.startswith("attention:2;attention:1,laplacian:1"))
-    assert row.count("±") == 5
+    assert row.count("±") == 7  # 2 metrics, the within-sequence share and its 2 parts, 2 more
+    assert header.index("within_seq_frac@L1") < header.index("within_seq_var@L1")
+    assert header.index("within_seq_var@L1") < header.index("between_seq_var@L1")
     assert f"report: {out / 'results.json'}" in printed
     assert "mean ± sample std over seeds [0, 1]; analysis columns: last layer" in printed
+    assert "\ngeometry on the test batch, before the final LayerNorm\n" in printed  # no cls
     results = json.loads((out / "results.json").read_text())
     per_layer = next(r for r in results["runs"] if ";" in r["heads"])
     assert per_layer["model_config"]["heads"] == ["attention:2", "attention:1,laplacian:1"]

@@ -155,6 +155,33 @@ def test_variance_decomposition_matches_numpy_with_mask(device: torch.device) ->
     assert total.item() == pytest.approx(parts.total.item(), rel=1e-13)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_between_sequence_is_the_variance_of_the_sequence_means(dtype: torch.dtype) -> None:
+    # within + between sequences = total, against a float64 NumPy reference with padding
+    # masks; float16 tokens up to 6e4 (near its largest value: their squares overflow it) too
+    scale = 3.0 if dtype == torch.float32 else 1e4
+    x = (torch.randn(7, 9, 5, generator=_gen(11)) * scale + scale).clamp(max=6e4).to(dtype)
+    mask = _random_mask(7, 9, seed=12)
+    mask[2] = False  # a fully masked sequence: no mean, no weight
+    x[~mask] = torch.nan  # padded tokens are ignored whatever they hold
+    parts = variance_decomposition(x, torch.zeros(7, dtype=torch.long), mask)
+    xs, ms = x.double().numpy(), mask.numpy()
+    tokens = [xs[b][ms[b]] for b in range(7)]
+    g = np.concatenate(tokens).mean(0)
+    count = sum(len(t) for t in tokens)
+    between = sum(len(t) * ((t.mean(0) - g) ** 2).sum() for t in tokens if len(t)) / count
+    within = sum(((t - t.mean(0)) ** 2).sum() for t in tokens if len(t)) / count
+    total = ((np.concatenate(tokens) - g) ** 2).sum(1).mean()
+    assert parts.between_sequence.dtype == torch.float64
+    assert math.isfinite(parts.between_sequence.item())
+    assert parts.between_sequence.item() == pytest.approx(between, rel=1e-10)
+    assert parts.within_sequence.item() == pytest.approx(within, rel=1e-10)
+    assert (parts.within_sequence + parts.between_sequence).item() == pytest.approx(
+        total, rel=1e-10
+    )
+    assert len(parts) == 4  # a property: the tuple keeps its four fields
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     b=st.integers(1, 6),

@@ -399,6 +399,7 @@ def test_results_json_and_csv_hold_mean_and_sample_std(
     assert results["seeds"] == [0, 1, 2]
     assert results["environment"]["torch"] == torch.__version__
     assert results["spec"]["heads"] == list(spec.heads)
+    assert results["analysis_on"] == "the test batch, before the final LayerNorm"  # a GPT
     runs = results["runs"]
     assert len(runs) == 6 and {(r["heads"], r["seed"]) for r in runs} == {
         (h, s) for h in spec.heads for s in (0, 1, 2)

@@ -1,10 +1,17 @@
 r"""Singular spectra of token matrices: effective rank and power-law decay.
 
 :func:`singular_spectrum` gives the singular values of each sequence's (centred) token
-matrix, :func:`spectral_decay` their effective rank and decay exponent; a faster decay is
-what Laplacian heads are reported to prevent.
+matrix, :func:`spectral_decay` their effective rank and decay exponent. Zhang & Papyan report
+that with Laplacian heads these spectra decay *faster* (a larger exponent ``decay_rate``, a
+lower ``effective_rank``) than with attention heads alone; docs/reproducing.md tests that
+direction. This is the spectrum of the token cloud in feature space (the singular values of
+the ``N x D`` matrix of a sequence's tokens), not a spectrum over the frequencies of the
+attention graph: how smooth the tokens are on the graph (low-pass attention ``P`` averages
+neighbours, the Laplacian ``I - P`` keeps what differs from them) is
+:func:`~heatformer.analysis.dirichlet_energy`.
 
 References:
+    Zhang, Papyan. Laplacian heads. arXiv:2602.09297, 2026.
     Roy, Vetterli. The effective rank: a measure of effective dimensionality. EUSIPCO 2007.
     Stringer, Pachitariu, Steinmetz, Carandini, Harris. High-dimensional geometry of
     population responses in visual cortex. Nature 571:361-365, 2019.

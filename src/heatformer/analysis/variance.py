@@ -27,13 +27,21 @@ __all__ = ["VarianceDecomposition", "variance_decomposition", "within_sequence_v
 class VarianceDecomposition(NamedTuple):
     """Law-of-total-variance split of token states; see :func:`variance_decomposition`.
 
-    ``total == within_sequence + within_class + between_class`` up to rounding.
+    ``total == within_sequence + within_class + between_class`` up to rounding, and so
+    ``total == within_sequence + between_sequence``.
     """
 
     total: Tensor
     within_sequence: Tensor
     within_class: Tensor
     between_class: Tensor
+
+    @property
+    def between_sequence(self) -> Tensor:
+        r"""The variance of the sequence means, :math:`\tfrac{1}{T}\sum_b n_b \lVert \mu_b - g
+        \rVert^2` ``= within_class + between_class``: what a within-sequence share
+        ``within_sequence / total`` sets the within part against."""
+        return self.within_class + self.between_class
 
 
 def within_sequence_variance(

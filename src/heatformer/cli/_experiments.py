@@ -136,6 +136,25 @@ def _add_common(parser: OptionParser) -> None:
     g.add_argument(
         "--no-analysis", action="store_true", help="skip the per-layer token-geometry analysis"
     )
+    g.add_argument(
+        "--analysis-split",
+        metavar="test|train",
+        help="the analysis reads the task's held-out batch (default test) or a training "
+        "batch of the same size (train)",
+    )
+    g.add_argument(
+        "--analysis-point",
+        metavar="pre_ln|post_ln",
+        help="the analysis reads each block's output (default pre_ln) or that output through "
+        "the model's final LayerNorm (post_ln)",
+    )
+    g.add_argument(
+        "--no-analysis-cls",
+        dest="analysis_cls",
+        action="store_false",
+        default=None,
+        help="leave the cls token out of the analysis (tasks whose model has one: digits)",
+    )
 
     g = parser.group("running")
     g.add_argument("--out", metavar="DIR", help="output folder (default runs/<name>-<time>)")
@@ -558,6 +577,8 @@ def _print_report(report: Any, format_table: Any) -> None:
     line = f"mean ± sample std over seeds {results['seeds']}"
     if any(row["analysis"] for row in report.summary):  # not after --no-analysis
         line += "; analysis columns: last layer, per-layer values in results.json and plots/"
+        if results.get("analysis_on"):
+            line += f"\ngeometry on {results['analysis_on']}"
     print(line)
     print(f"report: {report.out_dir / 'results.json'}")
     print(f"        {report.out_dir / 'results.csv'}")

@@ -335,6 +335,7 @@ def _finish(
         "task": spec.task,
         "metrics": list(task.metric_names),
         "analysis_metrics": list(task.analysis_names),
+        "analysis_on": task.analysis_description(),  # what the per-layer analysis reads
         "std": "sample standard deviation over seeds (ddof=1); 0 for one seed",
         "ci95": "half-width of the 95% Student-t interval of the mean over seeds",
         "baseline": baseline,

@@ -71,6 +71,9 @@ __all__ = [
 #: The file of a comparison folder that holds its :class:`CompareSpec` (``OUT/spec.json``).
 SPEC_NAME = "spec.json"
 
+#: The values of the spec's analysis options that take a name.
+_ANALYSIS_CHOICES = {"analysis_split": ("test", "train"), "analysis_point": ("pre_ln", "post_ln")}
+
 #: Heads per layer when the schedule gives no counts (a bare ``"attention"``).
 _DEFAULT_NUM_HEADS = 4
 
@@ -124,6 +127,12 @@ class CompareSpec:
     # the task's options: a mapping of the ones to change, kept as the task's Options
     options: Any = field(default_factory=dict)
     analysis: bool = True  # per-layer token-geometry metrics after training
+    # what the analysis reads (no training number depends on it): the task's held-out "test"
+    # batch or a "train" batch of the same size; the cls token (tasks whose model has one) or
+    # not; each block's output ("pre_ln") or that output through the final LayerNorm ("post_ln")
+    analysis_split: str = "test"
+    analysis_cls: bool = True
+    analysis_point: str = "pre_ln"
     device: str = "auto"  # "auto", "cpu" or "cuda" (or "cuda:1")
     bf16: bool = False  # bfloat16 autocast
     compile: bool = False  # torch.compile the model
@@ -145,8 +154,11 @@ class CompareSpec:
             raise bad_value("heads", f"expected distinct schedules, got {list(self.heads)}")
         for name in ("steps", "batch_size", "n_layer", "n_embd"):
             check_positive_int(name, getattr(self, name))
-        for name in ("analysis", "bf16", "compile", "activation_checkpointing"):
+        for name in ("analysis", "analysis_cls", "bf16", "compile", "activation_checkpointing"):
             check_bool(name, getattr(self, name))
+        for name, choices in _ANALYSIS_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise bad_value(name, f"expected one of {choices}, got {getattr(self, name)!r}")
         for name in ("eval_every", "ckpt_every", "n_head", "topk"):
             check_positive_int(name, getattr(self, name), optional=True)
         for heads in self.heads:
@@ -292,7 +304,8 @@ class CompareSpec:
 
     def fingerprint(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with to be resumed (numbers-determining: not
-        where or how fast it runs, so a run may resume with activation checkpointing on)."""
+        where or how fast it runs, so a run may resume with activation checkpointing on, nor
+        what its final analysis reads)."""
         out = self.resolved().to_dict()
         for key in (
             "name",
@@ -301,6 +314,9 @@ class CompareSpec:
             "device",
             "compile",
             "analysis",
+            "analysis_split",
+            "analysis_cls",
+            "analysis_point",
             "activation_checkpointing",
         ):
             out.pop(key)

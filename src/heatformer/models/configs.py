@@ -97,6 +97,11 @@ class _StackConfig:
         """The most tokens one attention graph of this model can have."""
         raise NotImplementedError  # pragma: no cover - every config defines it
 
+    def cls_index(self) -> int | None:
+        """Where the cls token sits among the tokens the blocks see (``0`` first, ``-1``
+        last), or ``None`` for a model without one."""
+        return None
+
 
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig(_StackConfig):
@@ -156,6 +161,9 @@ class ViTConfig(_StackConfig):
     def max_tokens(self) -> int:
         return (self.image_size // self.patch_size) ** 2 + (1 if self.pool == "cls" else 0)
 
+    def cls_index(self) -> int | None:
+        return 0 if self.pool == "cls" else None
+
 
 def _check_finite_float(name: str, value: object, also: str = "") -> float:
     """A finite int or float (not a bool): ``TypeError`` for another kind, ``ValueError`` for
@@ -191,3 +199,6 @@ class SequenceClassifierConfig(_StackConfig):
 
     def max_tokens(self) -> int:
         return self.block_size + (1 if self.pool == "cls" else 0)
+
+    def cls_index(self) -> int | None:
+        return (-1 if self.causal else 0) if self.pool == "cls" else None

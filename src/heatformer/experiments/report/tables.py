@@ -36,9 +36,11 @@ def _aligned(header: list[str], rows: list[list[str]]) -> list[str]:
     return [fmt(header), "-" * len(fmt(header)), *(fmt(line) for line in rows)]
 
 
-def _pm(mean: float, std: float, count: int) -> str:
+def _pm(mean: float, std: float, count: int, significant: bool = False) -> str:
     if not math.isfinite(mean):
         return "nan"
+    if significant:  # a scale-dependent size (a variance): 3 significant digits, any scale
+        return f"{mean:.3g}" if count < 2 else f"{mean:.3g} ± {std:.2g}"
     digits = 4 if abs(mean) < 10 else 2
     if count < 2:
         return f"{mean:.{digits}f}"
@@ -48,14 +50,22 @@ def _pm(mean: float, std: float, count: int) -> str:
 def format_table(
     summary: Sequence[dict[str, Any]],
     metric_names: Sequence[str],
-    analysis_names: Sequence[str] = ("within_seq_frac", "effective_rank", "nc1"),
+    analysis_names: Sequence[str] = (
+        "within_seq_frac",
+        "within_seq_var",
+        "between_seq_var",
+        "effective_rank",
+        "nc1",
+    ),
 ) -> str:
     """The terminal table: one row per configuration, ``mean ± std`` over seeds.
 
     A configuration with a single seed shows its value without ``± std``.
 
     Analysis columns show the last layer (``name@L<i>``); the per-layer values are in
-    ``results.json`` and the plots.
+    ``results.json`` and the plots. The within-sequence share ``within_seq_frac`` comes with
+    its two parts, the absolute ``within_seq_var`` and ``between_seq_var`` (the share falls
+    when either the first falls or the second rises), shown to 3 significant digits.
 
     Args:
         summary: the output of :func:`aggregate`.
@@ -81,7 +91,8 @@ def format_table(
                 cells.append("-")
                 continue
             last_layer = len(stats["mean"]) - 1
-            cells.append(_pm(stats["mean"][-1], stats["std"][-1], count))
+            significant = name.endswith("_var")
+            cells.append(_pm(stats["mean"][-1], stats["std"][-1], count, significant))
         rows.append(cells)
     suffix = f"@L{last_layer}" if last_layer is not None else ""
     header += [f"{name}{suffix}" for name in shown_analysis]

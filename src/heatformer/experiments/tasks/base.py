@@ -17,18 +17,28 @@ A task is one subclass of :class:`Task` plus one entry of :data:`heatformer.expe
 
 Everything else -- the loss, evaluation, the per-layer token-geometry analysis -- is shared
 here. Per layer the analysis reports ``within_seq_var`` (mean squared distance of a sequence's
-tokens to their mean), ``within_seq_frac`` (the same divided by the total token variance of the
-batch, so it is scale free), ``effective_rank`` and ``decay_rate`` (means over sequences of the
-effective rank and of the power-law decay exponent of the centred token matrix's singular
-values, :func:`~heatformer.analysis.spectral_decay`; sequences whose spectrum has fewer than two
+tokens to their mean), ``between_seq_var`` (mean squared distance of the sequence means to the
+mean token of the batch: ``within_seq_var + between_seq_var`` is the total token variance, every
+sequence having the same number of tokens), ``within_seq_frac`` (the share
+``within_seq_var / (within_seq_var + between_seq_var)``, scale free: it falls when the first
+part falls or the second rises, so the report prints both parts next to it),
+``effective_rank`` and ``decay_rate`` (means over sequences of the effective rank and of the
+power-law decay exponent of the centred token matrix's singular values,
+:func:`~heatformer.analysis.spectral_decay`; sequences whose spectrum has fewer than two
 nonzero values have no exponent and are left out of its mean), and ``nc1`` / ``nc2``
 (:func:`~heatformer.analysis.neural_collapse` of the pooled states, :meth:`Task.pooled`, against
 the labels: variability collapse, and the ``etf_distance`` of the class means from a simplex
 ETF; a task may replace them, as ``chars`` does with
 :func:`~heatformer.analysis.next_token_separability`, through :meth:`Task.grouping_states` (what
-is kept of each slice) and :meth:`Task.grouping_values`). Evaluation and analysis run in slices
-of :attr:`Task.sequences_per_pass` examples (at most :data:`PASS_TOKENS` tokens beyond a
-training batch), so that long sequences need no more memory there than in training.
+is kept of each slice) and :meth:`Task.grouping_values`). What the analysis reads is the
+spec's choice (:meth:`Task.analysis_inputs`, :meth:`Task.analysis_states`): the held-out
+:meth:`Task.analysis_batch` (``analysis_split="test"``, the default) or a training batch of the
+same size (``"train"``: Neural Collapse is defined on training features); every token, or all
+but the model's cls token (``analysis_cls=False``); each block's output, i.e. before the final
+LayerNorm (``analysis_point="pre_ln"``, the default), or that output through the model's final
+LayerNorm (``"post_ln"``). Evaluation and analysis run in slices of
+:attr:`Task.sequences_per_pass` examples (at most :data:`PASS_TOKENS` tokens beyond a training
+batch), so that long sequences need no more memory there than in training.
 
 This module imports no torch at import time (the command line reads the options of every task
 for its help pages before torch is loaded); the methods import it when they run.
@@ -165,6 +175,7 @@ class Task(abc.ABC):
     #: per-layer analysis metrics (see the module docstring)
     analysis_names: ClassVar[tuple[str, ...]] = (
         "within_seq_var",
+        "between_seq_var",
         "within_seq_frac",
         "effective_rank",
         "decay_rate",
@@ -186,6 +197,12 @@ class Task(abc.ABC):
         self.check_data()
         for heads in self.spec.heads:  # a config is cheap: every refusal before any training
             self.model_config(heads)
+        if not self.spec.analysis_cls and self.cls_index() is None:
+            raise bad_value(
+                "analysis_cls",
+                f"expected True for task {self.name!r}: its model has no cls token to leave out "
+                "of the analysis, got False",
+            )
 
     # ------------------------------------------------------------------ what a task defines
 
@@ -301,8 +318,75 @@ class Task(abc.ABC):
             model.train(was_training)
         return self.metrics(total_loss / total_count, total_correct / total_count)
 
+    def analysis_inputs(self) -> tuple[Tensor, Tensor]:
+        """The batch ``(inputs, labels)`` the analysis reads, by ``spec.analysis_split``.
+
+        ``"test"``: :meth:`analysis_batch`. ``"train"``: :meth:`train_batch` of as many
+        examples, drawn from a generator seeded with 0 (the same batch for every run, whatever
+        its seed), whose targets group the token states as the analysis batch's labels do.
+        """
+        batch = self.analysis_batch()
+        if self.spec.analysis_split == "test":
+            return batch
+        import torch
+
+        return self.train_batch(batch[0].shape[0], torch.Generator().manual_seed(0))
+
+    def cls_index(self) -> int | None:
+        """Where the model's cls token sits (its config's ``cls_index()``), ``None`` if none."""
+        config = self.model_config(self.spec.heads[0])
+        where = getattr(config, "cls_index", None)
+        index = where() if callable(where) else None
+        return index if isinstance(index, int) else None
+
+    def analysis_states(
+        self, model: nn.Module, inputs: Tensor, device: torch.device
+    ) -> list[Tensor]:
+        """The token states the analysis reads of ``inputs``, one ``(b, N', D)`` CPU tensor per
+        block: the block's output (``analysis_point="pre_ln"``) or the model's final LayerNorm
+        ``model.ln_f`` of it (``"post_ln"``), without the cls token when
+        ``analysis_cls=False`` (``N' = N - 1``).
+
+        Raises:
+            ValueError: ``"post_ln"`` on a model without a final ``nn.LayerNorm`` ``ln_f``
+                (names ``analysis_point``).
+        """
+        import torch
+
+        from heatformer.analysis import collect_token_states
+
+        post_ln = self.spec.analysis_point == "post_ln"
+        norm = getattr(model, "ln_f", None) if post_ln else None
+        if post_ln and not isinstance(norm, torch.nn.LayerNorm):
+            raise bad_value(
+                "analysis_point",
+                f"expected a model with a final LayerNorm ln_f for 'post_ln', got "
+                f"{type(model).__name__} without one",
+            )
+        states = list(collect_token_states(model, inputs.to(device), to_cpu=not post_ln).values())
+        if isinstance(norm, torch.nn.LayerNorm):  # on the model's device, then to the CPU
+            with torch.no_grad():
+                states = [norm(x).cpu() for x in states]
+        index = None if self.spec.analysis_cls else self.cls_index()
+        if index is not None:
+            keep = [i for i in range(states[0].shape[1]) if i != index % states[0].shape[1]]
+            states = [x[:, keep] for x in states]  # (b, N - 1, D)
+        return states
+
+    def analysis_description(self) -> str:
+        """What the analysis read, in words: "the test batch, before the final LayerNorm, cls
+        token included" (no word on the cls token for a model without one)."""
+        spec = self.spec
+        where = "the test batch" if spec.analysis_split == "test" else "a training batch"
+        point = "before" if spec.analysis_point == "pre_ln" else "after"
+        words = [where, f"{point} the final LayerNorm"]
+        if self.cls_index() is not None:
+            words.append("cls token included" if spec.analysis_cls else "cls token left out")
+        return ", ".join(words)
+
     def layer_metrics(self, model: nn.Module, device: torch.device) -> dict[str, list[float]]:
-        """Per-layer token-geometry metrics on the fixed analysis batch.
+        """Per-layer token-geometry metrics on the analysis batch (:meth:`analysis_inputs`,
+        :meth:`analysis_states`).
 
         The batch runs in slices of :attr:`sequences_per_pass`; each layer keeps running sums
         (:class:`_LayerStats`) and the :meth:`grouping_states`, never every token state of a
@@ -316,13 +400,11 @@ class Task(abc.ABC):
             ``{metric: [value of layer 0, layer 1, ...]}`` for :attr:`analysis_names`; a value
             that is not finite (e.g. ``nc1`` with coinciding class means) is NaN.
         """
-        from heatformer.analysis import collect_token_states
-
         layers: list[_LayerStats] = []
-        for inputs, labels in _slices(self.analysis_batch(), self.sequences_per_pass):
-            states = collect_token_states(model, inputs.to(device), to_cpu=True)
+        for inputs, labels in _slices(self.analysis_inputs(), self.sequences_per_pass):
+            states = self.analysis_states(model, inputs, device)
             layers = layers or [_LayerStats() for _ in states]
-            for stats, x in zip(layers, states.values()):
+            for stats, x in zip(layers, states):
                 stats.add(self, x.float(), labels)
         out: dict[str, list[float]] = {name: [] for name in self.analysis_names}
         for stats in layers:
@@ -371,14 +453,18 @@ class _LayerStats:
     sequence and averaged at the end; the total token variance merges each slice's count
     :math:`n`, mean :math:`\mu` and sum of squared deviations :math:`M` in float64 (Chan et
     al.'s pairwise update, :math:`M = M_a + M_b + \lVert\mu_b - \mu_a\rVert^2 n_a n_b / n`);
-    the :meth:`Task.grouping_states` of the slices and their labels are concatenated. One
-    slice gives the values of the whole batch at once.
+    the sequence means are kept (float64, ``(b, D)`` per slice) for ``between_seq_var``, the
+    mean over sequences of :math:`\lVert \mu_s - \mu \rVert^2` around the merged mean
+    :math:`\mu`, computed directly (not as the total less the within part); the
+    :meth:`Task.grouping_states` of the slices and their labels are concatenated. One slice
+    gives the values of the whole batch at once.
     """
 
     def __init__(self) -> None:
         self.within: list[Tensor] = []  # (b,) float64 per slice
         self.rank: list[Tensor] = []
         self.rate: list[Tensor] = []
+        self.means: list[Tensor] = []  # (b, D) float64 sequence means per slice
         self.grouped: list[Tensor] = []
         self.labels: list[Tensor] = []
         self.count = 0
@@ -396,6 +482,7 @@ class _LayerStats:
         flat = x.reshape(-1, x.shape[-1]).double()  # (b * N, D)
         if flat.shape[0]:
             n, mean = flat.shape[0], flat.mean(0)
+            self.means.append(flat.reshape(-1, *x.shape[-2:]).mean(1))  # (b, D)
             m2 = float(((flat - mean) ** 2).sum(-1).sum())
             if self.mean is None:
                 self.count, self.mean, self.m2 = n, mean, m2
@@ -417,10 +504,14 @@ class _LayerStats:
 
         within = float(torch.cat(self.within).mean())
         total = self.m2 / self.count if self.count else math.nan
+        between = math.nan
+        if self.mean is not None:
+            between = float((torch.cat(self.means) - self.mean).square().sum(-1).mean())
         rates = torch.cat(self.rate)
         rates = rates[rates.isfinite()]  # (B',) the sequences with an exponent
         return {
             "within_seq_var": within,
+            "between_seq_var": between,
             "within_seq_frac": within / total if total > 0 else math.nan,
             "effective_rank": float(torch.cat(self.rank).mean()),
             "decay_rate": float(rates.mean()) if rates.numel() else math.nan,
