@@ -82,17 +82,18 @@ from heatformer.experiments.report import (
 from heatformer.experiments.spec import SPEC_NAME, CompareSpec, run_name
 from heatformer.experiments.sweep import baseline_heads, find_sweeps
 from heatformer.experiments.tasks import Task, resolve_task
-from heatformer.experiments.tuning import select, setting_label, settings
 from heatformer.experiments.trainer import (
     CHECKPOINT_NAME,
     RESULT_NAME,
     ModelFactory,
     StopSignal,
+    TrainingDiverged,
     TrainingInterrupted,
     is_finished,
     load_run_checkpoint,
     train_run,
 )
+from heatformer.experiments.tuning import VALIDATION, select, setting_label, settings
 
 __all__ = [
     "INVOCATIONS_NAME",
@@ -197,6 +198,24 @@ def _check_task(task: object) -> Task | None:
     )
 
 
+def _selected(
+    spec: CompareSpec, task: Task, records: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The records the report shows (with ``select_by``: each configuration's runs at its
+    chosen setting, else all) and the selection for ``results.json`` (``None`` without)."""
+    if spec.select_by is None:
+        return list(records), None
+    higher = task.higher_is_better[task.metric_names.index(spec.select_by)]
+    chosen, by_heads = select(records, spec.heads, spec.select_by, higher)
+    selection = {
+        "metric": spec.select_by,
+        "split": "validation: the even examples of the evaluation set; every reported metric "
+        "is on the odd ones (test)",
+        "configurations": by_heads,
+    }
+    return [dict(r) for r in chosen], selection
+
+
 def _finish(
     spec: CompareSpec,
     task: Task,
@@ -212,17 +231,7 @@ def _finish(
 
     ``wall_time_s()`` is asked right before ``results.json`` is written (last).
     """
-    reported, selection = list(records), None
-    if spec.select_by is not None:  # each configuration's runs at its chosen setting
-        higher = task.higher_is_better[task.metric_names.index(spec.select_by)]
-        chosen, by_heads = select(records, spec.heads, spec.select_by, higher)
-        reported = [dict(r) for r in chosen]
-        selection = {
-            "metric": spec.select_by,
-            "split": "validation: the even examples of the evaluation set; every reported "
-            "metric is on the odd ones (test)",
-            "configurations": by_heads,
-        }
+    reported, selection = _selected(spec, task, records)
     summary = aggregate(reported, spec.heads, task.metric_names, task.analysis_names)
     n_layer, n_head = spec.n_layer, spec.heads_per_layer
     baseline = baseline_heads(spec.heads, n_layer=n_layer, n_head=n_head) or spec.heads[0]
@@ -369,17 +378,15 @@ def _run_plan(
                 finished = is_finished(run_dir)
                 if not finished and ctx.any(stop.requested):  # e.g. Ctrl-C during analysis
                     raise TrainingInterrupted(run_dir, 0, spec.steps)
-                record = train_run(
-                    task_of(setting),
-                    heads,
-                    seed,
-                    run_dir,
-                    ctx=ctx,
-                    stop=stop,
-                    stop_at_step=stop_at_step,
-                    progress=progress,
-                    model_factory=model_factory,
-                )
+                try:
+                    record = train_run(
+                        task_of(setting), heads, seed, run_dir, ctx=ctx, stop=stop,
+                        stop_at_step=stop_at_step, progress=progress, model_factory=model_factory,
+                    )  # fmt: skip
+                except TrainingDiverged as err:
+                    if spec.select_by is None:
+                        raise
+                    record = _diverged(task, heads, seed, run_dir, err, ctx)
                 records.append({**record, "setting": setting} if spec.tune else record)
                 if not finished:
                     bar.update(1)
@@ -403,6 +410,26 @@ def _run_plan(
     finally:
         if outcome != "finished":
             invocation.save(outcome)
+
+
+def _diverged(
+    task: Task, heads: str, seed: int, run_dir: Path, err: TrainingDiverged, ctx: DistContext
+) -> dict[str, Any]:
+    """The record of a candidate setting whose training diverged, written as its
+    ``result.json`` (so it counts as finished): NaN metrics, which selection passes over, and
+    ``diverged`` (the step and loss). Only with ``select_by``; else the comparison stops."""
+    nan = float("nan")
+    final = {name: nan for name in task.metric_names}
+    final |= {VALIDATION + name: nan for name in task.metric_names}
+    record = {
+        "heads": heads, "seed": seed, "run": run_dir.name, "steps": task.spec.steps,
+        "num_params": None, "train_loss": [], "evals": [], "final": final, "analysis": {},
+        "train_time_s": 0.0, "diverged": {"step": err.step, "loss": err.loss},
+    }  # fmt: skip
+    if ctx.is_main:
+        atomic_write_json(run_dir / RESULT_NAME, record)
+    ctx.barrier()
+    return record
 
 
 def analyze(
@@ -455,18 +482,18 @@ def analyze(
         with Progress(len(plan), f"analyze {out.name}", unit="run", enabled=progress) as bar:
             for heads, setting, _seed, name in plan:
                 run_dir = out / "runs" / name
-                record = read_json(run_dir / RESULT_NAME)
-                run_task = task_of(setting)
-                saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
-                if saved is None or int(saved["step"]) != spec.steps:
-                    raise ValueError(
-                        f"{run_dir}: expected the final checkpoint of a finished run, found none"
-                    )
-                model = factory(run_task, heads)
-                model.load_state_dict(saved["model"])
-                model.to(ctx.device)
-                record["analysis"] = run_task.layer_metrics(model, ctx.device)
-                atomic_write_json(run_dir / RESULT_NAME, record)
+                record, run_task = read_json(run_dir / RESULT_NAME), task_of(setting)
+                if "diverged" not in record:  # a diverged candidate has no final weights
+                    saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
+                    if saved is None or int(saved["step"]) != spec.steps:
+                        raise ValueError(
+                            f"{run_dir}: expected the final checkpoint of a finished run, "
+                            "found none"
+                        )
+                    model = factory(run_task, heads)
+                    model.load_state_dict(saved["model"])
+                    record["analysis"] = run_task.layer_metrics(model.to(ctx.device), ctx.device)
+                    atomic_write_json(run_dir / RESULT_NAME, record)
                 records.append({**record, "setting": setting} if spec.tune else record)
                 bar.update(1)
         previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}

@@ -23,7 +23,8 @@ __all__ = [
     "INVOCATIONS_NAME",
     "Invocation",
     "check_output",
-    "load_spec",     "prepare_output",
+    "load_spec",
+    "prepare_output",
     "read_invocations",
     "total_time",
 ]

@@ -17,7 +17,10 @@ when every one has); the report's numbers -- the table, the paired differences, 
 endpoints -- are then the test-half metrics of the chosen setting's runs. So every
 configuration is compared at its own best learning rate, and the number that compares them
 was not used to choose it. ``results.json`` keeps every candidate's validation scores and the
-choice (``"selection"``), and ``"runs"`` every run.
+choice (``"selection"``), and ``"runs"`` every run. A candidate whose training diverges (a
+non-finite loss, :class:`~heatformer.experiments.trainer.TrainingDiverged`) does not stop the
+comparison: its run is recorded as finished with NaN metrics and ``"diverged"`` (step, loss),
+and selection passes over it.
 
 This module imports no torch.
 
@@ -68,7 +71,7 @@ TUNABLE: dict[str, type] = {
 #: The prefix of the validation-half metrics in a run's ``final`` and ``evals``.
 VALIDATION = "validation/"
 
-_TUNE = re.compile(r"^\s*([A-Za-z_]+)\s*=\s*(.+?)\s*$")
+_TUNE = re.compile(r"^\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
 
 
 def is_tune_sweep(text: str) -> bool:
@@ -167,14 +170,17 @@ def resolve_metric(task_cls: Any, name: str, argument: str) -> str:
     names = tuple(task_cls.metric_names)
     if name in names:
         return name
-    found = [m for m in names if m.split("_", 1)[-1] == name and m.split("_", 1)[0] in {"val", "test"}]
+    found = [m for m in names if m in (f"val_{name}", f"test_{name}")]
     if len(found) == 1:
         return found[0]
-    raise bad_value(argument, f"expected a metric of task {task_cls.name!r} {list(names)}, got {name!r}")
+    raise bad_value(
+        argument, f"expected a metric of task {task_cls.name!r} {list(names)}, got {name!r}"
+    )
 
 
-def _check_primary(task_cls: Any, text: str) -> str:
-    """``"bpc"`` -> ``"val_bpc"``; ``"within_seq_frac@-1"`` as it is, checked."""
+def _check_primary(task_cls: Any, text: str, spec: CompareSpec) -> str:
+    """``"bpc"`` -> ``"val_bpc"``; ``"within_seq_frac@-1"`` as it is, checked against the
+    model's layers and ``spec.analysis``."""
     if not isinstance(text, str) or not text.strip():
         raise bad_value("primary", f"expected METRIC or METRIC@LAYER, got {text!r}")
     metric, at, layer = (part.strip() for part in text.partition("@"))
@@ -189,6 +195,12 @@ def _check_primary(task_cls: Any, text: str) -> str:
         )
     if layer != "last" and not re.fullmatch(r"-?\d+", layer):
         raise bad_value("primary", f"expected a layer index (0, 3, -1) or 'last', got {text!r}")
+    if layer != "last" and not -spec.n_layer <= int(layer) < spec.n_layer:
+        raise bad_value(
+            "primary", f"expected a layer in [-{spec.n_layer}, {spec.n_layer}), got {text!r}"
+        )
+    if not spec.analysis:
+        raise bad_value("primary", f"expected the per-layer analysis for {text!r}, got it off")
     return f"{metric}@{layer}"
 
 
@@ -229,7 +241,7 @@ def check_study(spec: CompareSpec) -> dict[str, Any]:
             f"expected the metric that picks each configuration's setting of {list(tune)} "
             f"on the validation half (e.g. --select-by {task_cls.eval_loss_name}), got none",
         )
-    primary = tuple(_check_primary(task_cls, text) for text in spec.primary)
+    primary = tuple(_check_primary(task_cls, text, spec) for text in spec.primary)
     if len(set(primary)) != len(primary):
         raise bad_value("primary", f"expected distinct endpoints, got {list(primary)}")
     return {"tune": tune, "select_by": select_by, "primary": primary}
@@ -264,7 +276,7 @@ def select(
                 groups.setdefault(setting_label(record.get("setting") or {}), []).append(record)
         if not groups:
             continue
-        candidates = []
+        candidates: list[dict[str, Any]] = []
         for label, runs in groups.items():
             runs = sorted(runs, key=lambda r: r["seed"])
             values = [_number(r["final"].get(VALIDATION + metric)) for r in runs]

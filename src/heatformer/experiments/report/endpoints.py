@@ -120,8 +120,11 @@ def _trends(
     for line in sweeps:
         if line.axis != "heads":
             continue
-        points = [(k, endpoint_values(rows[h], endpoint)) for k, h in line.points if h in rows]
-        points = [(k, values) for k, values in points if values is not None]
+        points: list[tuple[int, dict[int, float]]] = []
+        for k, heads in line.points:
+            values = endpoint_values(rows[heads], endpoint) if heads in rows else None
+            if values is not None:
+                points.append((k, values))
         if len({k for k, _ in points}) < 2:
             continue
         seeds = sorted(set.intersection(*(set(values) for _, values in points)))
@@ -153,7 +156,7 @@ def primary_endpoints(
         "significant", "detectable", "detectable_sd", "equivalence"}}, "trends": [{"sweep",
         "ks", "seeds", "slope", "ci95", "t", "p", "df", "n", "slopes", "p_adjusted"}]}``.
     """
-    out = [
+    out: list[dict[str, Any]] = [
         {
             "endpoint": endpoint,
             "baseline": baseline,
@@ -162,12 +165,12 @@ def primary_endpoints(
         }
         for endpoint in endpoints
     ]
-    family = [row for item in out for row in item["comparisons"].values()]
+    family: list[dict[str, Any]] = [row for item in out for row in item["comparisons"].values()]
     for row, p in zip(family, holm([row["p"] for row in family]) if family else []):
         row["p_adjusted"] = p
     for row in family:
         _judge(row, len(family))
-    trends = [trend for item in out for trend in item["trends"]]
+    trends: list[dict[str, Any]] = [trend for item in out for trend in item["trends"]]
     for trend, p in zip(trends, holm([t["p"] for t in trends]) if trends else []):
         trend["p_adjusted"] = p
     for item in out:
