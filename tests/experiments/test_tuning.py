@@ -331,3 +331,53 @@ def test_a_diverging_candidate_is_recorded_and_passed_over_not_fatal(
     assert math.isnan(row["candidates"][1]["mean"])
     again = analyze(tmp_path / "out")  # the diverged run has no final weights: left alone
     assert again.results["selection"]["configurations"][0]["chosen"] == {"lr": 3e-3}
+
+
+def test_results_json_holds_the_selection_the_chosen_test_metrics_and_every_run(
+    tiny_spec: Any, tmp_path: Path
+) -> None:
+    from heatformer.experiments.compare import _finish
+    from heatformer.experiments.distributed import DistContext
+
+    spec = tiny_spec(
+        heads=("attention:2", "attention:1,laplacian:1"), seeds=(0, 1, 2),
+        tune=("lr=1e-3,2e-3",), select_by="val_loss", primary=("bpc",), analysis=False,
+    )  # fmt: skip
+    task = validate_spec(spec)
+    records = []
+    for heads, best in (("attention:2", 1e-3), ("attention:1,laplacian:1", 2e-3)):
+        for lr in (1e-3, 2e-3):
+            for seed in spec.seeds:
+                test = 1.0 + seed + (0.5 if heads == "attention:2" else 0.0) + lr
+                val = (lr != best) + 0.1 * seed  # the best lr is 1 lower on validation
+                final = {"val_bpc": test / math.log(2), "val_loss": test}
+                final |= {VALIDATION + "val_bpc": 0.0, VALIDATION + "val_loss": val}
+                records.append(
+                    {"heads": heads, "seed": seed, "setting": {"lr": lr}, "run": f"r{len(records)}",
+                     "steps": 1, "num_params": 1, "train_loss": [test],
+                     "evals": [{"step": 1, **final}], "final": final, "analysis": {},
+                     "train_time_s": 0.0}
+                )  # fmt: skip
+    out = tmp_path / "out"
+    out.mkdir()
+    _finish(spec, task, out, records, DistContext(device=torch.device("cpu")),
+            wall_time_s=lambda: 0.0, environment=None)  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert results["selection"]["metric"] == "val_loss"
+    chosen = [row["chosen"]["lr"] for row in results["selection"]["configurations"]]
+    assert chosen == [1e-3, 2e-3]
+    means = [
+        [c["mean"] for c in row["candidates"]] for row in results["selection"]["configurations"]
+    ]
+    assert means == [pytest.approx([0.1, 1.1]), pytest.approx([1.1, 0.1])]
+    base, other = results["summary"]
+    assert base["final"]["val_loss"]["values"] == pytest.approx([1.501, 2.501, 3.501])
+    assert other["final"]["val_loss"]["values"] == pytest.approx([1.002, 2.002, 3.002])
+    assert len(results["runs"]) == 12
+    (endpoint,) = results["primary"]
+    row = endpoint["comparisons"]["attention:1,laplacian:1"]
+    assert endpoint["endpoint"] == "val_bpc" and endpoint["baseline"] == "attention:2"
+    assert row["mean"] == pytest.approx(-0.499 / math.log(2)) and row["p_adjusted"] < 1e-12
+    assert row["significant"] and row["equivalence"] is None
+    csv_header = (out / "results.csv").read_text().splitlines()[0]
+    assert csv_header.startswith("heads,setting,seed,")
