@@ -338,3 +338,24 @@ def test_equivalence_statement_is_rare_when_the_effect_is_the_detectable_one(n: 
         for _ in range(studies)
     )
     assert said / studies <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / studies)
+
+
+@pytest.mark.parametrize("nc", [1e4, 3e4, -1e4])
+@pytest.mark.parametrize("ratio", [1.0001, 0.5, 2.0, -1.0])
+def test_the_noncentral_t_beyond_1e4_is_its_limit_and_agrees_with_scipy(
+    nc: float, ratio: float
+) -> None:
+    from heatformer.experiments.report.inference import _nct_cdf
+
+    expected = float(scipy.stats.nct.cdf(nc * ratio, 3, nc))
+    if math.isnan(expected):  # scipy's far tail: T has the sign of nc
+        expected = float(nc < 0)
+    assert _nct_cdf(nc * ratio, 3, nc) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+def test_the_effect_of_differences_that_hardly_vary_is_finite_not_a_crash() -> None:
+    # t ~ 1e9: scipy 1.10's nct aborts the process from nc ~ 1e5 (boost rounding_error)
+    d = [0.5 + 1e-10 * v for v in (1.0, -1.0, 2.0, 0.0, -2.0)]
+    r = report.effect_size(d)
+    assert math.isfinite(r["low"]) and r["low"] < r["d"] < r["high"]
+    assert r["d"] == pytest.approx(np.mean(d) / np.std(d, ddof=1))

@@ -35,6 +35,7 @@ from typing import Any, TextIO
 from heatformer._atomic import FolderLock
 from heatformer.checks import bad_value, check_positive_int, topk_and_graph
 from heatformer.cli._options import OptionGroup, OptionParser
+from heatformer.cli._report import plan_line, preflight, print_report
 from heatformer.experiments.spec import (
     PRESETS,
     SPEC_NAME,
@@ -237,7 +238,27 @@ def add_compare_args(parser: OptionParser) -> None:
         "Laplacian heads in every layer, the rest attention; 'laplacian=0..4@2,3' only in "
         "layers 2 and 3; 'laplacian=2@each' 2 heads in one layer at a time. Added before the "
         "--heads; the report plots each metric against k with 95%% intervals and paired "
-        "differences against k = 0",
+        "differences against k = 0. An optimiser field instead of OP sweeps it for every "
+        "schedule: 'lr=1e-3,2e-3,4e-3' (also weight_decay, min_lr_ratio, grad_clip, "
+        "warmup_steps, dropout; several make a grid), each schedule reported at its setting "
+        "chosen by --select-by",
+    )
+    parser.add_argument(
+        "--select-by",
+        metavar="METRIC",
+        help="with an optimiser --sweep: pick each schedule's setting by the best mean of METRIC "
+        "(e.g. val_loss) over seeds on the validation half of the evaluation set (its even "
+        "examples); the report gives the chosen runs' metrics on the test half (the odd ones)",
+    )
+    parser.add_argument(
+        "--primary",
+        action="append",
+        metavar="METRIC[@LAYER]",
+        help="a declared primary endpoint (repeat the flag): a final metric (val_bpc; bpc "
+        "works too) or a per-layer one at a layer (within_seq_frac@last, nc1@-1). The report "
+        "tests each against the baseline: Holm-adjusted paired differences with simultaneous "
+        "intervals, effect sizes in seed-SD units, equivalence (TOST) when not significant, "
+        "and the trend across k of a sweep",
     )
     parser.add_argument(
         "--seeds", help="number of seeds (3 -> 0,1,2) or a comma list (0,5,7); default 1"
@@ -301,8 +322,14 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
     values.update(given)
     values["options"] = options
     if compare:
-        if args.heads or args.sweep:
-            swept = tuple(dict.fromkeys(_sweep_heads(args, values)))  # k = 0 once
+        from heatformer.experiments.tuning import is_tune_sweep
+
+        tune = [text for text in args.sweep or () if is_tune_sweep(text)]
+        if tune:
+            values["tune"] = tuple(tune)
+        sweeps = [text for text in args.sweep or () if text not in tune]
+        if args.heads or sweeps:
+            swept = tuple(dict.fromkeys(_sweep_heads(args, values, sweeps)))  # k = 0 once
             # a --heads schedule a sweep already has counts once; two equal --heads are refused
             values["heads"] = swept + tuple(h for h in args.heads or () if h not in swept)
         if args.seeds is not None:
@@ -315,12 +342,14 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
     return CompareSpec(**values)
 
 
-def _sweep_heads(args: argparse.Namespace, values: dict[str, Any]) -> tuple[str, ...]:
-    """The schedules of every ``--sweep``, for the model sizes the flags (or preset) give."""
+def _sweep_heads(
+    args: argparse.Namespace, values: dict[str, Any], sweeps: list[str]
+) -> tuple[str, ...]:
+    """The schedules of the head ``sweeps``, for the model sizes the flags (or preset) give."""
     from heatformer.experiments.spec import infer_num_heads
     from heatformer.experiments.sweep import expand_sweep
 
-    if not args.sweep:
+    if not sweeps:
         return ()
     n_head = values.get("n_head")
     if n_head is None:
@@ -329,7 +358,7 @@ def _sweep_heads(args: argparse.Namespace, values: dict[str, Any]) -> tuple[str,
     n_layer = values.get("n_layer", CompareSpec.n_layer)
     check_positive_int("n_layer", n_layer)
     out: tuple[str, ...] = ()
-    for text in args.sweep:
+    for text in sweeps:
         out += expand_sweep(text, n_head=n_head, n_layer=n_layer)
     return out
 
@@ -386,7 +415,6 @@ def _execute(args: argparse.Namespace, command: str) -> int:
 def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None) -> int:
     from heatformer.experiments.compare import load_spec, run_compare, validate_spec
     from heatformer.experiments.distributed import setup_distributed
-    from heatformer.experiments.report import format_table
     from heatformer.experiments.trainer import (
         StopSignal,
         TrainingDiverged,
@@ -422,16 +450,10 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
     try:
         out = resume_dir or (Path(args.out) if args.out else _default_out(spec, ctx))
         task = validate_spec(spec)
-        if _preflight(args, command, spec, task, ctx, out):
+        if preflight(args, command, spec, task, ctx, out):
             return 0  # a dry run: nothing trained, nothing written
-        say = print if ctx.is_main else (lambda *a, **k: None)
-        runs = len(spec.heads) * len(spec.seeds)
-        say(
-            f"heatformer {command}: {len(spec.heads)} configuration(s) x {len(spec.seeds)} "
-            f"seed(s) = {runs} run(s) of {spec.steps} steps on {spec.task!r} "
-            f"({ctx.device}, {ctx.world_size} process(es)) -> {out}",
-            flush=True,
-        )
+        if ctx.is_main:
+            print(f"heatformer {command}: {plan_line(spec, ctx)} -> {out}", flush=True)
         stop = StopSignal()
         launcher = "torchrun ... -m heatformer" if ctx.distributed else "heatformer"
         hint = f"resume with: {launcher} {command} --resume {out}"
@@ -479,64 +501,10 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
                 )
             return 130
         if ctx.is_main:
-            _print_report(report, format_table)
+            print_report(report)
         return 0
     finally:
         ctx.close()
-
-
-def _preflight(
-    args: argparse.Namespace, command: str, spec: Any, task: Any, ctx: Any, out: Path
-) -> bool:
-    """The memory check before training (refused unless ``--force``) and, with ``--dry-run``,
-    the plan, its estimated time and memory; returns whether it was a dry run."""
-    from heatformer.experiments.preflight import (
-        available_memory,
-        check_memory,
-        estimate_memory,
-        evaluations_per_run,
-        plan_time,
-        time_steps,
-    )
-
-    schedules = list(dict.fromkeys(spec.heads))
-    local = max(1, spec.batch_size // ctx.world_size)
-    estimates = [estimate_memory(task, heads, batch_size=local) for heads in schedules]
-    worst = max(estimates, key=lambda e: e.total)
-    available = available_memory(ctx.device)
-    if not args.force:
-        check_memory(worst, available, seq_len=getattr(spec.options, "seq_len", None))
-    if not args.dry_run:
-        return False
-    say = print if ctx.is_main else (lambda *a, **k: None)
-    runs, evals = len(spec.heads) * len(spec.seeds), evaluations_per_run(spec)
-    import torch
-
-    say(
-        f"heatformer {command}: dry run: {len(spec.heads)} configuration(s) x "
-        f"{len(spec.seeds)} seed(s) = {runs} run(s) x {spec.steps} steps, {evals} "
-        f"evaluation(s) per run, on {spec.task!r} ({ctx.device}, {ctx.world_size} process(es), "
-        f"{torch.get_num_threads()} thread(s)); would write {out}",
-        flush=True,
-    )
-    times = {}
-    for heads, estimate in zip(schedules, estimates, strict=True):
-        t = times[heads] = time_steps(task, heads, ctx.device)
-        say(
-            f"  {heads}: {t.step:.3g} s/step, {t.evaluation:.3g} s/evaluation"
-            + (f", {t.analysis:.3g} s analysis" if spec.analysis else "")
-            + f"; peak memory {estimate.describe()}",
-            flush=True,
-        )
-    free = f", {available[0] / 1e9:.1f} GB available ({available[1]})" if available else ""
-    say(
-        f"estimated time: {plan_time(spec, times) / 60:.1f} min for {runs} run(s) (from 2 timed "
-        f"steps after a warm-up, one evaluation{' and one analysis' if spec.analysis else ''} "
-        "per configuration)"
-    )
-    say(f"estimated peak memory: {worst.describe()}{free}")
-    say("dry run: nothing trained, nothing written")
-    return True
 
 
 @contextlib.contextmanager
@@ -563,29 +531,6 @@ def _notes(command: str, kind: type[Warning]) -> Iterator[None]:
         yield
 
 
-def _print_report(report: Any, format_table: Any) -> None:
-    from heatformer.experiments.report import format_paired_table
-
-    results = report.results
-    print()
-    print(format_table(report.summary, report.metric_names))
-    print()
-    paired = format_paired_table(report.summary, report.metric_names)
-    if paired and len(results["seeds"]) > 1:
-        print(paired)
-        print()
-    line = f"mean ± sample std over seeds {results['seeds']}"
-    if any(row["analysis"] for row in report.summary):  # not after --no-analysis
-        line += "; analysis columns: last layer, per-layer values in results.json and plots/"
-        if results.get("analysis_on"):
-            line += f"\ngeometry on {results['analysis_on']}"
-    print(line)
-    print(f"report: {report.out_dir / 'results.json'}")
-    print(f"        {report.out_dir / 'results.csv'}")
-    if report.plots:
-        print(f"        {report.out_dir / 'plots'}/ ({len(report.plots)} PNG figures)")
-
-
 # ---------------------------------------------------------------------------- commands
 
 
@@ -603,8 +548,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     """``heatformer analyze RUN_DIR``: recompute the per-layer analysis from checkpoints."""
     with _writer_of(Path(args.run_dir)):
         from heatformer.experiments.compare import analyze
-        from heatformer.experiments.report import format_table
 
         report = analyze(args.run_dir, device=args.device, progress=not args.no_progress)
-        _print_report(report, format_table)
+        print_report(report)
     return 0

@@ -6,14 +6,21 @@ Layout of a comparison folder::
       spec.json            the CompareSpec (written first; --resume reads it)
       invocations.json     every invocation that trained here: start, elapsed time,
                            outcome (finished / stopped / interrupted / failed), environment
-      runs/<run>/          one folder per (schedule, seed): checkpoint.pt, result.json
+      runs/<run>/          one folder per (schedule, optimiser setting, seed): checkpoint.pt,
+                           result.json
       results.json         spec, environment, summary (mean ± std, 95 % intervals, paired
-                           differences against the baseline), sweeps, every run record
+                           differences against the baseline), sweeps, the selection of each
+                           schedule's setting, the primary endpoints, every run record
       results.csv          one row per run
       plots/*.png          loss curves, final metrics, per-layer analysis, sweeps
 
 Runs go seed-major (every schedule with seed 0, then seed 1, ...), so an interrupted
-comparison already holds comparable runs. A run is finished when its ``result.json``
+comparison already holds comparable runs. With optimiser sweeps (``spec.tune``, see
+:mod:`heatformer.experiments.tuning`) each schedule runs every setting of the grid, named in
+its folder (``c01-attention3+laplacian1-lr0.002-s0``) and in its checkpoint's key (the run's
+spec holds the setting), and the report keeps, per schedule, the setting chosen on the
+validation half (``spec.select_by``); the primary endpoints (``spec.primary``) are tested by
+:func:`~heatformer.experiments.report.primary_endpoints`. A run is finished when its ``result.json``
 exists (written atomically, last); ``resume`` skips finished runs, continues the
 interrupted one from its checkpoint, and starts the rest. ``results.json``,
 ``results.csv`` and the plots are rewritten from the run records at the end.
@@ -38,16 +45,16 @@ and refused by ``--resume`` with a message that says so.
 
 from __future__ import annotations
 
-import math
+import copy
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heatformer._atomic import LOCK_NAME, is_temporary
 from heatformer._progress import Progress
-from heatformer.checks import bad_type, bad_value
+from heatformer.checks import bad_type
 from heatformer.experiments.checkpoint import (
     atomic_write_json,
     hold_folder,
@@ -55,11 +62,21 @@ from heatformer.experiments.checkpoint import (
     read_json,
 )
 from heatformer.experiments.distributed import DistContext, resolve_device
+from heatformer.experiments.folder import (
+    INVOCATIONS_NAME,
+    Invocation,
+    check_output,
+    load_spec,
+    prepare_output,
+    read_invocations,
+    total_time,
+)
 from heatformer.experiments.report import (
     add_paired,
     aggregate,
     environment,
     plot_report,
+    primary_endpoints,
     write_csv,
 )
 from heatformer.experiments.spec import SPEC_NAME, CompareSpec, run_name
@@ -70,11 +87,13 @@ from heatformer.experiments.trainer import (
     RESULT_NAME,
     ModelFactory,
     StopSignal,
+    TrainingDiverged,
     TrainingInterrupted,
     is_finished,
     load_run_checkpoint,
     train_run,
 )
+from heatformer.experiments.tuning import VALIDATION, select, setting_label, settings
 
 __all__ = [
     "INVOCATIONS_NAME",
@@ -89,7 +108,6 @@ __all__ = [
 ]
 
 RESULTS_NAME = "results.json"
-INVOCATIONS_NAME = "invocations.json"
 
 
 @dataclass
@@ -117,11 +135,33 @@ class CompareReport:
         return summary
 
 
-def _runs(spec: CompareSpec) -> Iterator[tuple[str, int, str]]:
-    """``(heads, seed, folder name)`` in run order (seed-major)."""
+def _runs(spec: CompareSpec) -> Iterator[tuple[str, dict[str, Any], int, str]]:
+    """``(heads, setting, seed, folder name)`` in run order: seed-major, then the
+    configurations, then their optimiser settings (``{}`` without a sweep)."""
+    grid = settings(spec.tune)
     for seed in spec.seeds:
         for index, heads in enumerate(spec.heads):
-            yield heads, seed, run_name(index, heads, seed)
+            for setting in grid:
+                yield heads, setting, seed, run_name(index, heads, seed, setting_label(setting))
+
+
+class _SettingTasks:
+    """The task of each optimiser setting: ``task`` with its spec's swept fields set (a shallow
+    copy sharing the data), so that the run trains, and its checkpoint key records, them."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.made: dict[str, Task] = {}
+
+    def __call__(self, setting: dict[str, Any]) -> Task:
+        if not setting:
+            return self.task
+        label = setting_label(setting)
+        if label not in self.made:
+            made = copy.copy(self.task)
+            made.spec = dataclasses.replace(self.task.spec, **setting).resolved()
+            self.made[label] = made
+        return self.made[label]
 
 
 def validate_spec(spec: CompareSpec, data: Any = None) -> Task:
@@ -158,156 +198,22 @@ def _check_task(task: object) -> Task | None:
     )
 
 
-def load_spec(out_dir: str | Path) -> CompareSpec:
-    """Read ``OUT/spec.json``.
-
-    Args:
-        out_dir: a comparison folder.
-
-    Returns:
-        The spec it was started with.
-
-    Raises:
-        FileNotFoundError: no ``spec.json`` (not a comparison folder, or one whose start was
-            killed before it wrote ``spec.json``: the message says what to do).
-    """
-    path = Path(out_dir) / SPEC_NAME
-    if not path.is_file():
-        left = _leftovers(Path(out_dir))
-        if left:
-            raise FileNotFoundError(
-                f"{out_dir}: expected a comparison folder holding {SPEC_NAME}, found only what "
-                f"a start killed before it wrote {SPEC_NAME} left ({', '.join(left)}); nothing "
-                f"was trained there, so there is nothing to resume: start the comparison again "
-                f"with its flags and --out {out_dir} (the leftovers are removed then), or delete "
-                f"{out_dir}"
-            )
-        raise FileNotFoundError(
-            f"{out_dir}: expected a comparison folder holding {SPEC_NAME}, found none"
-        )
-    return CompareSpec.from_dict(read_json(path)["spec"])
-
-
-def _leftovers(out_dir: Path) -> list[str]:
-    """The names in ``out_dir`` if it holds only what a start killed before it wrote
-    ``spec.json`` can leave (the lock file, temporaries); else (or if empty) ``[]``."""
-    if not out_dir.is_dir():
-        return []
-    names = sorted(p.name for p in out_dir.iterdir())
-    spare = all(name == LOCK_NAME or is_temporary(out_dir / name) for name in names)
-    return names if spare else []
-
-
-def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistContext) -> None:
-    """Create ``out_dir`` and write ``spec.json``, or check it when resuming.
-
-    Args:
-        spec: the spec to run.
-        out_dir: the comparison folder.
-        resume: continue the comparison already in ``out_dir``.
-        ctx: DDP context (rank 0 writes).
-
-    A folder that holds only what a killed start left (the lock file, temporaries: see
-    :func:`load_spec`) counts as empty. The caller holds the folder's lock
-    (:func:`run_compare` does) or knows that no other process writes it.
-
-    Raises:
-        ValueError: ``out_dir`` already holds a comparison (without ``resume``) or a
-            different one (with ``resume``), is a non-empty folder of something else,
-            or cannot be created or written.
-        FileNotFoundError: ``resume`` and ``out_dir`` holds no comparison.
-    """
-    _check_output(spec, out_dir, resume=resume)
-    if resume:
-        return
-    ctx.barrier()  # every rank checked before rank 0 creates anything
-    reason = ""
-    if ctx.is_main:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(
-                out_dir / SPEC_NAME,
-                {"spec": spec.to_dict(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
-            )
-        except OSError as err:  # before any training, so nothing is lost
-            reason = err.strerror or str(err)
-    if ctx.any(bool(reason)):  # every rank raises, none waits for the others
-        raise bad_value(
-            "out_dir",
-            f"expected a folder that can be created and written, got {out_dir}"
-            + (f" ({reason})" if reason else ""),
-        )
-
-
-def _check_output(spec: CompareSpec, out_dir: Path, *, resume: bool) -> None:
-    """The checks of :func:`prepare_output`, which write nothing."""
-    if resume:
-        saved = load_spec(out_dir)
-        if (
-            saved.fingerprint() != spec.fingerprint()
-            or saved.heads != spec.heads
-            or saved.seeds != spec.seeds
-        ):
-            raise ValueError(
-                f"{out_dir}: expected the spec saved in {SPEC_NAME} when resuming, got a "
-                "different one; resume with `--resume DIR` alone",
-            )
-        return
-    if (out_dir / SPEC_NAME).exists():
-        raise ValueError(
-            f"{out_dir}: already holds a comparison; continue it with --resume {out_dir} "
-            "or choose another --out",
-        )
-    if out_dir.exists() and (
-        not out_dir.is_dir() or (any(out_dir.iterdir()) and not _leftovers(out_dir))
-    ):
-        raise ValueError(
-            f"{out_dir}: expected a new or empty folder for --out, got a non-empty one"
-        )
-
-
-def _read_invocations(out_dir: Path) -> list[dict[str, Any]]:
-    path = out_dir / INVOCATIONS_NAME
-    if not path.is_file():
-        return []
-    entries: list[dict[str, Any]] = read_json(path).get("invocations", [])
-    return entries
-
-
-class _Invocation:
-    """This invocation's entry in ``OUT/invocations.json`` (rank 0 writes it).
-
-    Args:
-        out_dir: the comparison folder (it exists).
-        ctx: the DDP context.
-        started: ``time.perf_counter()`` when the invocation began.
-    """
-
-    def __init__(self, out_dir: Path, ctx: DistContext, started: float) -> None:
-        self.path, self.ctx, self.started = out_dir / INVOCATIONS_NAME, ctx, started
-        self.earlier = _read_invocations(out_dir)
-        self.entry: dict[str, Any] = {
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "elapsed_s": 0.0,
-            "outcome": "running",
-            "environment": environment(ctx.world_size, str(ctx.device)),
-        }
-
-    def save(self, outcome: str = "running") -> float:
-        """Record the elapsed time so far and the outcome; return the total wall time.
-
-        Returns:
-            The elapsed time of the earlier invocations and of this one so far.
-        """
-        self.entry["elapsed_s"] = time.perf_counter() - self.started
-        self.entry["outcome"] = outcome
-        if self.ctx.is_main:
-            atomic_write_json(self.path, {"invocations": [*self.earlier, self.entry]})
-        return _total_time([*self.earlier, self.entry])
-
-
-def _total_time(invocations: list[dict[str, Any]]) -> float:
-    return math.fsum(float(entry.get("elapsed_s") or 0.0) for entry in invocations)
+def _selected(
+    spec: CompareSpec, task: Task, records: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The records the report shows (with ``select_by``: each configuration's runs at its
+    chosen setting, else all) and the selection for ``results.json`` (``None`` without)."""
+    if spec.select_by is None:
+        return list(records), None
+    higher = task.higher_is_better[task.metric_names.index(spec.select_by)]
+    chosen, by_heads = select(records, spec.heads, spec.select_by, higher)
+    selection = {
+        "metric": spec.select_by,
+        "split": "validation: the even examples of the evaluation set; every reported metric "
+        "is on the odd ones (test)",
+        "configurations": by_heads,
+    }
+    return [dict(r) for r in chosen], selection
 
 
 def _finish(
@@ -325,12 +231,13 @@ def _finish(
 
     ``wall_time_s()`` is asked right before ``results.json`` is written (last).
     """
-    summary = aggregate(records, spec.heads, task.metric_names, task.analysis_names)
+    reported, selection = _selected(spec, task, records)
+    summary = aggregate(reported, spec.heads, task.metric_names, task.analysis_names)
     n_layer, n_head = spec.n_layer, spec.heads_per_layer
     baseline = baseline_heads(spec.heads, n_layer=n_layer, n_head=n_head) or spec.heads[0]
     add_paired(summary, baseline, task.metric_names, task.analysis_names)
     sweeps = find_sweeps(spec.heads, n_layer=n_layer, n_head=n_head)
-    results = {
+    results: dict[str, Any] = {
         "spec": spec.to_dict(),
         "task": spec.task,
         "metrics": list(task.metric_names),
@@ -354,6 +261,8 @@ def _finish(
         "seeds": list(spec.seeds),
         "wall_time_s": None,  # filled in last
         "invocations": None,
+        "selection": selection,
+        "primary": primary_endpoints(summary, baseline, spec.primary, sweeps),
         "summary": summary,
         "runs": records,
     }
@@ -363,7 +272,7 @@ def _finish(
         try:
             plots = plot_report(
                 out_dir,
-                records,
+                reported,
                 summary,
                 task.metric_names,
                 task.eval_loss_name,
@@ -374,7 +283,7 @@ def _finish(
             plots = []
         results["plots"] = [str(p.relative_to(out_dir)) for p in plots]
     results["wall_time_s"] = wall_time_s()
-    results["invocations"] = len(_read_invocations(out_dir))
+    results["invocations"] = len(read_invocations(out_dir))
     if ctx.is_main:
         atomic_write_json(out_dir / RESULTS_NAME, results)
     ctx.barrier()
@@ -426,7 +335,7 @@ def run_compare(
     out = Path(out_dir)
     ctx = ctx or DistContext(device=resolve_device(spec.device))
     task = _check_task(task) or validate_spec(spec, data)
-    _check_output(spec, out, resume=resume)  # a folder that is refused gets no lock file
+    check_output(spec, out, resume=resume)  # a folder that is refused gets no lock file
     with hold_folder(out, ctx, create=not resume):  # checked again under the lock
         prepare_output(spec, out, resume=resume, ctx=ctx)
         return _run_plan(
@@ -450,37 +359,36 @@ def _run_plan(
 ) -> CompareReport:
     """The runs of :func:`run_compare` and the report, in a folder this process writes."""
     plan = list(_runs(spec))
+    task_of = _SettingTasks(task)
     if resume:  # a bad checkpoint is refused before any training, not after the runs before it
-        for heads, seed, name in plan:
+        for heads, setting, seed, name in plan:
             if not is_finished(out / "runs" / name):
-                load_run_checkpoint(task, heads, seed, out / "runs" / name)
+                load_run_checkpoint(task_of(setting), heads, seed, out / "runs" / name)
 
-    invocation = _Invocation(out, ctx, started)
+    invocation = Invocation(out, ctx, started)
     invocation.save()
     outcome = "failed"
     records: list[dict[str, Any]] = []
-    done = sum(is_finished(out / "runs" / name) for _, _, name in plan)
+    done = sum(is_finished(out / "runs" / name) for *_, name in plan)
     try:
         with Progress(
             len(plan), out.name, initial=done, unit="run", enabled=progress and ctx.is_main
         ) as bar:
-            for heads, seed, name in plan:
+            for heads, setting, seed, name in plan:
                 run_dir = out / "runs" / name
                 finished = is_finished(run_dir)
                 if not finished and ctx.any(stop.requested):  # e.g. Ctrl-C during analysis
                     raise TrainingInterrupted(run_dir, 0, spec.steps)
-                record = train_run(
-                    task,
-                    heads,
-                    seed,
-                    run_dir,
-                    ctx=ctx,
-                    stop=stop,
-                    stop_at_step=stop_at_step,
-                    progress=progress,
-                    model_factory=model_factory,
-                )
-                records.append(record)
+                try:
+                    record = train_run(
+                        task_of(setting), heads, seed, run_dir, ctx=ctx, stop=stop,
+                        stop_at_step=stop_at_step, progress=progress, model_factory=model_factory,
+                    )  # fmt: skip
+                except TrainingDiverged as err:
+                    if spec.select_by is None:
+                        raise
+                    record = _diverged(task, heads, seed, run_dir, err, ctx)
+                records.append({**record, "setting": setting} if spec.tune else record)
                 if not finished:
                     bar.update(1)
                     invocation.save()
@@ -503,6 +411,26 @@ def _run_plan(
     finally:
         if outcome != "finished":
             invocation.save(outcome)
+
+
+def _diverged(
+    task: Task, heads: str, seed: int, run_dir: Path, err: TrainingDiverged, ctx: DistContext
+) -> dict[str, Any]:
+    """The record of a candidate setting whose training diverged, written as its
+    ``result.json`` (so it counts as finished): NaN metrics, which selection passes over, and
+    ``diverged`` (the step and loss). Only with ``select_by``; else the comparison stops."""
+    nan = float("nan")
+    final = {name: nan for name in task.metric_names}
+    final |= {VALIDATION + name: nan for name in task.metric_names}
+    record = {
+        "heads": heads, "seed": seed, "run": run_dir.name, "steps": task.spec.steps,
+        "num_params": None, "train_loss": [], "evals": [], "final": final, "analysis": {},
+        "train_time_s": 0.0, "diverged": {"step": err.step, "loss": err.loss},
+    }  # fmt: skip
+    if ctx.is_main:
+        atomic_write_json(run_dir / RESULT_NAME, record)
+    ctx.barrier()
+    return record
 
 
 def analyze(
@@ -548,31 +476,33 @@ def analyze(
     with hold_folder(out, ctx):  # it rewrites the run records and the report
         factory = model_factory or (lambda t, heads: t.build_model(heads))
         records = []
-        plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[2])]
+        plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[-1])]
+        task_of = _SettingTasks(task)
         if not plan:
             raise ValueError(f"{out}: expected at least one finished run to analyze, got none")
         with Progress(len(plan), f"analyze {out.name}", unit="run", enabled=progress) as bar:
-            for heads, _seed, name in plan:
+            for heads, setting, _seed, name in plan:
                 run_dir = out / "runs" / name
-                record = read_json(run_dir / RESULT_NAME)
-                saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
-                if saved is None or int(saved["step"]) != spec.steps:
-                    raise ValueError(
-                        f"{run_dir}: expected the final checkpoint of a finished run, found none"
-                    )
-                model = factory(task, heads)
-                model.load_state_dict(saved["model"])
-                model.to(ctx.device)
-                record["analysis"] = task.layer_metrics(model, ctx.device)
-                atomic_write_json(run_dir / RESULT_NAME, record)
-                records.append(record)
+                record, run_task = read_json(run_dir / RESULT_NAME), task_of(setting)
+                if "diverged" not in record:  # a diverged candidate has no final weights
+                    saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
+                    if saved is None or int(saved["step"]) != spec.steps:
+                        raise ValueError(
+                            f"{run_dir}: expected the final checkpoint of a finished run, "
+                            "found none"
+                        )
+                    model = factory(run_task, heads)
+                    model.load_state_dict(saved["model"])
+                    record["analysis"] = run_task.layer_metrics(model.to(ctx.device), ctx.device)
+                    atomic_write_json(run_dir / RESULT_NAME, record)
+                records.append({**record, "setting": setting} if spec.tune else record)
                 bar.update(1)
         previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}
-        invocations = _read_invocations(out)
+        invocations = read_invocations(out)
         trained = previous.get("environment") or (
             invocations[-1].get("environment") if invocations else None
         )  # the training environment, not this one
-        wall = _total_time(invocations) if invocations else float(previous.get("wall_time_s") or 0)
+        wall = total_time(invocations) if invocations else float(previous.get("wall_time_s") or 0)
         extra = {
             "analysis_environment": environment(1, str(ctx.device)),
             "analysis_time_s": time.perf_counter() - started,

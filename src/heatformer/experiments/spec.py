@@ -139,6 +139,11 @@ class CompareSpec:
     # recompute each block's activations in backward (models.TransformerBlock): the same
     # numbers in about one layer's training memory, for about one more forward per step
     activation_checkpointing: bool = False
+    # optimiser sweeps crossed with heads ("lr=1e-3,2e-3"), see heatformer.experiments.tuning;
+    # select_by: the metric that picks each configuration's setting on the validation half
+    tune: tuple[str, ...] = ()
+    select_by: str | None = None
+    primary: tuple[str, ...] = ()  # declared primary endpoints, "METRIC" or "METRIC@LAYER"
     name: str = field(default="", compare=False)  # a label for reports only
 
     # ------------------------------------------------------------------ validation
@@ -193,6 +198,10 @@ class CompareSpec:
             r"auto|cpu|cuda(:\d+)?", self.device
         ):
             raise bad_value("device", f"expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        from heatformer.experiments.tuning import check_study
+
+        for name, value in check_study(self).items():  # canonical: tuples, metric names
+            object.__setattr__(self, name, value)
 
     def _check_graphs(self) -> None:
         """Graph kinds: known, one per layer, ``topk`` alone, within the task's longest sequence.
@@ -267,6 +276,7 @@ class CompareSpec:
         out = dataclasses.asdict(self)
         out["heads"] = list(self.heads)
         out["seeds"] = list(self.seeds)
+        out["tune"], out["primary"] = list(self.tune), list(self.primary)
         return out
 
     @classmethod
@@ -297,7 +307,7 @@ class CompareSpec:
         if legacy:
             values["options"] = {**_legacy_options(values.get("task", "chars"), legacy),
                                  **dict(values.get("options") or {})}  # fmt: skip
-        for key in ("heads", "seeds"):
+        for key in ("heads", "seeds", "tune", "primary"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -318,8 +328,12 @@ class CompareSpec:
             "analysis_cls",
             "analysis_point",
             "activation_checkpointing",
+            "tune",  # a run's spec holds its own setting (lr, ...)
+            "primary",
         ):
             out.pop(key)
+        if out["select_by"] is None:  # as before selection existed (evaluation not split)
+            out.pop("select_by")
         out["options"] = self.options.fingerprint()
         return out
 
@@ -509,20 +523,22 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return tuple(range(count))
 
 
-def run_name(index: int, heads: str, seed: int) -> str:
-    """Folder name of one run: ``c00-attention4+laplacian2-s0``.
+def run_name(index: int, heads: str, seed: int, setting: str = "") -> str:
+    """Folder name of one run: ``c00-attention4+laplacian2-s0`` (``c00-...-lr0.002-s0``).
 
     Args:
         index: position of the configuration in ``spec.heads``.
         heads: its head schedule.
         seed: the seed.
+        setting: its optimiser setting's label (``"lr=0.002"``), ``""`` without a sweep.
 
     Returns:
         A file-system-safe name, unique within a comparison.
     """
     slug = heads.replace(";", "__").replace(",", "+").replace(":", "")
     slug = re.sub(r"[^A-Za-z0-9_+.=-]", "", slug)[:60]
-    return f"c{index:02d}-{slug}-s{seed}"
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "", setting.replace(" ", "_").replace("=", ""))
+    return f"c{index:02d}-{slug}{'-' + tag if tag else ''}-s{seed}"
 
 
 #: Named settings for ``heatformer compare --preset NAME``; explicit flags override them.

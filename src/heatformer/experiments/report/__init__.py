@@ -1,6 +1,6 @@
 """Aggregate run records into the comparison report: numbers, table, CSV and plots.
 
-Four modules, one concern each; every public name is importable from here:
+Five modules, one concern each; every public name is importable from here:
 
 - :mod:`~heatformer.experiments.report.stats` -- statistics over seeds (:func:`mean_std`,
   :func:`t_interval`, :func:`one_sample_t`), paired differences against the baseline
@@ -11,6 +11,8 @@ Four modules, one concern each; every public name is importable from here:
   (:func:`holm`, :func:`benjamini_hochberg`), many-to-one comparisons against the shared
   baseline (:func:`many_to_one`), effect sizes in seed-SD units (:func:`effect_size`),
   equivalence (:func:`tost`, :func:`detectable_effect`, :func:`equivalence_statement`);
+- :mod:`~heatformer.experiments.report.endpoints` -- the declared primary endpoints, tested
+  with those (:func:`primary_endpoints`, :func:`format_endpoints`);
 - :mod:`~heatformer.experiments.report.tables` -- the text: the terminal tables
   (:func:`format_table`, :func:`format_paired_table`), ``results.csv`` (:func:`write_csv`)
   and the environment facts of ``results.json`` (:func:`environment`);
@@ -23,6 +25,7 @@ Nothing here prints: :func:`format_table` returns the table as a string.
 
 from __future__ import annotations
 
+from heatformer.experiments.report.endpoints import format_endpoints, primary_endpoints
 from heatformer.experiments.report.figures import plot_report, plot_sweeps
 from heatformer.experiments.report.inference import (
     benjamini_hochberg,
@@ -57,6 +60,7 @@ __all__ = [
     "effect_size",
     "environment",
     "equivalence_statement",
+    "format_endpoints",
     "format_paired_table",
     "format_table",
     "holm",
@@ -66,6 +70,7 @@ __all__ = [
     "paired_difference",
     "plot_report",
     "plot_sweeps",
+    "primary_endpoints",
     "t_interval",
     "tost",
     "trend_test",

@@ -256,11 +256,27 @@ def _solve(f: Callable[[float], float], low: float, high: float) -> float:
     return float(brentq(f, low, high, xtol=1e-12, rtol=1e-12))
 
 
-def _nct_cdf(x: float, df: int, nc: float) -> float:
-    """``scipy.stats.nct.cdf``, whose far tails (below ~1e-15) come back NaN: there the value is
-    1 for ``nc`` below ``x`` and 0 above (the cdf falls as ``nc`` grows)."""
-    from scipy.stats import nct
+#: Beyond this ``|nc|`` :func:`_nct_cdf` uses the noncentral t's limit (old scipy aborts the
+#: process from about 1e5, newer ones return NaN from about 1e6).
+_NC_LIMIT = 1e4
 
+
+def _nct_cdf(x: float, df: int, nc: float) -> float:
+    r"""``scipy.stats.nct.cdf``, whose far tails (below ~1e-15) come back NaN: there the value is
+    1 for ``nc`` below ``x`` and 0 above (the cdf falls as ``nc`` grows).
+
+    For :math:`|nc| \ge` 1e4 (a t statistic of differences that hardly vary) it is the limit
+    of :math:`T = (Z + nc)/S`, :math:`S^2 = V/\nu \sim \chi^2_\nu/\nu`, as :math:`Z/nc \to 0`:
+    :math:`P(T \le x) = P(\chi^2_\nu \ge \nu (nc/x)^2)` for :math:`nc, x > 0` (and the mirror
+    image for :math:`nc < 0`), within 1e-7 of scipy at 1e4.
+    """
+    from scipy.stats import chi2, nct
+
+    if abs(nc) >= _NC_LIMIT:
+        if (x > 0) != (nc > 0):  # T has the sign of nc
+            return float(nc < 0)
+        tail = float(chi2.sf(df * (nc / x) ** 2, df))
+        return tail if nc > 0 else 1.0 - tail
     value = float(nct.cdf(x, df, nc))
     return value if not math.isnan(value) else float(nc < x)
 

@@ -147,7 +147,8 @@ def write_csv(
     metric_names: Sequence[str],
     analysis_names: Sequence[str],
 ) -> None:
-    """One row per run: configuration, seed, final metrics, per-layer analysis, time.
+    """One row per run: configuration, optimiser setting (with a sweep), seed, final metrics,
+    per-layer analysis, time.
 
     Analysis columns are named ``<metric>@L<layer>``. Written atomically.
 
@@ -160,12 +161,17 @@ def write_csv(
     from heatformer.experiments.checkpoint import atomic_write_text
 
     num_layers = max((len(v) for r in records for v in r.get("analysis", {}).values()), default=0)
-    columns = ["heads", "seed", "steps", "num_params", *metric_names]
+    tuned = any("setting" in record for record in records)  # an optimiser sweep: its column
+    columns = ["heads", *(["setting"] if tuned else []), "seed", "steps", "num_params"]
+    columns += list(metric_names)
     columns += [f"{name}@L{i}" for name in analysis_names for i in range(num_layers)]
     columns += ["train_time_s"]
     lines: list[list[Any]] = []
     for record in records:
-        row: list[Any] = [record["heads"], record["seed"], record["steps"], record["num_params"]]
+        row: list[Any] = [record["heads"]]
+        if tuned:
+            row.append(" ".join(f"{k}={v:g}" for k, v in record.get("setting", {}).items()))
+        row += [record["seed"], record["steps"], record["num_params"]]
         row += [record["final"].get(name) for name in metric_names]
         for name in analysis_names:
             values = record.get("analysis", {}).get(name, [])

@@ -286,7 +286,11 @@ class Task(abc.ABC):
     ) -> dict[str, float]:
         """Loss and accuracy on the fixed evaluation set (eval mode, no gradients).
 
-        Each batch of :meth:`eval_batches` runs in slices of :attr:`sequences_per_pass`.
+        Each batch of :meth:`eval_batches` runs in slices of :attr:`sequences_per_pass`. When
+        the spec selects settings (``spec.select_by``, :mod:`heatformer.experiments.tuning`)
+        the set is split by example parity, counted over the whole set along dim 0: the odd
+        examples (the *test* half) give the metrics, the even ones (the *validation* half) the
+        same metrics again under ``"validation/<name>"``.
 
         Args:
             model: the (unwrapped) model.
@@ -294,29 +298,40 @@ class Task(abc.ABC):
             bf16: run the forward passes under bfloat16 autocast.
 
         Returns:
-            :meth:`metrics` of the mean loss and accuracy over every scored position.
+            :meth:`metrics` of the mean loss and accuracy over every scored position (of the
+            test half, and of the validation half prefixed, when the spec selects).
         """
         import torch
-        import torch.nn.functional as F
 
+        halves = 2 if self.spec.select_by is not None else 1
+        totals = [[0.0, 0, 0] for _ in range(halves)]  # loss, correct, count per half
+        seen = 0
         was_training = model.training
         model.eval()
-        total_loss, total_correct, total_count = 0.0, 0, 0
         try:
             with torch.no_grad():
                 for batch in self.eval_batches():
                     for inputs, targets in _slices(batch, self.sequences_per_pass):
-                        inputs, targets = inputs.to(device), targets.to(device)
-                        with autocast(device, bf16):
-                            logits = model(inputs)
-                        flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
-                        flat_targets = targets.reshape(-1)  # (M,)
-                        total_loss += float(F.cross_entropy(flat, flat_targets, reduction="sum"))
-                        total_correct += int((flat.argmax(-1) == flat_targets).sum())
-                        total_count += flat_targets.numel()
+                        parity = (torch.arange(inputs.shape[0]) + seen) % halves  # (b,)
+                        seen += inputs.shape[0]
+                        for half, total in enumerate(totals):
+                            keep = parity == (1 - half if halves == 2 else 0)  # test first
+                            _score(self, model, inputs[keep], targets[keep], device, bf16, total)
         finally:
             model.train(was_training)
-        return self.metrics(total_loss / total_count, total_correct / total_count)
+        if halves == 2 and any(total[2] == 0 for total in totals):
+            raise bad_value(
+                "select_by",
+                f"expected at least {halves} evaluation examples to split into validation and "
+                f"test halves, got {seen}",
+            )
+        out = self.metrics(totals[0][0] / totals[0][2], totals[0][1] / totals[0][2])
+        if halves == 2:
+            from heatformer.experiments.tuning import VALIDATION
+
+            held = self.metrics(totals[1][0] / totals[1][2], totals[1][1] / totals[1][2])
+            out.update({VALIDATION + name: value for name, value in held.items()})
+        return out
 
     def analysis_inputs(self) -> tuple[Tensor, Tensor]:
         """The batch ``(inputs, labels)`` the analysis reads, by ``spec.analysis_split``.
@@ -432,6 +447,30 @@ class Task(abc.ABC):
     def pooled(self, x: Tensor) -> Tensor:
         """One feature per sequence from ``x`` ``(B, N, D)``: the mean over its tokens."""
         return x.mean(1)  # (B, D)
+
+
+def _score(
+    task: Task,
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    device: torch.device,
+    bf16: bool,
+    total: list[Any],
+) -> None:
+    """Add the summed loss, correct count and count of one slice to ``total``."""
+    import torch.nn.functional as F
+
+    if not inputs.shape[0]:
+        return
+    inputs, targets = inputs.to(device), targets.to(device)
+    with autocast(device, bf16):
+        logits = model(inputs)
+    flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
+    flat_targets = targets.reshape(-1)  # (M,)
+    total[0] += float(F.cross_entropy(flat, flat_targets, reduction="sum"))
+    total[1] += int((flat.argmax(-1) == flat_targets).sum())
+    total[2] += flat_targets.numel()
 
 
 def _slices(batch: tuple[Tensor, Tensor], size: int | None) -> Iterator[tuple[Tensor, Tensor]]:
