@@ -16,7 +16,7 @@ from heatformer.cli import _experiments, build_parser
 from heatformer.experiments.report import format_table
 from heatformer.experiments.spec import CompareSpec
 from heatformer.experiments.tasks import Task, resolve_task
-from heatformer.experiments.tasks.base import _LayerStats
+from heatformer.experiments.tasks._layer_stats import LayerStats
 from heatformer.models import (
     GPTConfig,
     SequenceClassifier,
@@ -279,7 +279,7 @@ def test_within_and_between_sequence_variance_add_up_to_the_total() -> None:
     assert values["between_seq_var"] == pytest.approx(between, rel=1e-12)
     assert values["within_seq_var"] + values["between_seq_var"] == pytest.approx(total, rel=1e-12)
     assert values["within_seq_frac"] == pytest.approx(within / total, rel=1e-12)
-    merged = _LayerStats()
+    merged = LayerStats()
     for part in (slice(0, 4), slice(4, 5), slice(5, 9)):  # slices merge to the same parts
         merged.add(task, x[part], labels[part])
     assert merged.values(task)["between_seq_var"] == pytest.approx(between, rel=1e-12)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from heatformer.experiments.folder import run_name
 from heatformer.experiments.report import aggregate, format_table, mean_std
 from heatformer.experiments.spec import (
     PRESETS,
@@ -17,7 +18,6 @@ from heatformer.experiments.spec import (
     check_heads,
     infer_num_heads,
     parse_seeds,
-    run_name,
     split_layers,
 )
 from heatformer.experiments.tasks import resolve_task

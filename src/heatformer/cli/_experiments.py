@@ -34,7 +34,8 @@ from typing import Any, TextIO
 
 from heatformer._atomic import FolderLock
 from heatformer.checks import bad_value, check_positive_int, topk_and_graph
-from heatformer.cli._options import OptionGroup, OptionParser
+from heatformer.cli._flags import add_common
+from heatformer.cli._options import OptionParser
 from heatformer.cli._report import plan_line, preflight, print_report
 from heatformer.experiments.spec import (
     PRESETS,
@@ -55,154 +56,11 @@ __all__ = [
 
 #: The CompareSpec fields set by a flag whose argparse ``dest`` is the field's name (``--layers``
 #: stores ``n_layer``); a field without a flag is skipped. ``heads`` and ``seeds`` are read by
-#: each command; the task options' flags come from the tasks (see :func:`_add_task_options`).
+#: each command; the task options' flags come from the tasks
+#: (:func:`heatformer.cli._flags.add_task_options`).
 _SPEC_FLAGS = tuple(
     f.name for f in dataclasses.fields(CompareSpec) if f.name not in {"heads", "seeds"}
 )
-
-
-def _add_task_options(group: OptionGroup) -> None:
-    """One flag per option of the registered tasks (``seq_len`` -> ``--seq-len``).
-
-    A flag several tasks take is one flag; its help names each task and its default.
-    """
-    for name, by_task in options_by_name().items():
-        fields = list(by_task.values())
-
-        def default(f: dataclasses.Field[Any]) -> str:
-            return "" if f.default is None else f" (default {f.default})"
-
-        if len({(f.metadata["help"], f.default) for f in fields}) == 1:  # one text for all
-            text = f"{', '.join(by_task)}: {fields[0].metadata['help']}{default(fields[0])}"
-        else:
-            text = "; ".join(f"{t}: {f.metadata['help']}{default(f)}" for t, f in by_task.items())
-        first = fields[0].metadata
-        group.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=first["parse"],
-            metavar=first["metavar"],
-            help=text.replace("%", "%%"),
-        )
-
-
-def _add_common(parser: OptionParser) -> None:
-    d = {f.name: f.default for f in dataclasses.fields(CompareSpec)}
-    g = parser.group("task and data")
-    g.add_argument("--task", help=f"{' | '.join(TASKS)} (default {d['task']})")
-    _add_task_options(g)
-
-    g = parser.group("model")
-    g.add_argument("--layers", dest="n_layer", type=int, help=f"blocks (default {d['n_layer']})")
-    g.add_argument(
-        "--n-head",
-        "--heads-per-layer",
-        dest="n_head",
-        type=int,
-        help="heads per layer (default: the sum of the --heads counts, else 4)",
-    )
-    g.add_argument("--embd", dest="n_embd", type=int, help=f"width (default {d['n_embd']})")
-    g.add_argument(
-        "--graph",
-        metavar="SPEC",
-        help="graph kind of the attention layers: softmax, topk[k=32], or one per layer "
-        "separated by ';' as for --heads (default softmax; kinds: heatformer.graph_ops.GRAPHS)",
-    )
-    g.add_argument(
-        "--topk",
-        type=int,
-        metavar="K",
-        help="keep the K strongest edges per query in every attention graph "
-        "(shorthand for --graph topk[k=K])",
-    )
-    g.add_argument("--dropout", type=float, help="dropout (default 0)")
-
-    g = parser.group("budget (the same for every configuration)")
-    g.add_argument("--steps", type=int, help=f"optimizer steps per run (default {d['steps']})")
-    g.add_argument(
-        "--batch-size",
-        type=int,
-        help=f"global batch, split across DDP ranks (default {d['batch_size']})",
-    )
-    g.add_argument("--lr", type=float, help=f"peak AdamW learning rate (default {d['lr']})")
-    g.add_argument("--weight-decay", type=float, help=f"(default {d['weight_decay']})")
-    g.add_argument(
-        "--warmup-steps",
-        type=int,
-        help="linear warm-up (default min(100, steps/10)), then cosine decay to lr/10",
-    )
-    g.add_argument("--grad-clip", type=float, help="max gradient norm, 0 = off (default 1)")
-    g.add_argument("--eval-every", type=int, help="evaluate every N steps (default steps/10)")
-    g.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default: eval-every)")
-    g.add_argument(
-        "--no-analysis", action="store_true", help="skip the per-layer token-geometry analysis"
-    )
-    g.add_argument(
-        "--analysis-split",
-        metavar="test|train",
-        help="the analysis reads the task's held-out batch (default test) or a training "
-        "batch of the same size (train)",
-    )
-    g.add_argument(
-        "--analysis-point",
-        metavar="pre_ln|post_ln",
-        help="the analysis reads each block's output (default pre_ln) or that output through "
-        "the model's final LayerNorm (post_ln)",
-    )
-    g.add_argument(
-        "--no-analysis-cls",
-        dest="analysis_cls",
-        action="store_false",
-        default=None,
-        help="leave the cls token out of the analysis (tasks whose model has one: digits)",
-    )
-
-    g = parser.group("running")
-    g.add_argument("--out", metavar="DIR", help="output folder (default runs/<name>-<time>)")
-    g.add_argument("--name", help="a label for the report and the default --out")
-    g.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        metavar="DIR",
-        help="continue the interrupted job in DIR (or --out): finished runs are "
-        "skipped, the interrupted one continues from its checkpoint",
-    )
-    g.add_argument("--device", help="auto | cpu | cuda[:N] (default auto: CUDA if available)")
-    g.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
-    g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    g.add_argument(
-        "--activation-checkpointing",
-        action="store_true",
-        default=None,
-        help="recompute each block's activations in backward instead of keeping them: "
-        "training memory of about one layer, for about one more forward per step",
-    )
-    g.add_argument(
-        "--stop-at-step",
-        type=int,
-        metavar="K",
-        help="stop (saving a checkpoint, as Ctrl-C does) when a run reaches step K",
-    )
-    g.add_argument(
-        "--threads",
-        type=int,
-        metavar="N",
-        help="torch CPU threads per process (default: torch's choice; 1 is often "
-        "fastest for small models or on a busy machine)",
-    )
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
-    g.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the plan (runs x steps, evaluations), the time estimated from a few timed "
-        "steps of each configuration and the estimated peak memory, then exit; writes nothing",
-    )
-    g.add_argument(
-        "--force",
-        action="store_true",
-        help="run even when the estimated peak memory exceeds the memory available",
-    )
 
 
 def add_train_args(parser: OptionParser) -> None:
@@ -213,7 +71,7 @@ def add_train_args(parser: OptionParser) -> None:
         "';': 'attention:4;attention:2,laplacian:2' (default 'attention')",
     )
     parser.add_argument("--seed", type=int, help="seed of the weights and batch order (default 0)")
-    _add_common(parser)
+    add_common(parser)
     parser.epilog = (
         "examples:\n"
         "  heatformer train --task chars --heads attention:6,laplacian:2 --steps 500\n"
@@ -266,7 +124,7 @@ def add_compare_args(parser: OptionParser) -> None:
     parser.add_argument(
         "--preset", choices=sorted(PRESETS), help="named settings; explicit flags override them"
     )
-    _add_common(parser)
+    add_common(parser)
     parser.epilog = (
         "examples:\n"
         "  heatformer compare --preset demo\n"
@@ -412,15 +270,10 @@ def _execute(args: argparse.Namespace, command: str) -> int:
         return _execute_in(args, command, resume_dir)
 
 
-def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None) -> int:
-    from heatformer.experiments.compare import load_spec, run_compare, validate_spec
-    from heatformer.experiments.distributed import setup_distributed
-    from heatformer.experiments.trainer import (
-        StopSignal,
-        TrainingDiverged,
-        TrainingInterrupted,
-        WorldSizeChanged,
-    )
+def _spec_of(args: argparse.Namespace, command: str, resume_dir: Path | None) -> CompareSpec:
+    """The command's spec, resolved: the flags', or the one saved in ``resume_dir`` (where
+    flags that would change it are refused)."""
+    from heatformer.experiments.compare import load_spec
 
     for dest in ("threads", "stop_at_step"):
         if getattr(args, dest) is not None:
@@ -441,6 +294,20 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
     else:
         spec = _build_spec(args, compare=command == "compare")
     spec = spec.resolved()
+    return spec
+
+
+def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None) -> int:
+    from heatformer.experiments.compare import run_compare, validate_spec
+    from heatformer.experiments.distributed import setup_distributed
+    from heatformer.experiments.trainer import (
+        StopSignal,
+        TrainingDiverged,
+        TrainingInterrupted,
+        WorldSizeChanged,
+    )
+
+    spec = _spec_of(args, command, resume_dir)
     if args.threads is not None:
         import torch
 

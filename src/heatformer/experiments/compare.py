@@ -69,6 +69,7 @@ from heatformer.experiments.folder import (
     load_spec,
     prepare_output,
     read_invocations,
+    run_name,
     total_time,
 )
 from heatformer.experiments.report import (
@@ -79,7 +80,7 @@ from heatformer.experiments.report import (
     primary_endpoints,
     write_csv,
 )
-from heatformer.experiments.spec import SPEC_NAME, CompareSpec, run_name
+from heatformer.experiments.spec import SPEC_NAME, CompareSpec
 from heatformer.experiments.sweep import baseline_heads, find_sweeps
 from heatformer.experiments.tasks import Task, resolve_task
 from heatformer.experiments.trainer import (

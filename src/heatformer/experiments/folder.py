@@ -8,6 +8,7 @@ described there.
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "load_spec",
     "prepare_output",
     "read_invocations",
+    "run_name",
     "total_time",
 ]
 
@@ -184,3 +186,21 @@ class Invocation:
 
 def total_time(invocations: list[dict[str, Any]]) -> float:
     return math.fsum(float(entry.get("elapsed_s") or 0.0) for entry in invocations)
+
+
+def run_name(index: int, heads: str, seed: int, setting: str = "") -> str:
+    """Folder name of one run: ``c00-attention4+laplacian2-s0`` (``c00-...-lr0.002-s0``).
+
+    Args:
+        index: position of the configuration in ``spec.heads``.
+        heads: its head schedule.
+        seed: the seed.
+        setting: its optimiser setting's label (``"lr=0.002"``), ``""`` without a sweep.
+
+    Returns:
+        A file-system-safe name, unique within a comparison.
+    """
+    slug = heads.replace(";", "__").replace(",", "+").replace(":", "")
+    slug = re.sub(r"[^A-Za-z0-9_+.=-]", "", slug)[:60]
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "", setting.replace(" ", "_").replace("=", ""))
+    return f"c{index:02d}-{slug}{'-' + tag if tag else ''}-s{seed}"

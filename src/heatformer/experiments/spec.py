@@ -64,7 +64,6 @@ __all__ = [
     "check_heads",
     "infer_num_heads",
     "parse_seeds",
-    "run_name",
     "split_layers",
 ]
 
@@ -521,24 +520,6 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     if count < 1:
         raise bad_value("seeds", f"expected a count >= 1, got {count}")
     return tuple(range(count))
-
-
-def run_name(index: int, heads: str, seed: int, setting: str = "") -> str:
-    """Folder name of one run: ``c00-attention4+laplacian2-s0`` (``c00-...-lr0.002-s0``).
-
-    Args:
-        index: position of the configuration in ``spec.heads``.
-        heads: its head schedule.
-        seed: the seed.
-        setting: its optimiser setting's label (``"lr=0.002"``), ``""`` without a sweep.
-
-    Returns:
-        A file-system-safe name, unique within a comparison.
-    """
-    slug = heads.replace(";", "__").replace(",", "+").replace(":", "")
-    slug = re.sub(r"[^A-Za-z0-9_+.=-]", "", slug)[:60]
-    tag = re.sub(r"[^A-Za-z0-9_.-]", "", setting.replace(" ", "_").replace("=", ""))
-    return f"c{index:02d}-{slug}{'-' + tag if tag else ''}-s{seed}"
 
 
 #: Named settings for ``heatformer compare --preset NAME``; explicit flags override them.

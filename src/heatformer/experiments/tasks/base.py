@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from heatformer.checks import bad_value
+from heatformer.experiments.tasks._layer_stats import LayerStats
 
 if TYPE_CHECKING:
     import torch
@@ -404,8 +405,8 @@ class Task(abc.ABC):
         :meth:`analysis_states`).
 
         The batch runs in slices of :attr:`sequences_per_pass`; each layer keeps running sums
-        (:class:`_LayerStats`) and the :meth:`grouping_states`, never every token state of a
-        long-sequence batch at once.
+        (:class:`~heatformer.experiments.tasks._layer_stats.LayerStats`) and the
+        :meth:`grouping_states`, never every token state of a long-sequence batch at once.
 
         Args:
             model: the (unwrapped) model; its ``blocks`` are the layers.
@@ -415,10 +416,10 @@ class Task(abc.ABC):
             ``{metric: [value of layer 0, layer 1, ...]}`` for :attr:`analysis_names`; a value
             that is not finite (e.g. ``nc1`` with coinciding class means) is NaN.
         """
-        layers: list[_LayerStats] = []
+        layers: list[LayerStats] = []
         for inputs, labels in _slices(self.analysis_inputs(), self.sequences_per_pass):
             states = self.analysis_states(model, inputs, device)
-            layers = layers or [_LayerStats() for _ in states]
+            layers = layers or [LayerStats() for _ in states]
             for stats, x in zip(layers, states):
                 stats.add(self, x.float(), labels)
         out: dict[str, list[float]] = {name: [] for name in self.analysis_names}
@@ -429,7 +430,7 @@ class Task(abc.ABC):
 
     def layer_values(self, x: Tensor, labels: Tensor) -> dict[str, float]:
         """The analysis metrics of one layer's token states ``x`` ``(B, N, D)``."""
-        return _LayerStats().add(self, x, labels).values(self)
+        return LayerStats().add(self, x, labels).values(self)
 
     def grouping_states(self, x: Tensor) -> Tensor:
         """What :meth:`grouping_values` reads of a slice ``x`` ``(b, N, D)``, concatenated over
@@ -483,76 +484,3 @@ def _slices(batch: tuple[Tensor, Tensor], size: int | None) -> Iterator[tuple[Te
         return
     for start in range(0, count, size):
         yield inputs[start : start + size], targets[start : start + size]
-
-
-class _LayerStats:
-    r"""One layer's analysis, accumulated over slices of the analysis batch.
-
-    Per-sequence values (within-sequence variance, effective rank, decay rate) are kept per
-    sequence and averaged at the end; the total token variance merges each slice's count
-    :math:`n`, mean :math:`\mu` and sum of squared deviations :math:`M` in float64 (Chan et
-    al.'s pairwise update, :math:`M = M_a + M_b + \lVert\mu_b - \mu_a\rVert^2 n_a n_b / n`);
-    the sequence means are kept (float64, ``(b, D)`` per slice) for ``between_seq_var``, the
-    mean over sequences of :math:`\lVert \mu_s - \mu \rVert^2` around the merged mean
-    :math:`\mu`, computed directly (not as the total less the within part); the
-    :meth:`Task.grouping_states` of the slices and their labels are concatenated. One slice
-    gives the values of the whole batch at once.
-    """
-
-    def __init__(self) -> None:
-        self.within: list[Tensor] = []  # (b,) float64 per slice
-        self.rank: list[Tensor] = []
-        self.rate: list[Tensor] = []
-        self.means: list[Tensor] = []  # (b, D) float64 sequence means per slice
-        self.grouped: list[Tensor] = []
-        self.labels: list[Tensor] = []
-        self.count = 0
-        self.mean: Tensor | None = None  # (D,) float64
-        self.m2 = 0.0
-
-    def add(self, task: Task, x: Tensor, labels: Tensor) -> _LayerStats:
-        """Add a slice of token states ``x`` ``(b, N, D)`` with its ``labels``."""
-        from heatformer.analysis import spectral_decay, within_sequence_variance
-
-        self.within.append(within_sequence_variance(x, reduction="none").reshape(-1))
-        spectrum = spectral_decay(x)
-        self.rank.append(spectrum.effective_rank.reshape(-1))
-        self.rate.append(spectrum.decay_rate.reshape(-1))
-        flat = x.reshape(-1, x.shape[-1]).double()  # (b * N, D)
-        if flat.shape[0]:
-            n, mean = flat.shape[0], flat.mean(0)
-            self.means.append(flat.reshape(-1, *x.shape[-2:]).mean(1))  # (b, D)
-            m2 = float(((flat - mean) ** 2).sum(-1).sum())
-            if self.mean is None:
-                self.count, self.mean, self.m2 = n, mean, m2
-            else:
-                total, delta = self.count + n, mean - self.mean
-                self.m2 += m2 + float(delta.square().sum()) * self.count * n / total
-                self.mean = self.mean + delta * (n / total)
-                self.count = total
-        grouped = task.grouping_states(x)
-        if grouped.untyped_storage().nbytes() > grouped.nbytes:  # a view (pooled: x[:, -1])
-            grouped = grouped.clone()  # would keep the whole slice alive otherwise
-        self.grouped.append(grouped)
-        self.labels.append(labels)
-        return self
-
-    def values(self, task: Task) -> dict[str, float]:
-        """The metrics of :attr:`Task.analysis_names` over every slice added."""
-        import torch
-
-        within = float(torch.cat(self.within).mean())
-        total = self.m2 / self.count if self.count else math.nan
-        between = math.nan
-        if self.mean is not None:
-            between = float((torch.cat(self.means) - self.mean).square().sum(-1).mean())
-        rates = torch.cat(self.rate)
-        rates = rates[rates.isfinite()]  # (B',) the sequences with an exponent
-        return {
-            "within_seq_var": within,
-            "between_seq_var": between,
-            "within_seq_frac": within / total if total > 0 else math.nan,
-            "effective_rank": float(torch.cat(self.rank).mean()),
-            "decay_rate": float(rates.mean()) if rates.numel() else math.nan,
-            **task.grouping_values(torch.cat(self.grouped), torch.cat(self.labels)),
-        }
