@@ -56,6 +56,44 @@ def _ridge_probe_accuracy(
     return (scores.argmax(-1) == y_test).to(xc.dtype).mean()
 
 
+def _groups(
+    x: Tensor, next_tokens: Tensor, mask: Tensor | None, min_count: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The real tokens whose next token occurs at least ``min_count`` times:
+    ``(h (T, D), group id (T,), group sizes (K,))``, ``h`` in the accumulation dtype."""
+    m = resolve_mask(mask, x) & (next_tokens >= 0)  # (B, N)
+    h = x[m].to(accumulation_dtype(x.device))  # (T0, D)
+    y = next_tokens[m]  # (T0,)
+    _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)
+    keep = (counts >= min_count)[inv]  # (T0,)
+    h, y = h[keep], y[keep]  # (T, D), (T,)
+    _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)
+    if counts.numel() < 2:
+        raise bad_value(
+            "next_tokens",
+            f"expected at least 2 distinct next tokens with >= {min_count} real occurrences "
+            f"each, got {counts.numel()}",
+        )
+    return h, inv, counts
+
+
+def _check_options(min_count: int, ridge: float) -> None:
+    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 2:
+        raise bad_value("min_count", f"expected an int >= 2, got {min_count!r}")
+    if not ridge > 0:
+        raise bad_value("ridge", f"expected a positive float, got {ridge!r}")
+
+
+def _even_ranked(inv: Tensor, counts: Tensor) -> Tensor:
+    """The stratified deterministic split: ``True`` where a token's rank inside its group
+    (``inv`` ``(T,)`` group ids, ``counts`` ``(K,)`` their sizes), in order, is even."""
+    order = torch.sort(inv, stable=True).indices  # (T,)
+    start = torch.cumsum(counts, 0) - counts  # (K,)
+    rank = torch.empty_like(inv)
+    rank[order] = torch.arange(inv.numel(), device=inv.device) - start[inv[order]]
+    return rank % 2 == 0  # (T,)
+
+
 def next_token_separability(
     x: Tensor,
     next_tokens: Tensor,
@@ -121,33 +159,13 @@ def next_token_separability(
     if x.ndim != 3:
         raise bad_value("x", f"expected shape (B, N, D), got {tuple(x.shape)}")
     next_tokens = check_int_tensor("next_tokens", next_tokens, tuple(x.shape[:2]), x.device)
-    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 2:
-        raise bad_value("min_count", f"expected an int >= 2, got {min_count!r}")
-    if not ridge > 0:
-        raise bad_value("ridge", f"expected a positive float, got {ridge!r}")
-    m = resolve_mask(mask, x) & (next_tokens >= 0)  # (B, N)
-    h = x[m].to(accumulation_dtype(x.device))  # (T0, D)
-    y = next_tokens[m]  # (T0,)
-    _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)
-    keep = (counts >= min_count)[inv]  # (T0,)
-    h, y = h[keep], y[keep]  # (T, D), (T,)
-    _, inv, counts = torch.unique(y, return_inverse=True, return_counts=True)
+    _check_options(min_count, ridge)
+    h, inv, counts = _groups(x, next_tokens, mask, min_count)  # (T, D), (T,), (K,)
     num_groups = counts.numel()
-    if num_groups < 2:
-        raise bad_value(
-            "next_tokens",
-            f"expected at least 2 distinct next tokens with >= {min_count} real occurrences "
-            f"each, got {num_groups}",
-        )
     _, class_mean = _class_means(h, inv, num_groups)
     nc1 = _nc1(h, inv, class_mean, torch.finfo(x.dtype).eps)
 
-    # Stratified deterministic split: rank of each token inside its group.
-    order = torch.sort(inv, stable=True).indices  # (T,)
-    start = torch.cumsum(counts, 0) - counts  # (K,)
-    rank = torch.empty_like(inv)
-    rank[order] = torch.arange(inv.numel(), device=inv.device) - start[inv[order]]
-    train = rank % 2 == 0  # (T,)
+    train = _even_ranked(inv, counts)  # (T,)
     accuracy = _ridge_probe_accuracy(
         h[train], inv[train], h[~train], inv[~train], num_groups, ridge
     )

@@ -121,6 +121,18 @@ def within_sequence_variance(
     return per_sequence.sum() / nonempty.sum().to(per_sequence.dtype)
 
 
+def _class_means(labels: Tensor, n_b: Tensor, seq_sum: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per class of ``labels`` ``(B,)``: its token count ``(C,)`` and token mean ``(C, D)``
+    from the sequences' counts ``n_b`` ``(B,)`` and sums ``seq_sum`` ``(B, D)``; and each
+    sequence's class index ``(B,)``."""
+    _, inv = torch.unique(labels, return_inverse=True)  # inv: (B,)
+    num_classes = int(inv.max().item()) + 1 if inv.numel() else 0
+    n_c = torch.zeros(num_classes, dtype=n_b.dtype, device=n_b.device).index_add_(0, inv, n_b)
+    class_sum = torch.zeros(num_classes, seq_sum.shape[-1], dtype=n_b.dtype, device=n_b.device)
+    class_sum = class_sum.index_add_(0, inv, seq_sum)  # (C, D)
+    return n_c, class_sum / n_c.clamp_min(1).unsqueeze(-1), inv
+
+
 def variance_decomposition(
     x: Tensor, labels: Tensor, mask: Tensor | None = None
 ) -> VarianceDecomposition:
@@ -193,12 +205,7 @@ def variance_decomposition(
     seq_mean = seq_sum / n_b.clamp_min(1).unsqueeze(-1)  # (B, D)
     within_sequence = (((xf - seq_mean.unsqueeze(1)) ** 2).sum(-1) * w).sum() / total_count
 
-    _, inv = torch.unique(labels, return_inverse=True)  # inv: (B,)
-    num_classes = int(inv.max().item()) + 1 if inv.numel() else 0
-    n_c = torch.zeros(num_classes, dtype=dtype, device=x.device).index_add_(0, inv, n_b)
-    class_sum = torch.zeros(num_classes, x.shape[-1], dtype=dtype, device=x.device)
-    class_sum = class_sum.index_add_(0, inv, seq_sum)  # (C, D)
-    class_mean = class_sum / n_c.clamp_min(1).unsqueeze(-1)  # (C, D)
+    n_c, class_mean, inv = _class_means(labels, n_b, seq_sum)  # (C,), (C, D), (B,)
     within_class = (n_b * ((seq_mean - class_mean[inv]) ** 2).sum(-1)).sum() / total_count
 
     g = seq_sum.sum(0) / total_count  # (D,)
