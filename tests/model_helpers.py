@@ -9,7 +9,7 @@ DESIGN.md, never with heatformer's graph code:
 - attention ``P v``; Laplacian ``step * L v``; heat ``expm(-t L) v`` (``scipy.linalg.expm``);
   PPR ``alpha (I - (1 - alpha) A)^{-1} v``; polynomial ``sum_k c_k L^k v``, with the three
   normalizations (self-loops kept, pseudo-inverse degrees); mean pooling ``scale * U v``
-  with ``U`` uniform over each row's allowed keys.
+  with ``U`` uniform over each row's allowed keys; centring ``scale * (I' - U) v``.
 
 Test modules import it directly (``import model_helpers as mh``; ``tests/`` is on
 ``sys.path``).
@@ -84,6 +84,9 @@ REFERENCES: dict[str, Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]] 
         for i, c in enumerate(to_numpy(op.coeffs))
     ),
     "mean": lambda op, p, v, h: float(to_numpy(op.scale)) * uniform_reference(p) @ v,
+    "center": lambda op, p, v, h: (
+        float(to_numpy(op.scale)) * ((p != 0).any(-1, keepdims=True) * v - uniform_reference(p) @ v)
+    ),
 }
 
 

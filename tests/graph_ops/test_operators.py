@@ -11,6 +11,7 @@ import graph_helpers as gh
 from heatformer.graph_ops import (
     OPERATORS,
     Attention,
+    Centering,
     DenseGraph,
     HeatKernel,
     Laplacian,
@@ -289,6 +290,7 @@ def test_registry_lists_every_operator() -> None:
         "ppr": PersonalizedPageRank,
         "polynomial": Polynomial,
         "mean": MeanPooling,
+        "center": Centering,
     }
     for name, cls in OPERATORS.items():
         assert cls.name == name

@@ -47,6 +47,7 @@ OPERATOR_SPECS = {
     "polynomial": "polynomial[coeffs=(0.5 -1.0 0.25)]:4",
     "mixed": "attention:1,laplacian:1,heat[t=0.5;tol=1e-10]:1,ppr[alpha=0.5;tol=1e-10]:1",
     "interleaved": "heat[t=1.5;tol=1e-10]:1,attention:1,ppr[alpha=0.5;tol=1e-10]:1,laplacian:1",
+    "controls": "center:1,attention:1,mean:1,center[scale=0.5]:1",
 }
 
 

@@ -17,6 +17,7 @@ from heatformer import checks as V
 from heatformer._suggest import did_you_mean
 from heatformer.graph_ops.operators.attention import Attention
 from heatformer.graph_ops.operators.base import DiffusionOperator, NormalizedOperator
+from heatformer.graph_ops.operators.center import Centering
 from heatformer.graph_ops.operators.heat import HeatKernel
 from heatformer.graph_ops.operators.laplacian import Laplacian
 from heatformer.graph_ops.operators.mean import MeanPooling
@@ -27,6 +28,7 @@ __all__ = [
     "OPERATORS",
     "PPR_METHODS",
     "Attention",
+    "Centering",
     "DiffusionOperator",
     "HeatKernel",
     "Laplacian",
@@ -47,6 +49,7 @@ OPERATORS: dict[str, type[DiffusionOperator]] = {
     "ppr": PersonalizedPageRank,
     "polynomial": Polynomial,
     "mean": MeanPooling,
+    "center": Centering,
 }
 _ALIASES = {"pagerank": "ppr", "personalized_pagerank": "ppr", "poly": "polynomial"}
 
@@ -62,7 +65,8 @@ def resolve_operator(
 
     Args:
         name: one of ``"attention"``, ``"laplacian"``, ``"heat"``, ``"ppr"`` (alias
-            ``"pagerank"``), ``"polynomial"``, ``"mean"`` (mean pooling); case-insensitive.
+            ``"pagerank"``), ``"polynomial"``, ``"mean"`` (mean pooling), ``"center"``
+            (centring: ``x`` minus that mean); case-insensitive.
         device, dtype: factory kwargs for operators with parameters (a learnable ``t`` is
             created in ``dtype`` directly, never rounded through float32 first).
         **kwargs: the operator's constructor arguments, e.g. ``t=2.0``.
