@@ -57,6 +57,7 @@ HEADS_BIDIRECTIONAL = [
     "polynomial",
     "mean",
     "center",
+    "skip[init=-0.5]",
 ]
 #: the causal layer: every head that reads only the past
 HEADS_CAUSAL = [h for h in HEADS_BIDIRECTIONAL if "sym" not in h]

@@ -19,6 +19,7 @@ from heatformer.graph_ops import (
     PersonalizedPageRank,
     Polynomial,
     SymmetrizedGraph,
+    UntiedSkip,
     heat_kernel,
     laplacian,
     resolve_operator,
@@ -291,6 +292,7 @@ def test_registry_lists_every_operator() -> None:
         "polynomial": Polynomial,
         "mean": MeanPooling,
         "center": Centering,
+        "skip": UntiedSkip,
     }
     for name, cls in OPERATORS.items():
         assert cls.name == name

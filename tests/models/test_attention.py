@@ -351,6 +351,7 @@ def test_learnable_operators_add_exactly_their_parameters() -> None:
     assert count("heat[learnable=true]:1,heat[learnable=true]:1,attention:2") == base + 2
     assert count("heat[t=(0.5 1.0);learnable=true]:2,laplacian:2") == base + 2  # t per head
     assert count("laplacian[learnable=true]:4") == base + 1  # the step
+    assert count("skip:2,attention:2") == base + 2 * 4 * 4  # a (Dh, Dh) skip weight per head
 
 
 @pytest.mark.parametrize("spec", spec_params(tight=False))

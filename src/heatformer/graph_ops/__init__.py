@@ -37,6 +37,7 @@ from heatformer.graph_ops.operators import (
     NormalizedOperator,
     PersonalizedPageRank,
     Polynomial,
+    UntiedSkip,
     resolve_operator,
 )
 from heatformer.graph_ops.protocol import Graph
@@ -68,6 +69,7 @@ __all__ = [
     "SoftmaxGraph",
     "SparseGraph",
     "SymmetrizedGraph",
+    "UntiedSkip",
     "WindowGraph",
     "adjacency_matrix",
     "heat_kernel",

@@ -23,6 +23,7 @@ from heatformer.graph_ops.operators.laplacian import Laplacian
 from heatformer.graph_ops.operators.mean import MeanPooling
 from heatformer.graph_ops.operators.polynomial import Polynomial
 from heatformer.graph_ops.operators.ppr import PPR_METHODS, PersonalizedPageRank, ppr_order
+from heatformer.graph_ops.operators.skip import UntiedSkip
 
 __all__ = [
     "OPERATORS",
@@ -36,6 +37,7 @@ __all__ = [
     "NormalizedOperator",
     "PersonalizedPageRank",
     "Polynomial",
+    "UntiedSkip",
     "ppr_order",
     "resolve_operator",
 ]
@@ -50,8 +52,14 @@ OPERATORS: dict[str, type[DiffusionOperator]] = {
     "polynomial": Polynomial,
     "mean": MeanPooling,
     "center": Centering,
+    "skip": UntiedSkip,
 }
-_ALIASES = {"pagerank": "ppr", "personalized_pagerank": "ppr", "poly": "polynomial"}
+_ALIASES = {
+    "pagerank": "ppr",
+    "personalized_pagerank": "ppr",
+    "poly": "polynomial",
+    "untied_skip": "skip",
+}
 
 
 def resolve_operator(
@@ -66,7 +74,8 @@ def resolve_operator(
     Args:
         name: one of ``"attention"``, ``"laplacian"``, ``"heat"``, ``"ppr"`` (alias
             ``"pagerank"``), ``"polynomial"``, ``"mean"`` (mean pooling), ``"center"``
-            (centring: ``x`` minus that mean); case-insensitive.
+            (centring: ``x`` minus that mean), ``"skip"`` (alias ``"untied_skip"``:
+            attention plus a learned per-token path); case-insensitive.
         device, dtype: factory kwargs for operators with parameters (a learnable ``t`` is
             created in ``dtype`` directly, never rounded through float32 first).
         **kwargs: the operator's constructor arguments, e.g. ``t=2.0``.
