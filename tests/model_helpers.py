@@ -9,7 +9,8 @@ DESIGN.md, never with heatformer's graph code:
 - attention ``P v``; Laplacian ``step * L v``; heat ``expm(-t L) v`` (``scipy.linalg.expm``);
   PPR ``alpha (I - (1 - alpha) A)^{-1} v``; polynomial ``sum_k c_k L^k v``, with the three
   normalizations (self-loops kept, pseudo-inverse degrees); mean pooling ``scale * U v``
-  with ``U`` uniform over each row's allowed keys.
+  with ``U`` uniform over each row's allowed keys; centring ``scale * (I' - U) v``; the untied
+  skip ``P v + I' v W_S`` with the head's own ``W_S``.
 
 Test modules import it directly (``import model_helpers as mh``; ``tests/`` is on
 ``sys.path``).
@@ -84,7 +85,22 @@ REFERENCES: dict[str, Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]] 
         for i, c in enumerate(to_numpy(op.coeffs))
     ),
     "mean": lambda op, p, v, h: float(to_numpy(op.scale)) * uniform_reference(p) @ v,
+    "center": lambda op, p, v, h: (
+        float(to_numpy(op.scale)) * ((p != 0).any(-1, keepdims=True) * v - uniform_reference(p) @ v)
+    ),
+    "skip": lambda op, p, v, h: (
+        adjacency_reference(p, "rw") @ v + (p != 0).any(-1, keepdims=True) * (v @ _skip(op, h, v))
+    ),
 }
+
+
+def _skip(op: DiffusionOperator, head: int, v: np.ndarray) -> np.ndarray:
+    """An untied skip head's ``W_S`` ``(C, C)``: its weight's matrix for ``head``, or
+    ``init I`` for an operator without a shape."""
+    weight = op.skip_weight
+    if weight is None:
+        return op.init * np.eye(v.shape[-1])
+    return to_numpy(weight)[head if weight.shape[0] > 1 else 0]
 
 
 def uniform_reference(p: np.ndarray) -> np.ndarray:

@@ -56,6 +56,8 @@ HEADS_BIDIRECTIONAL = [
     "ppr[alpha=0.5;tol=0.01]",
     "polynomial",
     "mean",
+    "center",
+    "skip[init=-0.5]",
 ]
 #: the causal layer: every head that reads only the past
 HEADS_CAUSAL = [h for h in HEADS_BIDIRECTIONAL if "sym" not in h]

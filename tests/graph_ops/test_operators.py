@@ -11,6 +11,7 @@ import graph_helpers as gh
 from heatformer.graph_ops import (
     OPERATORS,
     Attention,
+    Centering,
     DenseGraph,
     HeatKernel,
     Laplacian,
@@ -18,6 +19,7 @@ from heatformer.graph_ops import (
     PersonalizedPageRank,
     Polynomial,
     SymmetrizedGraph,
+    UntiedSkip,
     heat_kernel,
     laplacian,
     resolve_operator,
@@ -289,6 +291,8 @@ def test_registry_lists_every_operator() -> None:
         "ppr": PersonalizedPageRank,
         "polynomial": Polynomial,
         "mean": MeanPooling,
+        "center": Centering,
+        "skip": UntiedSkip,
     }
     for name, cls in OPERATORS.items():
         assert cls.name == name

@@ -383,6 +383,23 @@ def test_per_layer_specs_and_learnable_operators(make_model: MakeModel) -> None:
     assert not any(isinstance(m, HeadOperators) for m in model.modules())
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_untied_skip_heads_take_the_head_width_and_start_as_attention(
+    make_model: MakeModel, family: str
+) -> None:
+    """``skip`` heads get a ``(Dh, Dh)`` weight per head from the module's head width (grouped
+    queries in llama), compute what attention heads do at ``W_S = 0``, and learn it."""
+    plain = hf.convert(make_model(family), "attention:4")
+    model = hf.convert(make_model(family), "attention:2,skip:2")
+    weights = [p for n, p in model.named_parameters() if n.endswith("skip_weight")]
+    assert [tuple(w.shape) for w in weights] == [(2, 8, 8)] * 2
+    inputs = model_inputs(family)
+    with torch.no_grad():
+        assert torch.equal(output_of(family, model(**inputs)), output_of(family, plain(**inputs)))
+    output_of(family, model(**inputs)).square().sum().backward()
+    assert all(w.grad is not None and bool(w.grad.any()) for w in weights)
+
+
 def test_bad_arguments_name_themselves(make_model: MakeModel) -> None:
     model = make_model("gpt2")
     cases: list[tuple[Callable[[], object], str, str]] = [
@@ -414,7 +431,7 @@ def test_bad_arguments_name_themselves(make_model: MakeModel) -> None:
 #: family -> (the Auto class that loads it, head schedule, graph kinds)
 SAVED = {
     "gpt2": ("AutoModelForCausalLM", "attention:2,heat[t=0.5;learnable=true]:2", "softmax"),
-    "llama": ("AutoModelForCausalLM", "attention:2,laplacian:2", "topk[k=3];softmax"),
+    "llama": ("AutoModelForCausalLM", "attention:2,laplacian:1,skip:1", "topk[k=3];softmax"),
     "bert": ("AutoModel", "attention:4;attention:1,laplacian:1,heat[t=0.3;learnable=true]:2",
              "softmax"),
 }  # fmt: skip
@@ -511,6 +528,10 @@ def test_a_saved_converted_model_loads_converted_in_a_fresh_process(
         assert torch.equal(got["state"][key], value), key
     learned = [k for k in expected["state"] if k.endswith("log_t")]
     assert len(learned) == {"gpt2": 2, "llama": 0, "bert": 1}[family]
+    skips = [k for k in expected["state"] if k.endswith("skip_weight")]  # shaped (1, Dh, Dh)
+    assert len(skips) == (2 if family == "llama" else 0)
+    for key in skips:  # trained off W_S = 0
+        assert expected["state"][key].shape == (1, 8, 8) and bool(expected["state"][key].any())
     for key in learned:  # trained off the spec's t (0.5, 0.3): the loaded value is the learned
         spec_t = 0.5 if family == "gpt2" else 0.3
         assert abs(float(expected["state"][key].exp()) - spec_t) > 1e-3, key

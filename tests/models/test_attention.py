@@ -47,6 +47,7 @@ OPERATOR_SPECS = {
     "polynomial": "polynomial[coeffs=(0.5 -1.0 0.25)]:4",
     "mixed": "attention:1,laplacian:1,heat[t=0.5;tol=1e-10]:1,ppr[alpha=0.5;tol=1e-10]:1",
     "interleaved": "heat[t=1.5;tol=1e-10]:1,attention:1,ppr[alpha=0.5;tol=1e-10]:1,laplacian:1",
+    "controls": "center:1,attention:1,mean:1,center[scale=0.5]:1",
 }
 
 
@@ -350,6 +351,7 @@ def test_learnable_operators_add_exactly_their_parameters() -> None:
     assert count("heat[learnable=true]:1,heat[learnable=true]:1,attention:2") == base + 2
     assert count("heat[t=(0.5 1.0);learnable=true]:2,laplacian:2") == base + 2  # t per head
     assert count("laplacian[learnable=true]:4") == base + 1  # the step
+    assert count("skip:2,attention:2") == base + 2 * 4 * 4  # a (Dh, Dh) skip weight per head
 
 
 @pytest.mark.parametrize("spec", spec_params(tight=False))

@@ -163,8 +163,9 @@ def test_every_registered_operator_has_a_reference(name) -> None:
     for params in OPERATORS[name].examples:
         op = resolve_operator(name, **params).double()
         # rows of p sum to 1: the combinatorial scale (largest out-degree) is 1 as well
-        # mean pooling's response is on the Laplacian of its own (uniform) graph, not of P
-        graph = mh.uniform_reference(p) if name == "mean" else p
+        # mean pooling's and centring's responses are on the Laplacian of their own (uniform)
+        # graph, not of P
+        graph = mh.uniform_reference(p) if name in ("mean", "center") else p
         np.testing.assert_allclose(
             mh.operator_ref(op, p, v, 0), mh.spectral_ref(op, graph, v), atol=1e-8
         )

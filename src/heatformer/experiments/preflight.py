@@ -22,9 +22,10 @@ examples of one evaluation or analysis pass:
   edges_per_row`) of ``b`` bytes each (:meth:`~heatformer.graph_ops.GraphBuilder.
   saved_bytes_per_edge`: 0 for ``softmax``, whose fused SDPA path recomputes its weights;
   a weight for ``window``; a weight and an index for ``topk``); a head whose operator is not
-  affine in ``P v`` (heat, PageRank, polynomial, mean: one propagation or more of its own)
-  keeps ``c_op = 20`` values of its width per token more (fitted on ``heat[t=1]``, the
-  most expensive default); and the logits ``(B, n, V)`` of ``n`` scored positions per
+  affine in ``P v`` (heat, PageRank, polynomial, mean, center, skip: one propagation or
+  more of its own) keeps ``c_op = 20`` values of its width per token more (fitted on
+  ``heat[t=1]``, the most expensive default; an upper bound for the one-propagation heads
+  ``mean``, ``center``, ``skip``); and the logits ``(B, n, V)`` of ``n`` scored positions per
   sequence, their float32 copy and their gradient. With activation checkpointing
   (``--activation-checkpointing``) backward keeps the two branch inputs of every block,
   ``2 s D`` per token and layer, and recomputes one residual branch at a time: the sum over

@@ -29,6 +29,7 @@ from heatformer.graph_ops.operators import (
     OPERATORS,
     PPR_METHODS,
     Attention,
+    Centering,
     DiffusionOperator,
     HeatKernel,
     Laplacian,
@@ -36,6 +37,7 @@ from heatformer.graph_ops.operators import (
     NormalizedOperator,
     PersonalizedPageRank,
     Polynomial,
+    UntiedSkip,
     resolve_operator,
 )
 from heatformer.graph_ops.protocol import Graph
@@ -51,6 +53,7 @@ __all__ = [
     "OPERATORS",
     "PPR_METHODS",
     "Attention",
+    "Centering",
     "DenseGraph",
     "DiffusionOperator",
     "Graph",
@@ -66,6 +69,7 @@ __all__ = [
     "SoftmaxGraph",
     "SparseGraph",
     "SymmetrizedGraph",
+    "UntiedSkip",
     "WindowGraph",
     "adjacency_matrix",
     "heat_kernel",

@@ -318,8 +318,12 @@ class SoftmaxGraph(Graph):
         """``U x`` (see :meth:`Graph.uniform <heatformer.graph_ops.Graph.uniform>`): the
         attention of constant queries and keys under the same mask and causal order, where
         every allowed score is 0 and every row uniform; one fused product, as
-        :meth:`propagate`."""
-        z = self.q.new_zeros(*self.batch_shape, self.num_nodes, UNIFORM_DIM)  # (..., N, 8)
+        :meth:`propagate`. The constant queries and keys have ``x``'s width, as in
+        :meth:`propagate`: fused CPU kernels need equal widths, and with other widths SDPA's
+        reference path kept the ``(N, N)`` weights for backward (measured: ``N`` floats per
+        query and head, where this keeps ``C``)."""
+        width = int(x.shape[-1]) or UNIFORM_DIM
+        z = self.q.new_zeros(*self.batch_shape, self.num_nodes, width)  # (..., N, C)
         uniform = SoftmaxGraph(z, z, mask=self.mask, causal=self.causal, row_block=self.row_block)
         return uniform.propagate(x)
 

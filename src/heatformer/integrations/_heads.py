@@ -29,7 +29,14 @@ from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 from heatformer.models.masks import AttentionMask
 from heatformer.models.routing import HeadRouter
 
-__all__ = ["HeadOperators", "convert_modules", "heads_for", "in_module", "layer_specs"]
+__all__ = [
+    "HeadOperators",
+    "convert_modules",
+    "head_width",
+    "heads_for",
+    "in_module",
+    "layer_specs",
+]
 
 #: what a ``convert`` returns: the model or module it converted (or its replacement)
 _Root = TypeVar("_Root", bound=nn.Module)
@@ -113,7 +120,24 @@ def heads_for(
     param = next(like.parameters(), None)
     device = None if param is None else param.device
     dtype = param.dtype if param is not None and param.is_floating_point() else None
-    return HeadOperators(spec, num_heads, graph=kind, device=device, dtype=dtype)
+    return HeadOperators(
+        spec, num_heads, graph=kind, head_dim=head_width(like, num_heads), device=device,
+        dtype=dtype,
+    )  # fmt: skip
+
+
+def head_width(module: nn.Module, num_heads: int) -> int | None:
+    """The head width ``Dh`` of another library's attention module: its ``head_dim`` (or its
+    config's), else its ``embed_dim`` (or its config's ``hidden_size``) over ``num_heads``;
+    None when it tells none of them (operators with per-head parameters are then refused)."""
+    config = getattr(module, "config", None)
+    for value in (getattr(module, "head_dim", None), getattr(config, "head_dim", None)):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    for value in (getattr(module, "embed_dim", None), getattr(config, "hidden_size", None)):
+        if isinstance(value, int) and not isinstance(value, bool) and value % num_heads == 0:
+            return value // num_heads
+    return None
 
 
 class HeadOperators(nn.Module):
@@ -128,6 +152,8 @@ class HeadOperators(nn.Module):
         num_heads: ``H``.
         graph: the graph kind (``"softmax"``, ``"topk[k=32]"``, ...; see
             :data:`~heatformer.graph_ops.GRAPHS`).
+        head_dim: ``Dh``, for operators with per-head parameters (an untied skip's weight);
+            None refuses them.
         device, dtype: factory kwargs for operators made from names.
 
     Shape:
@@ -146,11 +172,14 @@ class HeadOperators(nn.Module):
         num_heads: int,
         *,
         graph: str | GraphBuilder = "softmax",
+        head_dim: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.router = HeadRouter(heads, num_heads, graph=graph, device=device, dtype=dtype)
+        self.router = HeadRouter(
+            heads, num_heads, graph=graph, head_dim=head_dim, device=device, dtype=dtype
+        )
         self.num_heads = num_heads
         #: a short summary (``"attention:2,heat:2"``, no operator parameters), for reprs
         self.spec = self.router.spec

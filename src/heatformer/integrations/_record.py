@@ -117,12 +117,14 @@ class ModuleRecord:
         self,
         where: str,
         *,
+        head_dim: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> HeadOperators:
-        """New heads from the record (their parameters as the spec sets them)."""
+        """New heads from the record (their parameters as the spec sets them; ``head_dim``
+        for operators with per-head parameters)."""
         return HeadOperators(self.spec(where, "path"), self.num_heads, graph=self.graph,
-                             device=device, dtype=dtype)  # fmt: skip
+                             head_dim=head_dim, device=device, dtype=dtype)  # fmt: skip
 
 
 # ---- a whole model's record (Hugging Face config.json) --------------------------------------

@@ -60,6 +60,7 @@ from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
 from heatformer.integrations._heads import (
     HeadOperators,
     convert_modules,
+    head_width,
     heads_for,
     in_module,
     layer_specs,
@@ -270,7 +271,8 @@ def _with_heads(cls: type[PreTrainedModel], records: dict[str, ModuleRecord], wh
     def __init__(self: PreTrainedModel, config: Any, *args: Any, **kwargs: Any) -> None:
         cls.__init__(self, config, *args, **kwargs)
         for name, module, record in _matched(self, records, where):
-            setattr(module, HEADS_ATTRIBUTE, record.build(name))
+            head_dim = head_width(module, record.num_heads)
+            setattr(module, HEADS_ATTRIBUTE, record.build(name, head_dim=head_dim))
 
     namespace = {"__init__": __init__, "__module__": cls.__module__, "__doc__": cls.__doc__,
                  "__qualname__": cls.__qualname__}  # fmt: skip

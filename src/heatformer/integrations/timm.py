@@ -259,8 +259,9 @@ class TimmDiffusionAttention(RecordedHeads):
         self.proj_drop: nn.Module = timm_attn.proj_drop
         w = qkv.weight
         self.heads = HeadOperators(
-            heads, self.num_heads, graph=graph, device=w.device, dtype=w.dtype
-        )
+            heads, self.num_heads, graph=graph, head_dim=self.head_dim, device=w.device,
+            dtype=w.dtype,
+        )  # fmt: skip
 
     @property
     def spec(self) -> str:

@@ -130,7 +130,7 @@ class MultiheadDiffusionAttention(RecordedHeads):
         self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **factory))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **factory)) if bias else None
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.heads = HeadOperators(heads, num_heads, graph=graph, **factory)
+        self.heads = HeadOperators(heads, num_heads, graph=graph, head_dim=self.head_dim, **factory)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -149,8 +149,9 @@ class DiffusionAttention(nn.Module):
         # the heads' operators (names made in dtype), their groups and fused runs: decided
         # here, on the host, never per call
         self.router = HeadRouter(
-            operators, num_heads, graph=self.graph_kind, row_block=self.row_block, **factory
-        )
+            operators, num_heads, graph=self.graph_kind, row_block=self.row_block,
+            head_dim=self.head_dim, **factory,
+        )  # fmt: skip
         self.spec = self.router.spec
         if self.causal:
             self.router.check_causal("operators")

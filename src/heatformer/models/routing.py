@@ -100,7 +100,14 @@ class HeadRouter:
             :class:`~heatformer.graph_ops.GraphBuilder`.
         row_block: query rows per block when graphs are built in blocks (None: the kind's
             default).
+        head_dim: ``Dh``, the width of the values: every operator is asked to shape its
+            parameters for the heads it serves (:meth:`~heatformer.graph_ops.
+            DiffusionOperator.shape_parameters`, e.g. an untied skip's ``(h, Dh, Dh)``
+            weight); None refuses operators that need it.
         device, dtype: factory kwargs for operators made from names.
+
+    Raises:
+        ValueError: naming ``heads``, an operator that needs ``head_dim`` when none is given.
 
     Shape:
         :meth:`diffuse`: ``q`` ``(B, H, Nq, Dh)``, ``k`` ``(B, H, T, Dh)``, ``v``
@@ -127,10 +134,12 @@ class HeadRouter:
         *,
         graph: str | GraphBuilder = "softmax",
         row_block: int | None = None,
+        head_dim: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         checks.check_positive_int("num_heads", num_heads)
+        checks.check_positive_int("head_dim", head_dim, optional=True)
         head_ops = parse_heads(heads, num_heads, device=device, dtype=dtype)
         self.num_heads = num_heads
         self.graph_kind = resolve_graph(graph)
@@ -138,6 +147,7 @@ class HeadRouter:
         #: a short summary (``"attention:2,heat:2"``, no operator parameters), for reprs
         self.spec = format_heads(head_ops)
         groups = group_heads(head_ops)
+        _shape_parameters(groups, head_dim)
         #: the distinct operators, in order of first appearance (register them once)
         self.operators: list[DiffusionOperator] = [op for op, _ in groups]
         self._op_of = list(head_ops)  # the operator of every head
@@ -425,6 +435,22 @@ class HeadRouter:
                 )
             ident = own_values if has is None else own_values * has
         return self.mix(pv, ident)
+
+
+def _shape_parameters(
+    groups: Sequence[tuple[DiffusionOperator, list[int]]], head_dim: int | None
+) -> None:
+    """Each operator's parameters shaped for its heads (``len(heads)`` of width ``head_dim``),
+    before any optimizer sees them; without ``head_dim``, operators that need it are refused."""
+    for op, heads in groups:
+        if head_dim is not None:
+            op.shape_parameters(len(heads), head_dim)
+        elif op.needs_shape:
+            raise checks.bad_value(
+                "heads",
+                f"{op.name!r} heads have a parameter per head of the head width, and this "
+                "layer does not give its head width (head_dim); build the heads with it",
+            )
 
 
 def _sdpa(

@@ -17,16 +17,19 @@ from heatformer import checks as V
 from heatformer._suggest import did_you_mean
 from heatformer.graph_ops.operators.attention import Attention
 from heatformer.graph_ops.operators.base import DiffusionOperator, NormalizedOperator
+from heatformer.graph_ops.operators.center import Centering
 from heatformer.graph_ops.operators.heat import HeatKernel
 from heatformer.graph_ops.operators.laplacian import Laplacian
 from heatformer.graph_ops.operators.mean import MeanPooling
 from heatformer.graph_ops.operators.polynomial import Polynomial
 from heatformer.graph_ops.operators.ppr import PPR_METHODS, PersonalizedPageRank, ppr_order
+from heatformer.graph_ops.operators.skip import UntiedSkip
 
 __all__ = [
     "OPERATORS",
     "PPR_METHODS",
     "Attention",
+    "Centering",
     "DiffusionOperator",
     "HeatKernel",
     "Laplacian",
@@ -34,6 +37,7 @@ __all__ = [
     "NormalizedOperator",
     "PersonalizedPageRank",
     "Polynomial",
+    "UntiedSkip",
     "ppr_order",
     "resolve_operator",
 ]
@@ -47,8 +51,15 @@ OPERATORS: dict[str, type[DiffusionOperator]] = {
     "ppr": PersonalizedPageRank,
     "polynomial": Polynomial,
     "mean": MeanPooling,
+    "center": Centering,
+    "skip": UntiedSkip,
 }
-_ALIASES = {"pagerank": "ppr", "personalized_pagerank": "ppr", "poly": "polynomial"}
+_ALIASES = {
+    "pagerank": "ppr",
+    "personalized_pagerank": "ppr",
+    "poly": "polynomial",
+    "untied_skip": "skip",
+}
 
 
 def resolve_operator(
@@ -62,7 +73,9 @@ def resolve_operator(
 
     Args:
         name: one of ``"attention"``, ``"laplacian"``, ``"heat"``, ``"ppr"`` (alias
-            ``"pagerank"``), ``"polynomial"``, ``"mean"`` (mean pooling); case-insensitive.
+            ``"pagerank"``), ``"polynomial"``, ``"mean"`` (mean pooling), ``"center"``
+            (centring: ``x`` minus that mean), ``"skip"`` (alias ``"untied_skip"``:
+            attention plus a learned per-token path); case-insensitive.
         device, dtype: factory kwargs for operators with parameters (a learnable ``t`` is
             created in ``dtype`` directly, never rounded through float32 first).
         **kwargs: the operator's constructor arguments, e.g. ``t=2.0``.

@@ -15,11 +15,17 @@ eigenvalue ``lam``.
 - ``Polynomial(c)``: ``sum_k c_k L^k x``; response ``sum_k c_k lam^k``.
 - ``MeanPooling()``: ``U x``, the mean over the allowed keys (``U`` uniform on the graph's
   structure, the weights ignored); response ``1 - lam`` on ``U``'s own Laplacian.
+- ``Centering()``: ``(I' - U) x``, ``x`` minus that mean; response ``lam`` on ``U``'s
+  Laplacian.
+- ``UntiedSkip()``: ``P x + I' x W_S`` with a learned ``(C, C)`` matrix per head (shaped by
+  the layer: :meth:`~DiffusionOperator.shape_parameters`); response ``1 - lam + c`` while
+  ``W_S = c I``.
 
 Strings become operators only through :func:`~heatformer.graph_ops.resolve_operator`; each
 operator is one module of this package plus one entry of
 :data:`~heatformer.graph_ops.OPERATORS`, and declares what it can do (:attr:`~DiffusionOperator.
-reads_transpose`, :meth:`~DiffusionOperator.affine_coefficients`, ``examples``).
+reads_transpose`, :meth:`~DiffusionOperator.affine_coefficients`, ``examples``,
+:attr:`~DiffusionOperator.needs_shape`).
 
 References:
     Zhang, A. & Papyan, V. (2026). Laplacian heads. arXiv:2602.09297.
@@ -131,6 +137,24 @@ class DiffusionOperator(nn.Module):
         1``: the step ``v - P v``) instead of reading the coefficients on the device per call.
         None for a learnable or a non-affine operator."""
         return None
+
+    @property
+    def needs_shape(self) -> bool:
+        """Whether a parameter still waits for the shape of the heads it serves
+        (:meth:`shape_parameters`): a layer must then give it (an untied skip's per-head
+        weight); False for operators whose parameters do not depend on the layer."""
+        return False
+
+    def shape_parameters(self, heads: int, channels: int) -> None:
+        """Make the parameters whose shape depends on the layer: called once by the layer (its
+        :class:`~heatformer.models.routing.HeadRouter`) with the number of heads this
+        operator serves and their width ``C`` (the head width ``Dh``), before any optimizer
+        sees the parameters. Nothing for most operators.
+
+        Raises:
+            ValueError: naming ``heads``, when the parameters already have another shape (one
+                instance shared by layers of different shapes).
+        """
 
     def _check(self, graph: Graph, x: Tensor) -> None:
         graph = _check_graph(graph)
