@@ -27,9 +27,9 @@ This module imports no torch.
 Examples:
     >>> parse_tune("lr=1e-3,2e-3")
     ('lr', (0.001, 0.002))
-    >>> [setting_label(s) for s in settings(("lr=1e-3,2e-3", "warmup_steps=0,10"))]
-    ['lr=0.001 warmup_steps=0', 'lr=0.001 warmup_steps=10', 'lr=0.002 warmup_steps=0', \
-'lr=0.002 warmup_steps=10']
+    >>> labels = [setting_label(s) for s in settings(("lr=1e-3,2e-3", "warmup_steps=0,10"))]
+    >>> len(labels), labels[0], labels[-1]
+    (4, 'lr=0.001 warmup_steps=0', 'lr=0.002 warmup_steps=10')
 """
 
 from __future__ import annotations
