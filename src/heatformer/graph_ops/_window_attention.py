@@ -42,16 +42,14 @@ masked SDPA call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import _torch_compat
-
-if TYPE_CHECKING:
-    from heatformer.graph_ops.window import WindowGraph
+from heatformer.graph_ops._window_layout import Spec, WindowLayout
 
 __all__ = ["GradSink", "WindowAttention", "shared", "window_attention"]
 
@@ -67,42 +65,41 @@ class _Slabs:
     unpadded inputs (in the working dtype: float32 for half-precision inputs), so that no
     padded copy of a whole input is ever made."""
 
-    def __init__(self, graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor, work: bool) -> None:
-        self.graph = graph
+    def __init__(self, layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, work: bool) -> None:
+        self.layout = layout
         self.q, self.k, self.x = (_work(q), _work(k), _work(x)) if work else (q, k, x)
 
     def queries(self, blocks: slice) -> Tensor:
         """``(Bf, nb', b, E)``, contiguous."""
-        return self.graph._block_rows(self.q, blocks).contiguous()
+        return self.layout.block_rows(self.q, blocks).contiguous()
 
     def keys(self, blocks: slice) -> Tensor:
         """``(Bf, nb', g + L, E)``, contiguous (a product with the overlapping view would copy
         each block apart)."""
-        return self.graph._keys(self.k, blocks).contiguous()
+        return self.layout.keys(self.k, blocks).contiguous()
 
     def values(self, blocks: slice) -> Tensor:
         """``(Bf, nb', g + L, C)``, contiguous."""
-        return self.graph._keys(self.x, blocks).contiguous()
+        return self.layout.keys(self.x, blocks).contiguous()
 
     def weights(self, blocks: slice, queries: Tensor, keys: Tensor) -> Tensor:
         """``P`` of the blocks, ``(Bf, nb', b, g + L)`` (rows without keys: 0), from their
         :meth:`queries` and :meth:`keys`."""
-        _, disallowed, empty = self.graph._run_masks(blocks)
+        _, disallowed, empty = self.layout.run_masks(blocks)
         s = queries @ keys.transpose(-1, -2)  # (Bf, nb', b, g + L)
-        s = s.mul_(self.graph.scale).masked_fill_(disallowed, float("-inf"))
+        s = s.mul_(self.layout.scale).masked_fill_(disallowed, float("-inf"))
         if empty is None:
             return torch.softmax(s, dim=-1)
         # not in place: with create_graph, softmax's backward reads its output
         return torch.softmax(s.masked_fill_(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
 
 
-def _fold_add(out: Tensor, parts: Tensor, first_block: int, graph: WindowGraph) -> None:
+def _fold_add(out: Tensor, parts: Tensor, first_block: int, b: int) -> None:
     """Add slab contributions ``parts`` ``(Bf, nb', L, C)`` of blocks ``first_block ...`` into
     ``out`` ``(Bf, P', C)`` (``P'`` a multiple of ``b``), whose row ``m b + l`` is slab position
     ``l`` of block ``m``: slab piece ``j`` (positions ``j b ... j b + b - 1``) of every block
     lands on block ``m + j``, so ``ceil(L / b)`` strided additions do it."""
     bf, nb, slab, c = parts.shape
-    b = graph.row_block
     by_block = out.view(bf, -1, b, c)  # (Bf, P' / b, b, C)
     for j in range(-(-slab // b)):
         piece = parts[:, :, j * b : (j + 1) * b]  # (Bf, nb', <= b, C)
@@ -128,12 +125,12 @@ class GradSink:
     them. Keyed by the backward pass (:func:`heatformer._torch_compat.graph_task_id`), so that a
     pass that does not reach ``q`` and ``k`` cannot leak into a later one."""
 
-    def __init__(self, graph: WindowGraph) -> None:
+    def __init__(self, layout: WindowLayout) -> None:
         # the geometry only: a reference to the graph would make a cycle (the graph keeps the
         # sink), and the graph, with its q and k, would outlive the step until the next gc
-        b, nb = graph.row_block, graph._num_blocks()
-        self._rows = (nb * b, (nb - 1 + -(-graph._slab() // b)) * b)  # dq, dk (>= P) rows
-        self._n, self._before = graph.num_nodes, graph._before()
+        b, nb = layout.row_block, layout.num_blocks
+        self._rows = (nb * b, (nb - 1 + -(-layout.slab // b)) * b)  # dq, dk (>= P) rows
+        self._n, self._before = layout.n, layout.before
         self._by_pass: dict[int, tuple[Tensor, Tensor]] = {}
 
     def buffers(self, q: Tensor, k: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -178,116 +175,118 @@ class _Shared(torch.autograd.Function):
         return None, sq if dq is None else dq + sq, sk if dk is None else dk + sk
 
 
-def shared(graph: WindowGraph, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, GradSink]:
-    """``q``, ``k`` for every product of ``graph`` in one forward pass, and the sink their
-    :class:`WindowAttention` gradients are summed in."""
-    sink = GradSink(graph)
+def shared(layout: WindowLayout, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, GradSink]:
+    """``q``, ``k`` for every product of a graph of ``layout`` in one forward pass, and the sink
+    their :class:`WindowAttention` gradients are summed in."""
+    sink = GradSink(layout)
     qs, ks = _Shared.apply(sink, q, k)
     return qs, ks, sink
 
 
 class WindowAttention(torch.autograd.Function):
-    """``y = P x`` over a window graph's query blocks; see the module docstring."""
+    """``y = P x`` over a window graph's query blocks; see the module docstring. What the
+    backward needs is saved by ``save_for_backward`` (``q``, ``k``, ``x``, the key mask, and on
+    the fused path the output and log-sum-exp) and the layout's ints, so that activation
+    checkpointing can drop and recompute all of it."""
 
     @staticmethod
     def forward(
-        ctx: Any, graph: WindowGraph, sink: GradSink | None, q: Tensor, k: Tensor, x: Tensor
+        ctx: Any,
+        layout: WindowLayout,
+        sink: GradSink | None,
+        q: Tensor,
+        k: Tensor,
+        x: Tensor,
+        key_mask: Tensor | None,
     ) -> Tensor:
-        """``q``, ``k`` ``(Bf, N, E)``, ``x`` ``(Bf, N, C)`` -> ``(Bf, nb, b, C)``; with a
-        ``sink`` (``q``, ``k`` from :func:`shared`), their gradients go there."""
+        """``q``, ``k`` ``(Bf, N, E)``, ``x`` ``(Bf, N, C)``, ``key_mask`` the layout's ->
+        ``(Bf, nb, b, C)``; with a ``sink`` (``q``, ``k`` from :func:`shared`), their gradients
+        go there."""
         fused = _fused(q, x)
-        nb, b = graph._num_blocks(), graph.row_block
+        nb, b = layout.num_blocks, layout.row_block
         out = x.new_empty(x.shape[0], nb, b, x.shape[-1])  # (Bf, nb, b, C), filled per run
         lse: Tensor | None = None  # (Bf, nb, b), in the kernel's dtype, made at the first run
-        for blocks in graph._chunks(graph.num_global + graph._slab()):
-            qb, kb = graph._block_rows(q, blocks), graph._keys(k, blocks)
-            xb = graph._keys(x, blocks)
-            empty = graph._run_masks(blocks)[2]
+        for blocks in layout.chunks(q.shape[0]):
+            qb, kb = layout.block_rows(q, blocks), layout.keys(k, blocks)
+            xb = layout.keys(x, blocks)
+            empty = layout.run_masks(blocks)[2]
             if fused:  # (Bf, nb', b, C) and the log-sum-exp of each row (Bf, nb', b)
                 y, lse_b = _torch_compat.flash_attention_cpu(
-                    qb, kb, xb, graph._sdpa_mask(blocks, q.dtype), graph.scale
+                    qb, kb, xb, layout.sdpa_mask(blocks, q.dtype), layout.scale
                 )
                 if lse is None:
                     lse = lse_b.new_empty(q.shape[0], nb, b)
                 lse[:, blocks] = lse_b
             else:
                 y = F.scaled_dot_product_attention(
-                    qb, kb, xb, attn_mask=graph._sdpa_mask(blocks), scale=graph.scale
+                    qb, kb, xb, attn_mask=layout.sdpa_mask(blocks), scale=layout.scale
                 )
             out[:, blocks] = y if empty is None else y.masked_fill_(empty, 0.0)
-        ctx.graph, ctx.fused, ctx.sink = graph, fused, sink
-        if fused:  # the kernel's backward needs the output (the next term's input in a series)
-            ctx.save_for_backward(q, k, x, out, lse)
-        else:
-            ctx.save_for_backward(q, k, x)
+        ctx.spec, ctx.fused, ctx.sink = layout.spec(), fused, sink
+        # the kernel's backward needs the output (the next term's input in a series)
+        ctx.save_for_backward(q, k, x, key_mask, *((out, lse) if fused else ()))
         return out
 
     @staticmethod
     def backward(
         ctx: Any, dy: Tensor
-    ) -> tuple[None, None, Tensor | None, Tensor | None, Tensor | None]:
-        graph: WindowGraph = ctx.graph
+    ) -> tuple[None, None, Tensor | None, Tensor | None, Tensor | None, None]:
         saved = ctx.saved_tensors  # unpacked once (a checkpointed caller allows no more)
-        q, k, x = saved[:3]
+        q, k, x, key_mask = saved[:4]
+        spec: Spec = ctx.spec
+        layout = WindowLayout(*spec, q.device, key_mask)  # its masks made again
         # with create_graph (double backward) the gradients must be differentiable: plain
         # products then, whose autograd gives the second derivatives (the fused kernel's
         # backward has none), and sums into the buffers by add_ (a view's setitem, `+=`, is
         # refused on a buffer that becomes part of the graph)
         fused = ctx.fused and not torch.is_grad_enabled()
-        slabs = _Slabs(graph, q, k, x, work=not fused)  # the fused kernels take half too
-        bf, n = q.shape[0], graph.num_nodes
-        g, before = graph.num_global, graph._before()
-        b = graph.row_block
-        nb = graph._num_blocks()
+        slabs = _Slabs(layout, q, k, x, work=not fused)  # the fused kernels take half too
+        bf, n, g, before = q.shape[0], layout.n, layout.num_global, layout.before
+        b, nb = layout.row_block, layout.num_blocks
         acc = torch.float32 if q.dtype in _HALF else q.dtype  # sums of blocks in float32
         sink: GradSink | None = ctx.sink
-        dq_rows, dk_pad = (sink or GradSink(graph)).buffers(q, k, acc)  # summed in place
+        dq_rows, dk_pad = (sink or GradSink(layout)).buffers(q, k, acc)  # summed in place
         dq = dq_rows.view(bf, nb, b, -1)  # (Bf, nb, b, E)
         dx_pad = q.new_zeros(bf, dk_pad.shape[1], x.shape[-1], dtype=acc)
-        for blocks in graph._chunks(g + graph._slab()):
+        for blocks in layout.chunks(bf):
             qb, kb = slabs.queries(blocks), slabs.keys(blocks)  # (Bf, nb', b or g + L, E)
             dyb = dy[:, blocks]  # (Bf, nb', b, C)
-            empty = graph._run_masks(blocks)[2]
+            empty = layout.run_masks(blocks)[2]
             if empty is not None:  # rows set to 0 in the forward pass pass no gradient
                 dyb = dyb.masked_fill(empty, 0.0)
             if fused:
-                out, lse = saved[3:]
+                out, lse = saved[4:]
                 dqb, dkb, dxb = _torch_compat.flash_attention_cpu_backward(
                     dyb.contiguous(), qb, kb,
                     slabs.values(blocks), out[:, blocks].contiguous(), lse[:, blocks].contiguous(),
-                    graph._sdpa_mask(blocks, q.dtype), graph.scale,
+                    layout.sdpa_mask(blocks, q.dtype), layout.scale,
                 )  # fmt: skip
             else:
                 p = slabs.weights(blocks, qb, kb)  # (Bf, nb', b, g + L), recomputed
                 dyb = _work(dyb)
                 dp = dyb @ slabs.values(blocks).transpose(-1, -2)  # (Bf, nb', b, g + L)
                 ds = _torch_compat.softmax_backward(dp, p, -1)  # P (dp - rowsum)
-                dqb = (ds @ kb).mul_(graph.scale)  # (Bf, nb', b, E)
-                dkb = (ds.transpose(-1, -2) @ qb).mul_(graph.scale)
+                dqb = (ds @ kb).mul_(layout.scale)  # (Bf, nb', b, E)
+                dkb = (ds.transpose(-1, -2) @ qb).mul_(layout.scale)
                 dxb = p.transpose(-1, -2) @ dyb  # (Bf, nb', g + L, C)
             dq[:, blocks].add_(dqb)
             start = blocks.start or 0
-            _fold_add(dk_pad, dkb[:, :, g:], start, graph)
-            _fold_add(dx_pad, dxb[:, :, g:], start, graph)
+            _fold_add(dk_pad, dkb[:, :, g:], start, b)
+            _fold_add(dx_pad, dxb[:, :, g:], start, b)
             if g:  # the global keys: the first g positions, in every block's keys
                 dk_pad[:, before : before + g].add_(dkb[:, :, :g].sum(1))
                 dx_pad[:, before : before + g].add_(dxb[:, :, :g].sum(1))
         dx = dx_pad[:, before : before + n].to(x.dtype)
         if sink is not None:  # q and k get theirs once, through shared()
-            return None, None, None, None, dx
-        return (
-            None,
-            None,
-            dq_rows[:, :n].to(q.dtype),
-            dk_pad[:, before : before + n].to(k.dtype),
-            dx,
-        )
+            return None, None, None, None, dx, None
+        dq_out, dk_out = dq_rows[:, :n].to(q.dtype), dk_pad[:, before : before + n].to(k.dtype)
+        return None, None, dq_out, dk_out, dx, None
 
 
 def window_attention(
-    graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor, sink: GradSink | None = None
+    layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, sink: GradSink | None = None
 ) -> Tensor:
-    """``P x`` of ``graph`` by :class:`WindowAttention`: ``(Bf, N, ...)`` -> ``(Bf, nb, b, C)``
-    (``sink``: ``q``, ``k`` came from :func:`shared`)."""
-    out: Tensor = WindowAttention.apply(graph, sink, q, k, x)
+    """``P x`` of the window graph of ``layout`` by :class:`WindowAttention`: ``(Bf, N, ...)``
+    -> ``(Bf, nb, b, C)`` (``sink``: ``q``, ``k`` came from :func:`shared`)."""
+    out: Tensor = WindowAttention.apply(layout, sink, q, k, x, layout.key_mask)
     return out
