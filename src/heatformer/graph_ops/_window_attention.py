@@ -107,6 +107,23 @@ def _fold_add(out: Tensor, parts: Tensor, first_block: int, b: int) -> None:
         by_block[:, start : start + nb, : piece.shape[2]].add_(piece)  # no setitem: see backward
 
 
+def _add_blocks(
+    dq: Tensor, dk: Tensor, dx: Tensor, layout: WindowLayout, blocks: slice,
+    parts: tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None],
+) -> None:  # fmt: skip
+    """Add a run's ``(dq (Bf, nb', b, E), dk_slab (Bf, nb', L, E), dx_slab (Bf, nb', L, C),
+    dk_global (Bf, g, E) or None, dx_global)`` into ``dq`` ``(Bf, nb, b, E)`` and the padded
+    ``dk``, ``dx`` (row ``m b + l`` = slab position ``l`` of block ``m``)."""
+    dqb, dks, dxs, dkg, dxg = parts
+    dq[:, blocks].add_(dqb)
+    start, b, before, g = blocks.start or 0, layout.row_block, layout.before, layout.num_global
+    _fold_add(dk, dks, start, b)
+    _fold_add(dx, dxs, start, b)
+    if dkg is not None and dxg is not None:  # the global keys: the first g positions
+        dk[:, before : before + g].add_(dkg)
+        dx[:, before : before + g].add_(dxg)
+
+
 #: Use the fused flash-attention kernels of PyTorch's CPU backend where they apply (CPU tensors,
 #: values of the key width): the same algorithm, each run of blocks in one kernel call. False
 #: (or another device) takes the generic recomputing path of plain tensor products.
@@ -183,6 +200,59 @@ def shared(layout: WindowLayout, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, 
     return qs, ks, sink
 
 
+def _global_scores(layout: WindowLayout, qb: Tensor, k: Tensor, dtype: torch.dtype) -> Tensor:
+    """Scores ``(Bf, nb', b, g)`` of the query blocks ``qb`` on the global keys."""
+    kg = k[:, None, : layout.num_global].to(dtype)  # (Bf, 1, g, E)
+    return (qb.to(dtype) @ kg.transpose(-1, -2)).mul_(layout.scale)
+
+
+def _interior_forward(
+    layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, blocks: slice
+) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` of an interior run by the fused kernel on the slab views of ``k``, ``x``
+    (no copies: the kernel takes their strides), merged with the ``g`` global keys by the
+    log-sum-exp (``lse = log(e^{lse_slab} + sum_j e^{s_j})``), which every interior row
+    attends."""
+    g, qb = layout.num_global, layout.block_rows(q, blocks)
+    y, lse = _torch_compat.flash_attention_cpu(
+        qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False),
+        layout.sdpa_mask(blocks, q.dtype)[..., g:], layout.scale,
+    )  # fmt: skip
+    if not g:
+        return y, lse
+    sg = _global_scores(layout, qb, k, lse.dtype)  # (Bf, nb', b, g)
+    total = torch.logaddexp(lse, sg.logsumexp(-1))  # (Bf, nb', b)
+    merged = y.to(lse.dtype) * (lse - total).exp().unsqueeze(-1)
+    merged += (sg - total.unsqueeze(-1)).exp() @ x[:, None, :g].to(lse.dtype)
+    return merged.to(y.dtype), total
+
+
+def _interior_backward(
+    layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, dy: Tensor, out: Tensor,
+    lse: Tensor, blocks: slice,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:  # fmt: skip
+    """``(dq, dk_slab, dx_slab, dk_global, dx_global)`` of :func:`_interior_forward`: the
+    kernel's backward with the merged ``out`` and ``lse`` gives the slab keys' part of the
+    whole row's softmax gradient (its ``P = e^{s - lse}``, ``D = rowsum(dy * out)``), and
+    ``dS_g = P_g (dy x_g^T - D)`` the global keys' (``(Bf, g, E)``, ``(Bf, g, C)``)."""
+    g, qb = layout.num_global, layout.block_rows(q, blocks)
+    dq, dk, dx = _torch_compat.flash_attention_cpu_backward(
+        dy, qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False), out,
+        lse, layout.sdpa_mask(blocks, q.dtype)[..., g:], layout.scale,
+    )  # fmt: skip
+    if not g:
+        return dq, dk, dx, None, None
+    dt = lse.dtype
+    pg = (_global_scores(layout, qb, k, dt) - lse.unsqueeze(-1)).exp()  # (Bf, nb', b, g)
+    dyw = dy.to(dt)
+    dpg = dyw @ x[:, None, :g].to(dt).transpose(-1, -2)  # (Bf, nb', b, g)
+    dsg = pg * (dpg - (dyw * out.to(dt)).sum(-1, keepdim=True)) * layout.scale
+    dq = dq.to(dt) + dsg @ k[:, None, :g].to(dt)  # the buffer is float32 for half inputs
+    dkg = (dsg.transpose(-1, -2) @ qb.to(dt)).sum(1)  # (Bf, g, E)
+    dxg = (pg.transpose(-1, -2) @ dyw).sum(1)  # (Bf, g, C)
+    return dq, dk, dx, dkg, dxg
+
+
 class WindowAttention(torch.autograd.Function):
     """``y = P x`` over a window graph's query blocks; see the module docstring. What the
     backward needs is saved by ``save_for_backward`` (``q``, ``k``, ``x``, the key mask, and on
@@ -207,20 +277,24 @@ class WindowAttention(torch.autograd.Function):
         out = x.new_empty(x.shape[0], nb, b, x.shape[-1])  # (Bf, nb, b, C), filled per run
         lse: Tensor | None = None  # (Bf, nb, b), in the kernel's dtype, made at the first run
         for blocks in layout.chunks(q.shape[0]):
-            qb, kb = layout.block_rows(q, blocks), layout.keys(k, blocks)
-            xb = layout.keys(x, blocks)
+            qb = layout.block_rows(q, blocks)
             empty = layout.run_masks(blocks)[2]
             if fused:  # (Bf, nb', b, C) and the log-sum-exp of each row (Bf, nb', b)
-                y, lse_b = _torch_compat.flash_attention_cpu(
-                    qb, kb, xb, layout.sdpa_mask(blocks, q.dtype), layout.scale
-                )
+                if layout.in_interior(blocks):
+                    y, lse_b = _interior_forward(layout, q, k, x, blocks)
+                else:
+                    y, lse_b = _torch_compat.flash_attention_cpu(
+                        qb, layout.keys(k, blocks), layout.keys(x, blocks),
+                        layout.sdpa_mask(blocks, q.dtype), layout.scale,
+                    )  # fmt: skip
                 if lse is None:
                     lse = lse_b.new_empty(q.shape[0], nb, b)
                 lse[:, blocks] = lse_b
             else:
                 y = F.scaled_dot_product_attention(
-                    qb, kb, xb, attn_mask=layout.sdpa_mask(blocks), scale=layout.scale
-                )
+                    qb, layout.keys(k, blocks), layout.keys(x, blocks),
+                    attn_mask=layout.sdpa_mask(blocks), scale=layout.scale,
+                )  # fmt: skip
             out[:, blocks] = y if empty is None else y.masked_fill_(empty, 0.0)
         ctx.spec, ctx.fused, ctx.sink = layout.spec(), fused, sink
         # the kernel's backward needs the output (the next term's input in a series)
@@ -249,11 +323,18 @@ class WindowAttention(torch.autograd.Function):
         dq = dq_rows.view(bf, nb, b, -1)  # (Bf, nb, b, E)
         dx_pad = q.new_zeros(bf, dk_pad.shape[1], x.shape[-1], dtype=acc)
         for blocks in layout.chunks(bf):
-            qb, kb = slabs.queries(blocks), slabs.keys(blocks)  # (Bf, nb', b or g + L, E)
             dyb = dy[:, blocks]  # (Bf, nb', b, C)
             empty = layout.run_masks(blocks)[2]
             if empty is not None:  # rows set to 0 in the forward pass pass no gradient
                 dyb = dyb.masked_fill(empty, 0.0)
+            if fused and layout.in_interior(blocks):  # no copies of slabs
+                out, lse = (t[:, blocks].contiguous() for t in saved[4:])
+                dqb, dks, dxs, dkg, dxg = _interior_backward(
+                    layout, q, k, x, dyb.contiguous(), out, lse, blocks
+                )
+                _add_blocks(dq, dk_pad, dx_pad, layout, blocks, (dqb, dks, dxs, dkg, dxg))
+                continue
+            qb, kb = slabs.queries(blocks), slabs.keys(blocks)  # (Bf, nb', b or g + L, E)
             if fused:
                 out, lse = saved[4:]
                 dqb, dkb, dxb = _torch_compat.flash_attention_cpu_backward(
@@ -269,13 +350,9 @@ class WindowAttention(torch.autograd.Function):
                 dqb = (ds @ kb).mul_(layout.scale)  # (Bf, nb', b, E)
                 dkb = (ds.transpose(-1, -2) @ qb).mul_(layout.scale)
                 dxb = p.transpose(-1, -2) @ dyb  # (Bf, nb', g + L, C)
-            dq[:, blocks].add_(dqb)
-            start = blocks.start or 0
-            _fold_add(dk_pad, dkb[:, :, g:], start, b)
-            _fold_add(dx_pad, dxb[:, :, g:], start, b)
-            if g:  # the global keys: the first g positions, in every block's keys
-                dk_pad[:, before : before + g].add_(dkb[:, :, :g].sum(1))
-                dx_pad[:, before : before + g].add_(dxb[:, :, :g].sum(1))
+            glob = (dkb[:, :, :g].sum(1), dxb[:, :, :g].sum(1)) if g else (None, None)
+            parts = (dqb, dkb[:, :, g:], dxb[:, :, g:], *glob)
+            _add_blocks(dq, dk_pad, dx_pad, layout, blocks, parts)
         dx = dx_pad[:, before : before + n].to(x.dtype)
         if sink is not None:  # q and k get theirs once, through shared()
             return None, None, None, None, dx, None

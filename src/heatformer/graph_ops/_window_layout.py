@@ -177,10 +177,11 @@ class WindowLayout:
             rows = F.pad(rows, [0, 0] * (t.dim() - 2) + [0, short])
         return rows.reshape(t.shape[0], stop - start, b, *t.shape[2:])
 
-    def keys(self, t: Tensor, blocks: slice) -> Tensor:
+    def keys(self, t: Tensor, blocks: slice, glob: bool = True) -> Tensor:
         """``(Bf, N, D)`` -> the keys (or values) of each block of the run ``blocks``:
         ``(Bf, nb', g + L, D)``, overlapping views of one padded copy of the run's own rows
-        (``O(run)`` memory, never a padded copy of all of ``t``)."""
+        (``O(run)`` memory, never a padded copy of all of ``t``); ``glob=False``: the slabs
+        ``(Bf, nb', L, D)`` only, a view of ``t`` for a run inside ``[0, N)``."""
         start, stop, _ = blocks.indices(self.num_blocks)
         b, n = self.row_block, self.n
         lo = start * b - self.before  # first slab position of the run (may be < 0)
@@ -189,10 +190,10 @@ class WindowLayout:
         if lo < 0 or hi > n:
             piece = F.pad(piece, [0, 0] * (t.dim() - 2) + [max(-lo, 0), max(hi - n, 0)])
         slabs = piece.unfold(1, self.slab, b).movedim(-1, 2)  # (Bf, nb', L, D)
-        if not self.num_global:
+        if not (self.num_global and glob):
             return slabs
-        glob = t[:, : self.num_global].unsqueeze(1).expand(-1, slabs.shape[1], -1, -1)
-        return torch.cat([glob, slabs], dim=2)
+        first = t[:, : self.num_global].unsqueeze(1).expand(-1, slabs.shape[1], -1, -1)
+        return torch.cat([first, slabs], dim=2)
 
     # ---- runs of blocks and their masks --------------------------------------------------
 
