@@ -37,7 +37,7 @@ from torch import Tensor
 
 from heatformer.graph_ops.protocol import SLAB_ELEMENTS
 
-__all__ = ["WindowLayout", "masked_softmax", "window_allowed"]
+__all__ = ["WindowLayout", "window_allowed"]
 
 
 def window_allowed(
@@ -51,15 +51,6 @@ def window_allowed(
     if causal:
         return (gap >= 0) & ((gap < window) | glob)
     return (gap.abs() <= window) | glob
-
-
-def masked_softmax(s: Tensor, allowed: Tensor) -> Tensor:
-    """The softmax of scores ``s`` over the ``allowed`` entries of each row (broadcast with
-    ``s``); the others, and every entry of a row with none, are structural zeros (0, no
-    gradient, no NaN)."""
-    s = s.masked_fill(~allowed, float("-inf"))
-    has = allowed.any(-1, keepdim=True)
-    return torch.where(allowed, torch.softmax(torch.where(has, s, 0.0), dim=-1), 0.0)
 
 
 #: The ints of a layout, in :class:`WindowLayout`'s field order (what a backward rebuilds it

@@ -43,12 +43,13 @@ from heatformer import checks as V
 from heatformer.graph_ops import _flex
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._window_attention import GradSink, shared, window_attention
-from heatformer.graph_ops._window_layout import WindowLayout, masked_softmax
+from heatformer.graph_ops._window_layout import WindowLayout
 from heatformer.graph_ops.protocol import (
     UNIFORM_DIM,
     Graph,
     _check_key_mask,
     _fold,
+    _masked_softmax,
     _numel,
     _row_normalize,
 )
@@ -236,7 +237,7 @@ class WindowGraph(Graph):
         them to the graph's dtype)."""
         lay = self.layout
         s = attention_scores(lay.block_rows(q, blocks), lay.keys(k, blocks), lay.scale)
-        p = masked_softmax(s, lay.block_allowed(blocks))
+        p = _masked_softmax(s, lay.block_allowed(blocks))
         if lay.dense_rows:  # computed apart
             p = p.masked_fill((lay.block_query_rows(blocks) < lay.dense_rows)[..., None], 0.0)
         return p
@@ -246,7 +247,7 @@ class WindowGraph(Graph):
         :meth:`_block_weights`)."""
         g = self.layout.dense_rows
         s = attention_scores(q[:, :g], k, self.scale)
-        return masked_softmax(s, self.layout.dense_allowed(0, g))
+        return _masked_softmax(s, self.layout.dense_allowed(0, g))
 
     # ---- protocol ------------------------------------------------------------------------
 
@@ -360,7 +361,7 @@ class WindowGraph(Graph):
         scores and softmax in float32 for half inputs, rounded to the graph's dtype once."""
         q, k = self._flat()
         s = attention_scores(q[:, start:stop], k, self.scale)  # float32 for half inputs
-        return masked_softmax(s, self.layout.dense_allowed(start, stop)).to(q.dtype)
+        return _masked_softmax(s, self.layout.dense_allowed(start, stop)).to(q.dtype)
 
     # ---- top-k inside the window: O(N (w + g)) -------------------------------------------
 
