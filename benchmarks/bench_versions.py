@@ -11,9 +11,13 @@ Measurements (the public API both trees share):
   backward at B=4, N=1024 (the fused SDPA path), and ``layer attention`` (all attention);
 - ``heat series``: ``heat_kernel`` on a ``SoftmaxGraph`` at H=4, N=1024, d=64, t=1, tol 1e-6;
 - ``topk build``: ``SoftmaxGraph(q, k).topk(32)`` at H=4, N=4096, d=64, and
-  ``topk propagate``: forward + backward of ``propagate`` on that graph.
+  ``topk propagate``: forward + backward of ``propagate`` on that graph;
+- ``window layer``: a ``DiffusionAttention(256, 4, "attention:4",
+  graph="window[w=128,global=1]", causal=True)`` forward + backward at B=1, N=65536, and
+  ``window layer 1M``: the same at N=2^20 (one timed call; not in the default set).
 
     python benchmarks/bench_versions.py --baseline /tmp/base/src --rounds 5
+    python benchmarks/bench_versions.py --baseline /tmp/base/src --threads 1 --only "window layer"
 """
 
 from __future__ import annotations
@@ -57,6 +61,21 @@ elif name == "heat series":
     g = SoftmaxGraph(q, k)
     def run():
         heat_kernel(g, v, 1.0, method="series", tol=1e-6)
+elif name.startswith("window layer"):
+    layer = DiffusionAttention(256, 4, "attention:4", graph="window[w=128,global=1]", causal=True)
+    n = 1 << 20 if name.endswith("1M") else 65536
+    x = torch.randn(1, n, 256, requires_grad=True)
+    def run():
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        layer(x).sum().backward()
+    if n > 65536:  # one call: a short warm-up instead of a full one
+        small = torch.randn(1, 4096, 256, requires_grad=True)
+        layer(small).sum().backward()
+        start = time.perf_counter()
+        run()
+        print(json.dumps({"seconds": time.perf_counter() - start}))
+        sys.exit(0)
 elif name.startswith("topk"):
     q, k = (torch.randn(1, 4, 4096, 64, requires_grad=True) for _ in range(2))
     v = torch.randn(1, 4, 4096, 64, requires_grad=True)
@@ -71,7 +90,11 @@ elif name.startswith("topk"):
 print(json.dumps({"seconds": best(run)}))
 """
 
-NAMES = ["layer attention", "layer mixed", "heat series", "topk build", "topk propagate"]
+NAMES = [
+    "layer attention", "layer mixed", "heat series", "topk build", "topk propagate",
+    "window layer",
+]  # fmt: skip
+EXTRA = ["window layer 1M"]
 
 
 def measure(src: Path, name: str, threads: int) -> float:
@@ -92,12 +115,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--only", action="append", choices=NAMES + EXTRA, help="these measurements (repeatable)"
+    )
     args = parser.parse_args()
+    names = args.only or NAMES
     trees = {"baseline": args.baseline.resolve(), "new": args.new.resolve()}
-    times: dict[str, dict[str, list[float]]] = {n: {t: [] for t in trees} for n in NAMES}
+    times: dict[str, dict[str, list[float]]] = {n: {t: [] for t in trees} for n in names}
     for r in range(args.rounds):
         order = list(trees) if r % 2 == 0 else list(reversed(trees))
-        for name in NAMES:
+        for name in names:
             for tree in order:
                 times[name][tree].append(measure(trees[tree], name, args.threads))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
@@ -105,7 +132,7 @@ def main() -> None:
     print(f"{args.rounds} alternating rounds, best of 3 calls per child, {args.threads} threads")
     print(f"{'measurement':<18}{'baseline':>12}{'new':>12}{'new/base':>10}")
     results = {}
-    for name in NAMES:
+    for name in names:
         base, new = (statistics.median(times[name][t]) for t in trees)
         results[name] = {"baseline_s": base, "new_s": new, "ratio": new / base}
         print(f"{name:<18}{base * 1e3:>10.1f}ms{new * 1e3:>10.1f}ms{new / base:>10.3f}")

@@ -66,7 +66,7 @@ def _assert_close(got, want, dtype):
 def test_flash_fallback_equals_the_cpu_kernel_and_sdpa(dtype, mask) -> None:
     q, k, v, dy, attn_mask = _inputs(dtype, mask)
     out, lse = tc._flash_fallback(q, k, v, attn_mask, 0.3)
-    grads = tc._flash_backward_fallback(dy, q, k, v, lse, attn_mask, 0.3)
+    grads = tc._flash_backward_fallback(dy, q, k, v, out, lse, attn_mask, 0.3)
     assert out.dtype == dtype and lse.dtype == (torch.float32 if dtype in HALF else dtype)
     assert [g.dtype for g in grads] == [dtype] * 3
     ref_out, ref_lse, ref_grads = _sdpa_reference(q, k, v, dy, attn_mask, 0.3)
@@ -77,13 +77,34 @@ def test_flash_fallback_equals_the_cpu_kernel_and_sdpa(dtype, mask) -> None:
     _assert_close((out, lse, *grads), (n_out, n_lse, *n_grads), dtype)
 
 
+@pytest.mark.parametrize("path", ["fallback", "native"])
+def test_flash_backward_on_some_keys_of_a_row_gives_their_part_of_its_gradient(path) -> None:
+    """With the ``out`` and ``lse`` of the whole row (all 7 keys), the backward on keys 0-2
+    and on keys 3-6 gives those keys' gradients of the whole row's softmax (autograd of SDPA),
+    and their ``dq`` add up to the row's: what the window kernels' global keys rely on."""
+    if path == "native" and not tc.native("flash_attention_cpu", F64):
+        pytest.skip("no native flash kernel here")
+    q, k, v, dy, mask = _inputs(F64, "additive")
+    out, lse = tc._flash_fallback(q, k, v, mask, 0.3)
+    backward = tc._flash_backward_fallback if path == "fallback" else tc._flash_backward_native
+    parts = [backward(dy, q, k[..., s, :], v[..., s, :], out, lse, mask[..., s], 0.3)
+             for s in (slice(0, 3), slice(3, 7))]  # fmt: skip
+    qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+    y = F.scaled_dot_product_attention(qa, ka, va, attn_mask=mask, scale=0.3)
+    want = torch.autograd.grad(y, (qa, ka, va), dy)
+    torch.testing.assert_close(parts[0][0] + parts[1][0], want[0], atol=1e-12, rtol=1e-10)
+    for i in (1, 2):
+        got = torch.cat([parts[0][i], parts[1][i]], dim=-2)
+        torch.testing.assert_close(got, want[i], atol=1e-12, rtol=1e-10)
+
+
 def test_flash_fallback_gives_zero_for_a_row_without_keys() -> None:
     """No NaN from ``exp(-inf - -inf)``: such a row's weights, output and gradients are 0."""
     q, k, v, dy, _ = _inputs(F64, "none")
     mask = torch.zeros(5, 7, dtype=F64)
     mask[2] = float("-inf")
     out, lse = tc._flash_fallback(q, k, v, mask, 0.5)
-    dq, dk, dv = tc._flash_backward_fallback(dy, q, k, v, lse, mask, 0.5)
+    dq, dk, dv = tc._flash_backward_fallback(dy, q, k, v, out, lse, mask, 0.5)
     assert torch.isinf(lse[..., 2]).all() and out[..., 2, :].abs().max() == 0
     assert dq[..., 2, :].abs().max() == 0
     assert all(torch.isfinite(t).all() for t in (out, dq, dk, dv))
@@ -196,7 +217,7 @@ def test_a_missing_or_wrong_private_op_selects_the_fallback_with_a_warning(
             want = tc._flash_fallback(q, k, v, mask, 0.3)
             assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
             grads = tc.flash_attention_cpu_backward(dy, q, k, v, out, lse, mask, 0.3)
-            want = tc._flash_backward_fallback(dy, q, k, v, lse, mask, 0.3)
+            want = tc._flash_backward_fallback(dy, q, k, v, out, lse, mask, 0.3)
             assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True))
         else:
             p = torch.softmax(q, -1)

@@ -115,13 +115,17 @@ def _flash_backward_fallback(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    out: Tensor,
     lse: Tensor,
     attn_mask: Tensor | None,
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     p = _weights(_scores(q, k, attn_mask, scale), _work(lse))  # (..., L, S), recomputed
     dyw = _work(dy)
-    ds = _softmax_backward_fallback(dyw @ _work(v).transpose(-1, -2), p, -1)
+    # D = rowsum(dy * out), as the kernel: the row's whole softmax even where k, v hold only
+    # some of its keys (lse and out then those of the whole row)
+    rowsum = (dyw * _work(out)).sum(-1, keepdim=True)
+    ds = p * (dyw @ _work(v).transpose(-1, -2) - rowsum)
     dq = (ds @ _work(k)).mul_(scale)  # (..., L, E)
     dk = (ds.transpose(-1, -2) @ _work(q)).mul_(scale)  # (..., S, E)
     dv = p.transpose(-1, -2) @ dyw  # (..., S, Ev)
@@ -218,7 +222,7 @@ def _probe_flash(dtype: torch.dtype) -> bool:
     out, lse = _flash_native(q, k, v, mask, 0.3)
     grads = _flash_backward_native(dy, q, k, v, out, lse, mask, 0.3)
     ref_out, ref_lse = _flash_fallback(q, k, v, mask, 0.3)
-    ref_grads = _flash_backward_fallback(dy, q, k, v, ref_lse, mask, 0.3)
+    ref_grads = _flash_backward_fallback(dy, q, k, v, ref_out, ref_lse, mask, 0.3)
     ok = _close((out, lse, *grads), (ref_out, ref_lse, *ref_grads), dtype)
     if dtype in _HALF:  # logits past float16's range (|q.k| > 65504): formed in float32 or NaN
         q, k = q * 300, k * 300
@@ -342,7 +346,8 @@ def flash_attention_cpu_backward(
     r"""The gradients ``(dq, dk, dv)`` of :func:`flash_attention_cpu` for the output gradient
     ``dy``, from its ``out`` and ``lse``: the fused kernel's backward where :func:`native`,
     else the formulas of the module docstring by plain products (which recompute ``P`` from
-    ``lse`` and do not read ``out``).
+    ``lse``). ``out`` and ``lse`` may be those of a longer row (more keys than ``k`` holds):
+    the gradients are then the given keys' part of that row's softmax gradient.
 
     Shape:
         ``dy``, ``out`` ``(..., L, Ev)``, ``q (..., L, E)``, ``k (..., S, E)``,
@@ -350,7 +355,7 @@ def flash_attention_cpu_backward(
     """
     if q.device.type == "cpu" and native("flash_attention_cpu", q.dtype):
         return _flash_backward_native(dy, q, k, v, out, lse, attn_mask, scale)
-    return _flash_backward_fallback(dy, q, k, v, lse, attn_mask, scale)
+    return _flash_backward_fallback(dy, q, k, v, out, lse, attn_mask, scale)
 
 
 def softmax_backward(grad: Tensor, p: Tensor, dim: int) -> Tensor:

@@ -234,23 +234,24 @@ def test_interior_runs_share_one_mask_and_equal_the_dense_graph(monkeypatch, cau
     """Long enough for interior blocks (one shared mask pattern, expanded) and small runs (a
     lowered SLAB_ELEMENTS): runs never straddle the interior's ends, interior masks take no
     memory per block, and products, gradients and a heat series equal the dense graph's."""
-    from heatformer.graph_ops import _window_attention, window
+    from heatformer.graph_ops import _window_attention, _window_layout
 
     monkeypatch.setattr(_window_attention, "FUSED_CPU", fused)
-    monkeypatch.setattr(window, "SLAB_ELEMENTS", 300)
+    monkeypatch.setattr(_window_layout, "SLAB_ELEMENTS", 300)
     n, w, rb = 61, 3, 4
     gen = torch.Generator().manual_seed(7)
     q, k, x = (torch.randn(2, 2, n, 3, generator=gen, dtype=F64, requires_grad=True)
                for _ in range(3))  # fmt: skip
     graph = WindowGraph(q, k, window=w, causal=causal, num_global=g, row_block=rb)
     dense = SoftmaxGraph(q, k, mask=band_mask(n, w, causal, g, None, False))
-    lo, hi = graph._interior()
-    runs = graph._chunks(g + graph._slab())
-    assert 0 < lo < hi < graph._num_blocks() and len(runs) > 3
+    layout = graph.layout
+    lo, hi = layout.interior()
+    runs = layout.chunks(4)
+    assert 0 < lo < hi < layout.num_blocks and len(runs) > 3
     assert all(r.stop <= lo or lo <= r.start < r.stop <= hi or r.start >= hi for r in runs)
     inside = [r for r in runs if lo <= r.start and r.stop <= hi]
-    storages = {graph._run_masks(r)[0].untyped_storage().data_ptr() for r in inside}
-    additive = {graph._sdpa_mask(r, F64).untyped_storage().data_ptr() for r in inside}
+    storages = {layout.run_masks(r)[0].untyped_storage().data_ptr() for r in inside}
+    additive = {layout.sdpa_mask(r, F64).untyped_storage().data_ptr() for r in inside}
     assert inside and len(storages) == len(additive) == 1  # one pattern, shared
 
     def loss(G):
@@ -329,7 +330,7 @@ def test_a_window_past_n_is_sized_by_n_and_equals_the_full_graph(causal: bool) -
     n = 16
     _, _, (q, k, x) = _make(n, 1, causal, 0, False, False, None)
     graph = WindowGraph(q, k, window=10**6, causal=causal)
-    assert graph.row_block <= max(n, 32) and graph._slab() <= graph.row_block + 2 * n
+    assert graph.row_block <= max(n, 32) and graph.layout.slab <= graph.row_block + 2 * n
     full = SoftmaxGraph(q, k, causal=causal)
     for op in (Laplacian(), HeatKernel(t=1.0)):
         y, expected = op(graph, x), op(full, x)

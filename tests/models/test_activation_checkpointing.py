@@ -107,15 +107,17 @@ def test_checkpointing_is_off_without_gradients_and_with_a_cache() -> None:
     assert torch.equal(ours, plain.generate(idx, 6))
 
 
-def test_a_checkpointed_block_keeps_only_its_inputs() -> None:
+@pytest.mark.parametrize("graph", ["topk[k=8]", "window[w=8,global=1]"])
+def test_a_checkpointed_block_keeps_only_its_inputs(graph: str) -> None:
     """What backward keeps (the tensors packed by autograd's saved-tensor hooks): with
     checkpointing the two branch inputs of each block, ``(B, N, D)`` each, and nothing of the
-    layer's ``q, k, v``, MLP states or graph."""
+    layer's ``q, k, v``, MLP states or graph (the window kind's autograd function saves its
+    inputs and key mask through ``save_for_backward``, not on a graph object)."""
 
     def saved_bytes(on: bool) -> int:
         torch.manual_seed(0)
         model = GPT(GPTConfig(vocab_size=13, block_size=64, n_layer=3, n_head=4, n_embd=32,
-                              graph="topk[k=8]", activation_checkpointing=on))  # fmt: skip
+                              graph=graph, activation_checkpointing=on))  # fmt: skip
         idx = torch.randint(0, 13, (2, 64), generator=torch.Generator().manual_seed(1))
         sizes: dict[int, int] = {}
 
@@ -143,3 +145,35 @@ def test_the_option_is_checked_and_survives_save_and_load(tmp_path) -> None:
     loaded = load_model(tmp_path / "m")
     assert loaded.config.activation_checkpointing is True
     assert all(b.activation_checkpointing for b in loaded.blocks)
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_no_window_graph_is_kept_for_backward(monkeypatch, on: bool) -> None:
+    """The window kind's autograd function saves tensors (``save_for_backward``: what
+    checkpointing drops and recomputes), not the graph object with its ``q``, ``k`` and masks:
+    after the forward pass no graph is alive, and the backward still runs."""
+    import gc
+    import weakref
+
+    from heatformer.graph_ops import builders
+
+    original, made = builders.WindowGraph, []
+
+    def recording(*args, **kwargs):
+        graph = original(*args, **kwargs)
+        made.append(weakref.ref(graph))
+        return graph
+
+    monkeypatch.setattr(builders, "WindowGraph", recording)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=13, block_size=32, n_layer=2, n_head=2, n_embd=16,
+                          graph="window[w=4,global=1]", activation_checkpointing=on))  # fmt: skip
+    idx = torch.randint(0, 13, (2, 32), generator=torch.Generator().manual_seed(1))
+    gc.disable()  # freed by reference counting, not by a collection
+    try:
+        loss = model(idx).sum()
+        assert len(made) == 2 and all(ref() is None for ref in made)
+    finally:
+        gc.enable()
+    loss.backward()
+    assert len(made) == (4 if on else 2)  # recomputed once per block

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer.graph_ops._window_layout import window_allowed
 from heatformer.graph_ops.protocol import _fold
 
 if TYPE_CHECKING:
@@ -201,12 +202,7 @@ def window_mask_mod(
     g = torch.tensor(num_global, device=device)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        gap = q_idx - kv_idx
-        glob = (q_idx < g) | (kv_idx < g)
-        if causal:
-            allowed = (gap >= 0) & ((gap < w) | glob)
-        else:
-            allowed = (gap.abs() <= w) | glob
+        allowed = window_allowed(q_idx, kv_idx, window=w, causal=causal, num_global=g)
         if key_mask is not None:
             allowed = allowed & key_mask[b, kv_idx]
             if drop_masked_queries:
@@ -407,7 +403,7 @@ def _graph_block_mask(graph: WindowGraph) -> BlockMask:
     def build() -> BlockMask:
         return window_block_mask(
             graph.num_nodes, window=graph.window, causal=graph.causal,
-            num_global=graph.num_global, key_mask=graph._key_mask,
+            num_global=graph.num_global, key_mask=graph.layout.key_mask,
             drop_masked_queries=graph.drop_masked_queries, block_size=DEFAULT_BLOCK_SIZE,
             device=graph.device,
         )  # fmt: skip

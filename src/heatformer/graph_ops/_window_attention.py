@@ -21,6 +21,11 @@ the weights are recomputed from plain products, as flash attention does:
 ``dq = s dS k_slab`` and ``dk_slab = s dS^T q`` (``s`` the scale), the slab gradients folded back
 onto positions. Memory is ``O(run)`` beyond the inputs and outputs: each run of blocks pads
 and copies only its own rows, and an interior run's mask is one shared ``(b, g + L)`` pattern.
+On the fused path an interior run (:meth:`~heatformer.graph_ops._window_layout.WindowLayout.
+interior`) copies nothing: the kernel reads the overlapping slab views of ``k`` and ``x``, and
+the ``g`` global keys, which every interior row attends, are merged in by the log-sum-exp
+(:func:`_interior_forward`; the backward passes the merged output and log-sum-exp to the
+kernel, :func:`_interior_backward`).
 The gradients in ``q`` and ``k`` of all the products of one graph (a heat series makes one per
 term) are summed in place into one buffer each (:class:`GradSink`), which autograd receives
 once, from the :func:`shared` node that every product's ``q`` and ``k`` come from: not one
@@ -34,7 +39,12 @@ Second derivatives: with ``create_graph=True`` (a gradient penalty, ``gradgradch
 backward takes the generic path whatever the forward took -- the fused kernel's backward has
 no derivative -- and autograd differentiates its plain products.
 
-Measured (``benchmarks/bench_long.py``, window(128) layer of heat heads, t = 1, tol 1e-6,
+Measured (``benchmarks/bench_versions.py --threads 1 --only "window layer"``: window(128) + 1
+global token, causal, H = 4, Dh = 64, N = 65536, fwd + bwd, one thread): 0.87 of the time of
+the code before :mod:`~heatformer.graph_ops._window_layout` (dense global row, slab copies);
+CPU time per token 51-55 us at 65k and 262k, 62 us at 1M (peak RSS 10.2 GB).
+
+Measured earlier (``benchmarks/bench_long.py``, window(128) layer of heat heads, t = 1, tol 1e-6,
 H = 4, Dh = 64, N = 262144, fwd + bwd): peak 3.94 GB, against 5.07 GB with whole padded copies,
 per-product gradients and ``sqrt(K)`` equal series segments, and 7.64 GB through autograd of the
 masked SDPA call.
@@ -42,16 +52,14 @@ masked SDPA call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import _torch_compat
-
-if TYPE_CHECKING:
-    from heatformer.graph_ops.window import WindowGraph
+from heatformer.graph_ops._window_layout import Spec, WindowLayout
 
 __all__ = ["GradSink", "WindowAttention", "shared", "window_attention"]
 
@@ -67,47 +75,63 @@ class _Slabs:
     unpadded inputs (in the working dtype: float32 for half-precision inputs), so that no
     padded copy of a whole input is ever made."""
 
-    def __init__(self, graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor, work: bool) -> None:
-        self.graph = graph
+    def __init__(self, layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, work: bool) -> None:
+        self.layout = layout
         self.q, self.k, self.x = (_work(q), _work(k), _work(x)) if work else (q, k, x)
 
     def queries(self, blocks: slice) -> Tensor:
         """``(Bf, nb', b, E)``, contiguous."""
-        return self.graph._block_rows(self.q, blocks).contiguous()
+        return self.layout.block_rows(self.q, blocks).contiguous()
 
     def keys(self, blocks: slice) -> Tensor:
         """``(Bf, nb', g + L, E)``, contiguous (a product with the overlapping view would copy
         each block apart)."""
-        return self.graph._keys(self.k, blocks).contiguous()
+        return self.layout.keys(self.k, blocks).contiguous()
 
     def values(self, blocks: slice) -> Tensor:
         """``(Bf, nb', g + L, C)``, contiguous."""
-        return self.graph._keys(self.x, blocks).contiguous()
+        return self.layout.keys(self.x, blocks).contiguous()
 
     def weights(self, blocks: slice, queries: Tensor, keys: Tensor) -> Tensor:
         """``P`` of the blocks, ``(Bf, nb', b, g + L)`` (rows without keys: 0), from their
         :meth:`queries` and :meth:`keys`."""
-        _, disallowed, empty = self.graph._run_masks(blocks)
+        _, disallowed, empty = self.layout.run_masks(blocks)
         s = queries @ keys.transpose(-1, -2)  # (Bf, nb', b, g + L)
-        s = s.mul_(self.graph.scale).masked_fill_(disallowed, float("-inf"))
+        s = s.mul_(self.layout.scale).masked_fill_(disallowed, float("-inf"))
         if empty is None:
             return torch.softmax(s, dim=-1)
         # not in place: with create_graph, softmax's backward reads its output
         return torch.softmax(s.masked_fill_(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
 
 
-def _fold_add(out: Tensor, parts: Tensor, first_block: int, graph: WindowGraph) -> None:
+def _fold_add(out: Tensor, parts: Tensor, first_block: int, b: int) -> None:
     """Add slab contributions ``parts`` ``(Bf, nb', L, C)`` of blocks ``first_block ...`` into
     ``out`` ``(Bf, P', C)`` (``P'`` a multiple of ``b``), whose row ``m b + l`` is slab position
     ``l`` of block ``m``: slab piece ``j`` (positions ``j b ... j b + b - 1``) of every block
     lands on block ``m + j``, so ``ceil(L / b)`` strided additions do it."""
     bf, nb, slab, c = parts.shape
-    b = graph.row_block
     by_block = out.view(bf, -1, b, c)  # (Bf, P' / b, b, C)
     for j in range(-(-slab // b)):
         piece = parts[:, :, j * b : (j + 1) * b]  # (Bf, nb', <= b, C)
         start = first_block + j
         by_block[:, start : start + nb, : piece.shape[2]].add_(piece)  # no setitem: see backward
+
+
+def _add_blocks(
+    dq: Tensor, dk: Tensor, dx: Tensor, layout: WindowLayout, blocks: slice,
+    parts: tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None],
+) -> None:  # fmt: skip
+    """Add a run's ``(dq (Bf, nb', b, E), dk_slab (Bf, nb', L, E), dx_slab (Bf, nb', L, C),
+    dk_global (Bf, g, E) or None, dx_global)`` into ``dq`` ``(Bf, nb, b, E)`` and the padded
+    ``dk``, ``dx`` (row ``m b + l`` = slab position ``l`` of block ``m``)."""
+    dqb, dks, dxs, dkg, dxg = parts
+    dq[:, blocks].add_(dqb)
+    start, b, before, g = blocks.start or 0, layout.row_block, layout.before, layout.num_global
+    _fold_add(dk, dks, start, b)
+    _fold_add(dx, dxs, start, b)
+    if dkg is not None and dxg is not None:  # the global keys: the first g positions
+        dk[:, before : before + g].add_(dkg)
+        dx[:, before : before + g].add_(dxg)
 
 
 #: Use the fused flash-attention kernels of PyTorch's CPU backend where they apply (CPU tensors,
@@ -128,12 +152,12 @@ class GradSink:
     them. Keyed by the backward pass (:func:`heatformer._torch_compat.graph_task_id`), so that a
     pass that does not reach ``q`` and ``k`` cannot leak into a later one."""
 
-    def __init__(self, graph: WindowGraph) -> None:
+    def __init__(self, layout: WindowLayout) -> None:
         # the geometry only: a reference to the graph would make a cycle (the graph keeps the
         # sink), and the graph, with its q and k, would outlive the step until the next gc
-        b, nb = graph.row_block, graph._num_blocks()
-        self._rows = (nb * b, (nb - 1 + -(-graph._slab() // b)) * b)  # dq, dk (>= P) rows
-        self._n, self._before = graph.num_nodes, graph._before()
+        b, nb = layout.row_block, layout.num_blocks
+        self._rows = (nb * b, (nb - 1 + -(-layout.slab // b)) * b)  # dq, dk (>= P) rows
+        self._n, self._before = layout.n, layout.before
         self._by_pass: dict[int, tuple[Tensor, Tensor]] = {}
 
     def buffers(self, q: Tensor, k: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -178,116 +202,178 @@ class _Shared(torch.autograd.Function):
         return None, sq if dq is None else dq + sq, sk if dk is None else dk + sk
 
 
-def shared(graph: WindowGraph, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, GradSink]:
-    """``q``, ``k`` for every product of ``graph`` in one forward pass, and the sink their
-    :class:`WindowAttention` gradients are summed in."""
-    sink = GradSink(graph)
+def shared(layout: WindowLayout, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, GradSink]:
+    """``q``, ``k`` for every product of a graph of ``layout`` in one forward pass, and the sink
+    their :class:`WindowAttention` gradients are summed in."""
+    sink = GradSink(layout)
     qs, ks = _Shared.apply(sink, q, k)
     return qs, ks, sink
 
 
+def _global_scores(layout: WindowLayout, qb: Tensor, k: Tensor, dtype: torch.dtype) -> Tensor:
+    """Scores ``(Bf, nb', b, g)`` of the query blocks ``qb`` on the global keys."""
+    kg = k[:, None, : layout.num_global].to(dtype)  # (Bf, 1, g, E)
+    return (qb.to(dtype) @ kg.transpose(-1, -2)).mul_(layout.scale)
+
+
+def _interior_forward(
+    layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, blocks: slice
+) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` of an interior run by the fused kernel on the slab views of ``k``, ``x``
+    (no copies: the kernel takes their strides), merged with the ``g`` global keys by the
+    log-sum-exp (``lse = log(e^{lse_slab} + sum_j e^{s_j})``), which every interior row
+    attends."""
+    g, qb = layout.num_global, layout.block_rows(q, blocks)
+    y, lse = _torch_compat.flash_attention_cpu(
+        qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False),
+        layout.sdpa_mask(blocks, q.dtype)[..., g:], layout.scale,
+    )  # fmt: skip
+    if not g:
+        return y, lse
+    sg = _global_scores(layout, qb, k, lse.dtype)  # (Bf, nb', b, g)
+    total = torch.logaddexp(lse, sg.logsumexp(-1))  # (Bf, nb', b)
+    merged = y.to(lse.dtype) * (lse - total).exp().unsqueeze(-1)
+    merged += (sg - total.unsqueeze(-1)).exp() @ x[:, None, :g].to(lse.dtype)
+    return merged.to(y.dtype), total
+
+
+def _interior_backward(
+    layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, dy: Tensor, out: Tensor,
+    lse: Tensor, blocks: slice,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:  # fmt: skip
+    """``(dq, dk_slab, dx_slab, dk_global, dx_global)`` of :func:`_interior_forward`: the
+    kernel's backward with the merged ``out`` and ``lse`` gives the slab keys' part of the
+    whole row's softmax gradient (its ``P = e^{s - lse}``, ``D = rowsum(dy * out)``), and
+    ``dS_g = P_g (dy x_g^T - D)`` the global keys' (``(Bf, g, E)``, ``(Bf, g, C)``)."""
+    g, qb = layout.num_global, layout.block_rows(q, blocks)
+    dq, dk, dx = _torch_compat.flash_attention_cpu_backward(
+        dy, qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False), out,
+        lse, layout.sdpa_mask(blocks, q.dtype)[..., g:], layout.scale,
+    )  # fmt: skip
+    if not g:
+        return dq, dk, dx, None, None
+    dt = lse.dtype
+    pg = (_global_scores(layout, qb, k, dt) - lse.unsqueeze(-1)).exp()  # (Bf, nb', b, g)
+    dyw = dy.to(dt)
+    dpg = dyw @ x[:, None, :g].to(dt).transpose(-1, -2)  # (Bf, nb', b, g)
+    dsg = pg * (dpg - (dyw * out.to(dt)).sum(-1, keepdim=True)) * layout.scale
+    dq = dq.to(dt) + dsg @ k[:, None, :g].to(dt)  # the buffer is float32 for half inputs
+    dkg = (dsg.transpose(-1, -2) @ qb.to(dt)).sum(1)  # (Bf, g, E)
+    dxg = (pg.transpose(-1, -2) @ dyw).sum(1)  # (Bf, g, C)
+    return dq, dk, dx, dkg, dxg
+
+
 class WindowAttention(torch.autograd.Function):
-    """``y = P x`` over a window graph's query blocks; see the module docstring."""
+    """``y = P x`` over a window graph's query blocks; see the module docstring. What the
+    backward needs is saved by ``save_for_backward`` (``q``, ``k``, ``x``, the key mask, and on
+    the fused path the output and log-sum-exp) and the layout's ints, so that activation
+    checkpointing can drop and recompute all of it."""
 
     @staticmethod
     def forward(
-        ctx: Any, graph: WindowGraph, sink: GradSink | None, q: Tensor, k: Tensor, x: Tensor
+        ctx: Any,
+        layout: WindowLayout,
+        sink: GradSink | None,
+        q: Tensor,
+        k: Tensor,
+        x: Tensor,
+        key_mask: Tensor | None,
     ) -> Tensor:
-        """``q``, ``k`` ``(Bf, N, E)``, ``x`` ``(Bf, N, C)`` -> ``(Bf, nb, b, C)``; with a
-        ``sink`` (``q``, ``k`` from :func:`shared`), their gradients go there."""
+        """``q``, ``k`` ``(Bf, N, E)``, ``x`` ``(Bf, N, C)``, ``key_mask`` the layout's ->
+        ``(Bf, nb, b, C)``; with a ``sink`` (``q``, ``k`` from :func:`shared`), their gradients
+        go there."""
         fused = _fused(q, x)
-        nb, b = graph._num_blocks(), graph.row_block
+        nb, b = layout.num_blocks, layout.row_block
         out = x.new_empty(x.shape[0], nb, b, x.shape[-1])  # (Bf, nb, b, C), filled per run
         lse: Tensor | None = None  # (Bf, nb, b), in the kernel's dtype, made at the first run
-        for blocks in graph._chunks(graph.num_global + graph._slab()):
-            qb, kb = graph._block_rows(q, blocks), graph._keys(k, blocks)
-            xb = graph._keys(x, blocks)
-            empty = graph._run_masks(blocks)[2]
+        for blocks in layout.chunks(q.shape[0]):
+            qb = layout.block_rows(q, blocks)
+            empty = layout.run_masks(blocks)[2]
             if fused:  # (Bf, nb', b, C) and the log-sum-exp of each row (Bf, nb', b)
-                y, lse_b = _torch_compat.flash_attention_cpu(
-                    qb, kb, xb, graph._sdpa_mask(blocks, q.dtype), graph.scale
-                )
+                if layout.in_interior(blocks):
+                    y, lse_b = _interior_forward(layout, q, k, x, blocks)
+                else:
+                    y, lse_b = _torch_compat.flash_attention_cpu(
+                        qb, layout.keys(k, blocks), layout.keys(x, blocks),
+                        layout.sdpa_mask(blocks, q.dtype), layout.scale,
+                    )  # fmt: skip
                 if lse is None:
                     lse = lse_b.new_empty(q.shape[0], nb, b)
                 lse[:, blocks] = lse_b
             else:
                 y = F.scaled_dot_product_attention(
-                    qb, kb, xb, attn_mask=graph._sdpa_mask(blocks), scale=graph.scale
-                )
+                    qb, layout.keys(k, blocks), layout.keys(x, blocks),
+                    attn_mask=layout.sdpa_mask(blocks), scale=layout.scale,
+                )  # fmt: skip
             out[:, blocks] = y if empty is None else y.masked_fill_(empty, 0.0)
-        ctx.graph, ctx.fused, ctx.sink = graph, fused, sink
-        if fused:  # the kernel's backward needs the output (the next term's input in a series)
-            ctx.save_for_backward(q, k, x, out, lse)
-        else:
-            ctx.save_for_backward(q, k, x)
+        ctx.spec, ctx.fused, ctx.sink = layout.spec(), fused, sink
+        # the kernel's backward needs the output (the next term's input in a series)
+        ctx.save_for_backward(q, k, x, key_mask, *((out, lse) if fused else ()))
         return out
 
     @staticmethod
     def backward(
         ctx: Any, dy: Tensor
-    ) -> tuple[None, None, Tensor | None, Tensor | None, Tensor | None]:
-        graph: WindowGraph = ctx.graph
+    ) -> tuple[None, None, Tensor | None, Tensor | None, Tensor | None, None]:
         saved = ctx.saved_tensors  # unpacked once (a checkpointed caller allows no more)
-        q, k, x = saved[:3]
+        q, k, x, key_mask = saved[:4]
+        spec: Spec = ctx.spec
+        layout = WindowLayout(*spec, q.device, key_mask)  # its masks made again
         # with create_graph (double backward) the gradients must be differentiable: plain
         # products then, whose autograd gives the second derivatives (the fused kernel's
         # backward has none), and sums into the buffers by add_ (a view's setitem, `+=`, is
         # refused on a buffer that becomes part of the graph)
         fused = ctx.fused and not torch.is_grad_enabled()
-        slabs = _Slabs(graph, q, k, x, work=not fused)  # the fused kernels take half too
-        bf, n = q.shape[0], graph.num_nodes
-        g, before = graph.num_global, graph._before()
-        b = graph.row_block
-        nb = graph._num_blocks()
+        slabs = _Slabs(layout, q, k, x, work=not fused)  # the fused kernels take half too
+        bf, n, g, before = q.shape[0], layout.n, layout.num_global, layout.before
+        b, nb = layout.row_block, layout.num_blocks
         acc = torch.float32 if q.dtype in _HALF else q.dtype  # sums of blocks in float32
         sink: GradSink | None = ctx.sink
-        dq_rows, dk_pad = (sink or GradSink(graph)).buffers(q, k, acc)  # summed in place
+        dq_rows, dk_pad = (sink or GradSink(layout)).buffers(q, k, acc)  # summed in place
         dq = dq_rows.view(bf, nb, b, -1)  # (Bf, nb, b, E)
         dx_pad = q.new_zeros(bf, dk_pad.shape[1], x.shape[-1], dtype=acc)
-        for blocks in graph._chunks(g + graph._slab()):
-            qb, kb = slabs.queries(blocks), slabs.keys(blocks)  # (Bf, nb', b or g + L, E)
+        for blocks in layout.chunks(bf):
             dyb = dy[:, blocks]  # (Bf, nb', b, C)
-            empty = graph._run_masks(blocks)[2]
+            empty = layout.run_masks(blocks)[2]
             if empty is not None:  # rows set to 0 in the forward pass pass no gradient
                 dyb = dyb.masked_fill(empty, 0.0)
+            if fused and layout.in_interior(blocks):  # no copies of slabs
+                out, lse = (t[:, blocks].contiguous() for t in saved[4:])
+                dqb, dks, dxs, dkg, dxg = _interior_backward(
+                    layout, q, k, x, dyb.contiguous(), out, lse, blocks
+                )
+                _add_blocks(dq, dk_pad, dx_pad, layout, blocks, (dqb, dks, dxs, dkg, dxg))
+                continue
+            qb, kb = slabs.queries(blocks), slabs.keys(blocks)  # (Bf, nb', b or g + L, E)
             if fused:
-                out, lse = saved[3:]
+                out, lse = saved[4:]
                 dqb, dkb, dxb = _torch_compat.flash_attention_cpu_backward(
                     dyb.contiguous(), qb, kb,
                     slabs.values(blocks), out[:, blocks].contiguous(), lse[:, blocks].contiguous(),
-                    graph._sdpa_mask(blocks, q.dtype), graph.scale,
+                    layout.sdpa_mask(blocks, q.dtype), layout.scale,
                 )  # fmt: skip
             else:
                 p = slabs.weights(blocks, qb, kb)  # (Bf, nb', b, g + L), recomputed
                 dyb = _work(dyb)
                 dp = dyb @ slabs.values(blocks).transpose(-1, -2)  # (Bf, nb', b, g + L)
                 ds = _torch_compat.softmax_backward(dp, p, -1)  # P (dp - rowsum)
-                dqb = (ds @ kb).mul_(graph.scale)  # (Bf, nb', b, E)
-                dkb = (ds.transpose(-1, -2) @ qb).mul_(graph.scale)
+                dqb = (ds @ kb).mul_(layout.scale)  # (Bf, nb', b, E)
+                dkb = (ds.transpose(-1, -2) @ qb).mul_(layout.scale)
                 dxb = p.transpose(-1, -2) @ dyb  # (Bf, nb', g + L, C)
-            dq[:, blocks].add_(dqb)
-            start = blocks.start or 0
-            _fold_add(dk_pad, dkb[:, :, g:], start, graph)
-            _fold_add(dx_pad, dxb[:, :, g:], start, graph)
-            if g:  # the global keys: the first g positions, in every block's keys
-                dk_pad[:, before : before + g].add_(dkb[:, :, :g].sum(1))
-                dx_pad[:, before : before + g].add_(dxb[:, :, :g].sum(1))
+            glob = (dkb[:, :, :g].sum(1), dxb[:, :, :g].sum(1)) if g else (None, None)
+            parts = (dqb, dkb[:, :, g:], dxb[:, :, g:], *glob)
+            _add_blocks(dq, dk_pad, dx_pad, layout, blocks, parts)
         dx = dx_pad[:, before : before + n].to(x.dtype)
         if sink is not None:  # q and k get theirs once, through shared()
-            return None, None, None, None, dx
-        return (
-            None,
-            None,
-            dq_rows[:, :n].to(q.dtype),
-            dk_pad[:, before : before + n].to(k.dtype),
-            dx,
-        )
+            return None, None, None, None, dx, None
+        dq_out, dk_out = dq_rows[:, :n].to(q.dtype), dk_pad[:, before : before + n].to(k.dtype)
+        return None, None, dq_out, dk_out, dx, None
 
 
 def window_attention(
-    graph: WindowGraph, q: Tensor, k: Tensor, x: Tensor, sink: GradSink | None = None
+    layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, sink: GradSink | None = None
 ) -> Tensor:
-    """``P x`` of ``graph`` by :class:`WindowAttention`: ``(Bf, N, ...)`` -> ``(Bf, nb, b, C)``
-    (``sink``: ``q``, ``k`` came from :func:`shared`)."""
-    out: Tensor = WindowAttention.apply(graph, sink, q, k, x)
+    """``P x`` of the window graph of ``layout`` by :class:`WindowAttention`: ``(Bf, N, ...)``
+    -> ``(Bf, nb, b, C)`` (``sink``: ``q``, ``k`` came from :func:`shared`)."""
+    out: Tensor = WindowAttention.apply(layout, sink, q, k, x, layout.key_mask)
     return out

@@ -37,6 +37,7 @@ from heatformer import checks as V
 from heatformer._suggest import did_you_mean
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._spec import format_entry, parse_entry
+from heatformer.graph_ops._window_layout import window_allowed
 from heatformer.graph_ops.protocol import Graph, _check_key_mask
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
@@ -362,10 +363,10 @@ class WindowBuilder(GraphBuilder):
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
         rows = (past + torch.arange(q.shape[-2], device=q.device)).unsqueeze(-1)  # (n, 1)
-        gap = rows - positions
-        local = (gap >= 0) & (gap < self.w)
-        glob = ((rows < self.num_global) | (positions < self.num_global)) & (gap >= 0)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=local | glob)
+        allowed = window_allowed(
+            rows, positions, window=self.w, causal=True, num_global=self.num_global
+        )
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
     def cache_keep(self) -> tuple[int, int | None]:
         return self.num_global, self.w

@@ -138,6 +138,24 @@ def _row_normalize(w: Tensor) -> Tensor:
     return w * _safe_reciprocal(w.sum(-1, keepdim=True))
 
 
+def _masked_softmax(s: Tensor, allowed: Tensor | None, *, exact_zeros: bool = True) -> Tensor:
+    """The one masked-score softmax of every graph kind: the softmax of scores ``s`` over the
+    ``allowed`` entries of each row (bool, broadcast with ``s``; None = all).
+
+    With ``exact_zeros`` the others, and every entry of a row with none, are structural zeros
+    (0, not NaN; no gradient reaches, or in half precision overflows at, an entry that cannot
+    carry weight); without, the plain softmax of the ``-inf``-filled scores (exact when every
+    row keeps an allowed entry, and cheaper). A NaN score of an allowed entry stays NaN.
+    """
+    if allowed is None:
+        return torch.softmax(s, dim=-1)
+    s = s.masked_fill(~allowed, float("-inf"))
+    if not exact_zeros:
+        return torch.softmax(s, dim=-1)
+    has = allowed.any(-1, keepdim=True)
+    return torch.where(allowed, torch.softmax(torch.where(has, s, 0.0), dim=-1), 0.0)
+
+
 class Graph(ABC):
     """A batch of weighted directed graphs on ``num_nodes`` nodes (the protocol).
 

@@ -13,7 +13,14 @@ from torch.utils.checkpoint import checkpoint
 
 from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
-from heatformer.graph_ops.protocol import SLAB_ELEMENTS, UNIFORM_DIM, Graph, _fold, _numel
+from heatformer.graph_ops.protocol import (
+    SLAB_ELEMENTS,
+    UNIFORM_DIM,
+    Graph,
+    _fold,
+    _masked_softmax,
+    _numel,
+)
 
 __all__ = ["SoftmaxGraph"]
 
@@ -213,22 +220,11 @@ class SoftmaxGraph(Graph):
     def _masked_softmax(
         self, s: Tensor, allowed: Tensor | None, *, cut_gradient: bool = False
     ) -> Tensor:
-        """The one masked-score softmax of every slab (dense rows, transpose products, top-k).
-
-        Only a key mask can leave a row without an allowed key (a causal row keeps its
-        diagonal), so without one the plain softmax of the ``-inf``-filled scores is exact.
-        With one (or ``cut_gradient``), disallowed entries are structural zeros: an empty row
-        gives 0, not NaN, and no gradient reaches (or, in half precision, overflows at) an
-        entry that cannot carry weight. A NaN score of an allowed entry stays NaN.
-        """
-        if allowed is None:
-            return torch.softmax(s, dim=-1)
-        s = s.masked_fill(~allowed, float("-inf"))
-        if self.mask is None and not cut_gradient:
-            return torch.softmax(s, dim=-1)
-        has = allowed.any(-1, keepdim=True)
-        p = torch.softmax(torch.where(has, s, 0.0), dim=-1)
-        return torch.where(allowed, p, 0.0)
+        """:func:`~heatformer.graph_ops.protocol._masked_softmax` of every slab (dense rows,
+        transpose products, top-k). Only a key mask can leave a row without an allowed key (a
+        causal row keeps its diagonal), so without one (and without ``cut_gradient``) the
+        plain softmax of the ``-inf``-filled scores is exact."""
+        return _masked_softmax(s, allowed, exact_zeros=self.mask is not None or cut_gradient)
 
     def _kept_weights(self, idx: Tensor, blocks: list[tuple[int, int]]) -> Tensor:
         """Weights of the kept keys ``idx`` ``(Bf, N, k)``: the softmax over each row's kept
