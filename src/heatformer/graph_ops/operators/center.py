@@ -32,18 +32,16 @@ References:
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from heatformer import checks as V
 from heatformer.graph_ops.laplacian import GraphLaplacian
-from heatformer.graph_ops.operators.base import DiffusionOperator
+from heatformer.graph_ops.operators.mean import MeanPooling
 from heatformer.graph_ops.protocol import Graph
 
 __all__ = ["Centering"]
 
 
-class Centering(DiffusionOperator):
+class Centering(MeanPooling):
     r"""Centring over the allowed keys: ``scale * (I' x - U x)``, whatever the attention weights.
 
     Row ``i`` is ``x_i`` minus the mean of ``x`` over the keys query ``i`` may attend (all of
@@ -78,21 +76,7 @@ class Centering(DiffusionOperator):
         tensor([-0.5000, -1.0000,  0.0000])
     """
 
-    name = "center"
-    examples = ({}, {"scale": 0.5, "learnable": True})
-
-    def __init__(
-        self,
-        *,
-        scale: float = 1.0,
-        learnable: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        self.learnable = V.check_bool("learnable", learnable)
-        self.scale: Tensor
-        self._register_factor("scale", scale, learnable, device, dtype)
+    name = "center"  # scale, learnable and their repr as MeanPooling's
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
@@ -101,8 +85,3 @@ class Centering(DiffusionOperator):
 
     def frequency_response(self, lam: Tensor) -> Tensor:
         return self.scale.to(lam.dtype) * lam
-
-    def extra_repr(self) -> str:
-        scale = float(self.scale.detach())
-        learnable = ", learnable=True" if self.learnable else ""
-        return f"scale={scale:g}{learnable}"
