@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from heatformer.graph_ops import (
+    Centering,
     DenseGraph,
     MeanPooling,
     SoftmaxGraph,
@@ -184,17 +185,20 @@ def test_spec_names_and_capabilities() -> None:
         ({"learnable": 1}, TypeError, r"^learnable: "),
     ],
 )
-def test_bad_parameters(kwargs: dict, error: type, match: str) -> None:
+@pytest.mark.parametrize("operator", [MeanPooling, Centering])
+def test_bad_parameters(operator: type, kwargs: dict, error: type, match: str) -> None:
+    """Mean pooling and its matched control, centring, take the same options."""
     with pytest.raises(error, match=match):
-        MeanPooling(**kwargs)
+        operator(**kwargs)
 
 
-def test_bad_calls() -> None:
+@pytest.mark.parametrize("operator", [MeanPooling, Centering])
+def test_bad_calls(operator: type) -> None:
     q, k, x, _ = _inputs()
     graph = SoftmaxGraph(q, k)
     with pytest.raises(TypeError, match=r"^graph: "):
-        MeanPooling()(q, x)  # type: ignore[arg-type]
+        operator()(q, x)
     with pytest.raises(ValueError, match=r"^x: "):
-        MeanPooling()(graph, x[..., :4, :])
-    with pytest.raises(TypeError, match=r"^mean: unknown parameter"):
-        resolve_operator("mean", t=1.0)
+        operator()(graph, x[..., :4, :])
+    with pytest.raises(TypeError, match=rf"^{operator.name}: unknown parameter"):
+        resolve_operator(operator.name, t=1.0)
