@@ -163,19 +163,6 @@ def test_mean_pooling_cannot_change_the_spread_and_centring_removes_the_mean() -
     assert float(y.mean(-2).abs().max()) < 1e-14
 
 
-@pytest.mark.parametrize("kind", ["softmax", "topk[k=3]", "window[w=2,global=1]", "dense"])
-def test_gradcheck(kind: str) -> None:
-    q, k, x, key_mask = _inputs(7)
-    x = x[:, :2, :6, :2].clone().requires_grad_(True)
-    q, k = q[:, :2, :6], k[:, :2, :6]
-    op = Centering(scale=0.7, learnable=True).double()
-    if kind == "dense":
-        graph = DenseGraph(SoftmaxGraph(q, k, causal=True).to_dense())
-    else:
-        graph = resolve_graph(kind).build(q, k, key_mask=key_mask[:, :6], causal=True)
-    assert torch.autograd.gradcheck(lambda x, s: op(graph, x), (x, op.scale))
-
-
 def test_layer_head_is_v_minus_the_masked_running_mean() -> None:
     """In a causal, key-masked layer a ``center`` head outputs ``v`` minus its mean over the
     real keys of the prefix; a query without any (left padding) outputs 0."""

@@ -119,12 +119,14 @@ def test_the_weights_do_not_matter_and_no_gradient_reaches_q_or_k() -> None:
     assert q.grad is None and k.grad is None and x.grad is not None
 
 
+@pytest.mark.parametrize("operator", [MeanPooling, Centering])
 @pytest.mark.parametrize("kind", ["softmax", "topk[k=3]", "window[w=2,global=1]", "dense"])
-def test_gradcheck(kind: str) -> None:
+def test_gradcheck(kind: str, operator: type) -> None:
+    """Mean pooling and centring, in ``x`` and a learnable ``scale``, on every kind."""
     q, k, x, key_mask = _inputs(5)
     x = x[:, :2, :6, :2].clone().requires_grad_(True)
     q, k = q[:, :2, :6], k[:, :2, :6]
-    op = MeanPooling(scale=0.7, learnable=True).double()
+    op = operator(scale=0.7, learnable=True).double()
     if kind == "dense":
         graph = DenseGraph(SoftmaxGraph(q, k, causal=True).to_dense())
     else:
