@@ -14,7 +14,10 @@ Measurements (the public API both trees share):
   ``topk propagate``: forward + backward of ``propagate`` on that graph;
 - ``window layer``: a ``DiffusionAttention(256, 4, "attention:4",
   graph="window[w=128,global=1]", causal=True)`` forward + backward at B=1, N=65536, and
-  ``window layer 1M``: the same at N=2^20 (one timed call; not in the default set).
+  ``window layer 1M``: the same at N=2^20 (one timed call; not in the default set);
+- ``hf model``: a 2-layer GPT-2 (``transformers``' ``GPT2LMHeadModel``, D=256, 8 heads,
+  random weights) converted with ``heatformer.integrations.hf.convert(model,
+  "attention:6,laplacian:2")``, forward + backward of its LM loss at B=2, N=512.
 
     python benchmarks/bench_versions.py --baseline /tmp/base/src --rounds 5
     python benchmarks/bench_versions.py --baseline /tmp/base/src --threads 1 --only "window layer"
@@ -76,6 +79,21 @@ elif name.startswith("window layer"):
         run()
         print(json.dumps({"seconds": time.perf_counter() - start}))
         sys.exit(0)
+elif name == "hf model":
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from heatformer.integrations import hf
+    config = GPT2Config(
+        n_layer=2, n_embd=256, n_head=8, n_positions=512, vocab_size=256, attn_pdrop=0.0,
+        resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )
+    model = hf.convert(
+        GPT2LMHeadModel._from_config(config, attn_implementation="sdpa"),
+        "attention:6,laplacian:2",
+    )
+    ids = torch.randint(0, 256, (2, 512), generator=torch.Generator().manual_seed(1))
+    def run():
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids).loss.backward()
 elif name.startswith("topk"):
     q, k = (torch.randn(1, 4, 4096, 64, requires_grad=True) for _ in range(2))
     v = torch.randn(1, 4, 4096, 64, requires_grad=True)
@@ -92,7 +110,7 @@ print(json.dumps({"seconds": best(run)}))
 
 NAMES = [
     "layer attention", "layer mixed", "heat series", "topk build", "topk propagate",
-    "window layer",
+    "window layer", "hf model",
 ]  # fmt: skip
 EXTRA = ["window layer 1M"]
 

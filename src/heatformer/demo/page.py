@@ -48,7 +48,7 @@ from heatformer.demo.text import (
 )
 from heatformer.graph_ops import DenseGraph
 from heatformer.viz._common import PathLike, new_figure, require_matplotlib, save_figure
-from heatformer.viz.diffusion import _draw_heat_strip, _write_heat_gif
+from heatformer.viz.diffusion import HeatStyle, _draw_heat_strip, _write_heat_gif
 from heatformer.viz.graphs import (
     _draw_topk_pruning,
     draw_attention_graph,
@@ -249,20 +249,18 @@ def _spectrum_section(out: Path, data: DemoData, facts: PageFacts) -> _Section:
 def _heat_section(out: Path, data: DemoData, facts: PageFacts, *, gif: bool) -> _Section:
     """Both views of the heat flow from the source token, and the animation."""
     graph = DenseGraph(data.attention[data.layer, data.attention_head])
+    style = HeatStyle(tokens=data.labels)
     for name, frames, label in (
         ("heat_flow.png", data.heat, "influence exp(−tL) e_j"),
         ("heat_mass.png", data.mass, "mass exp(−tLᵀ) e_j"),
     ):
         _draw_heat_strip(
-            graph, data.heat_times, frames, tokens=data.labels, totals=True, label=label,
-            save=out / name,
-        )  # fmt: skip
+            graph, data.heat_times, frames, style, totals=True, label=label, save=out / name
+        )
     files = ["heat_flow.png", "heat_mass.png"]
     if gif:
-        _write_heat_gif(
-            graph, data.animation_times, data.animation, path=out / "heat_flow.gif",
-            tokens=data.labels, dpi=120,
-        )  # fmt: skip
+        gif_path = out / "heat_flow.gif"
+        _write_heat_gif(graph, data.animation_times, data.animation, style, path=gif_path, dpi=120)
         files.append("heat_flow.gif")
     title = "Heat flow of a one-hot signal: influence and mass"
     return "heat", title, heat_text(data, facts), files

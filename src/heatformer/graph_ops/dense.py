@@ -51,14 +51,6 @@ class DenseGraph(Graph):
                 )
         self.weight = self._tensor = weight
 
-    @property
-    def num_nodes(self) -> int:
-        return int(self.weight.shape[-1])
-
-    @property
-    def batch_shape(self) -> torch.Size:
-        return self.weight.shape[:-2]
-
     def propagate(self, x: Tensor) -> Tensor:
         return self.weight @ self._check_x(x)
 

@@ -177,10 +177,7 @@ def _series(
         term = y.to(x.dtype)  # products with the graph in the signal's dtype
         acc = weight * y
         if segments is None:  # everything kept for the backward (small signals)
-            for k in range(1, order + 1):
-                term = gen.markov(term)
-                weight = weight * step / k
-                acc = torch.addcmul(acc, weight, term)  # acc + weight * term, one pass
+            _, acc, _ = _series_terms(gen.markov, term, weight, step, 1, order, acc)
         else:
             for first, last in segments:
                 term, part, weight = checkpoint(
@@ -227,16 +224,19 @@ def _series_terms(
     step: Tensor,
     first: int,
     last: int,
+    acc: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Terms ``first..last`` of a series from ``term`` (the one before ``first``): the last
-    term, the sum of the weighted terms, and the last weight (a recomputed segment)."""
-    part: Tensor | None = None
+    term, the sum of the weighted terms (added to ``acc`` when given), and the last weight.
+    A recomputed segment starts without ``acc``; the whole series of a small signal runs
+    with it."""
     for k in range(first, last + 1):
         term = fn(term)
         weight = weight * step / k
-        part = weight * term if part is None else torch.addcmul(part, weight, term)
-    assert part is not None  # first <= last
-    return term, part, weight
+        # acc + weight * term in one pass
+        acc = weight * term if acc is None else torch.addcmul(acc, weight, term)
+    assert acc is not None  # first <= last or an acc given
+    return term, acc, weight
 
 
 def propagation_step(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:

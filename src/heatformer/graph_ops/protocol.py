@@ -159,11 +159,12 @@ def _masked_softmax(s: Tensor, allowed: Tensor | None, *, exact_zeros: bool = Tr
 class Graph(ABC):
     """A batch of weighted directed graphs on ``num_nodes`` nodes (the protocol).
 
-    A graph kind implements :attr:`num_nodes`, :attr:`batch_shape`, :meth:`propagate`,
-    :meth:`propagate_transpose`, :meth:`out_degree`, :meth:`in_degree`, :meth:`weight_rows`
-    and :meth:`to`, and sets ``_tensor`` (a tensor of the graph: it fixes :attr:`dtype` and
-    :attr:`device`). Everything else (dense form, top-k, thresholding, symmetrization,
-    interop, the uniform walk of :meth:`uniform`) is written once, here and in
+    A graph kind implements :meth:`propagate`, :meth:`propagate_transpose`,
+    :meth:`out_degree`, :meth:`weight_rows` and :meth:`to`, and sets ``_tensor`` (a tensor of
+    the graph: it fixes :attr:`dtype` and :attr:`device`, and, when it is ``(..., N, ·)``, the
+    default :attr:`num_nodes` and :attr:`batch_shape`; :meth:`in_degree` defaults to
+    :meth:`propagate_transpose` of ones). Everything else (dense form, top-k, thresholding,
+    symmetrization, interop, the uniform walk of :meth:`uniform`) is written once, here and in
     :mod:`~heatformer.graph_ops.sparsify`, :mod:`~heatformer.graph_ops.symmetrized` and
     :mod:`~heatformer.graph_ops.interop`, on top of them.
 
@@ -181,18 +182,21 @@ class Graph(ABC):
     #: key mask); lets the Laplacians skip masking isolated nodes. False means "unknown".
     rows_nonempty: bool = False
 
-    @property
-    @abstractmethod
-    def num_nodes(self) -> int:
-        """Number of nodes ``N``."""
-
-    @property
-    @abstractmethod
-    def batch_shape(self) -> torch.Size:
-        """Leading dims of the batch of graphs, e.g. ``(B, H)``."""
-
-    #: a tensor of the graph (weights or queries) that fixes its dtype and device
+    #: a tensor of the graph (weights or queries) that fixes its dtype and device, and by
+    #: default its :attr:`num_nodes` and :attr:`batch_shape`: ``(..., N, ·)``
     _tensor: Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes ``N`` (by default ``_tensor``'s dim -2: a kind whose tensor is
+        not ``(..., N, ·)`` overrides it)."""
+        return int(self._tensor.shape[-2])
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """Leading dims of the batch of graphs, e.g. ``(B, H)`` (by default ``_tensor``'s
+        dims before the last two)."""
+        return self._tensor.shape[:-2]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -216,9 +220,13 @@ class Graph(ABC):
     def out_degree(self) -> Tensor:
         """Row sums ``W 1``, shape ``(..., N)``."""
 
-    @abstractmethod
     def in_degree(self) -> Tensor:
-        """Column sums ``W^T 1``, shape ``(..., N)``."""
+        """Column sums ``W^T 1``, shape ``(..., N)``: by default :meth:`propagate_transpose`
+        of ones (the implicit kinds keep it; an explicit kind sums its weights)."""
+        ones = torch.ones(
+            *self.batch_shape, self.num_nodes, 1, dtype=self.dtype, device=self.device
+        )  # (..., N, 1)
+        return self.propagate_transpose(ones).squeeze(-1)
 
     @abstractmethod
     def weight_rows(self, start: int, stop: int) -> Tensor:

@@ -115,14 +115,6 @@ class SoftmaxGraph(Graph):
         self.rows_nonempty = mask is None  # a causal row keeps its diagonal
         self._flat_qk: dict[bool, tuple[Tensor, Tensor]] = {}
 
-    @property
-    def num_nodes(self) -> int:
-        return int(self.q.shape[-2])
-
-    @property
-    def batch_shape(self) -> torch.Size:
-        return self.q.shape[:-2]
-
     def _blocks(
         self,
         row_block: int | None,
@@ -343,12 +335,6 @@ class SoftmaxGraph(Graph):
 
     def out_degree(self) -> Tensor:
         return self.row_has_edge().to(self.dtype)
-
-    def in_degree(self) -> Tensor:
-        ones = torch.ones(
-            *self.batch_shape, self.num_nodes, 1, dtype=self.dtype, device=self.device
-        )
-        return self.propagate_transpose(ones).squeeze(-1)
 
 
 class _KeptScores(torch.autograd.Function):

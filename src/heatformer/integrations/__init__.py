@@ -16,10 +16,10 @@ The adapters share :class:`~heatformer.integrations._heads.HeadOperators`, which
 operator per head to the host layer's own queries, keys and values (through the
 :class:`~heatformer.models.routing.HeadRouter` that
 :class:`~heatformer.models.DiffusionAttention` uses too), one convert skeleton
-(:func:`~heatformer.integrations._heads.convert_modules`), and the conversion record of
-:mod:`heatformer.integrations._record`, which a saved converted model carries (in
-``config.json`` for transformers, in the state dict for timm and ``torch.nn``) so that it
-loads as what it is.
+(:class:`~heatformer.integrations._convert.Adapter`: find, make, install), and the
+conversion record of :mod:`heatformer.integrations._record`, which a saved converted model
+carries (in ``config.json`` for transformers, in the state dict for timm and ``torch.nn``) so
+that it loads as what it is.
 """
 
 __all__: list[str] = []

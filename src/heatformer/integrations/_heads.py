@@ -10,38 +10,30 @@ library makes itself), other heads build the layer's graph kind, heads that read
 refused under a causal mask, and a rectangular graph (a KV cache, cross-attention) serves
 affine heads only.
 
-:func:`convert_modules` is the skeleton every adapter's ``convert`` and ``load_state_dict``
-share: find the attention modules, make each one's replacement from its head spec and graph
-kind, install them.
+:class:`~heatformer.integrations._convert.Adapter` is the skeleton every adapter's ``convert``
+and ``load_state_dict`` share; :func:`heads_for` is what its ``make`` gives a module converted
+before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, Graph, GraphBuilder, resolve_graph
-from heatformer.models.heads import parse_layer_graphs, parse_layer_heads
 from heatformer.models.masks import AttentionMask
 from heatformer.models.routing import HeadRouter
 
 __all__ = [
     "HeadOperators",
-    "convert_modules",
     "head_width",
     "heads_for",
     "in_module",
-    "layer_specs",
 ]
-
-#: what a ``convert`` returns: the model or module it converted (or its replacement)
-_Root = TypeVar("_Root", bound=nn.Module)
-#: what an adapter makes for one attention module: its replacement, or new heads for it
-_Made = TypeVar("_Made", bound=nn.Module)
 
 
 def in_module(name: str, err: ValueError) -> checks.ArgumentValueError:
@@ -50,53 +42,6 @@ def in_module(name: str, err: ValueError) -> checks.ArgumentValueError:
     argument = err.argument if isinstance(err, checks.ArgumentError) else "heads"
     detail = err.detail if isinstance(err, checks.ArgumentError) else str(err)
     return checks.bad_value(argument, f"module {name!r}: {detail}")
-
-
-def layer_specs(
-    heads: str | Sequence[str], graph: str | GraphBuilder | Sequence[str], n_layer: int
-) -> list[tuple[str, str]]:
-    """``(head spec, graph kind)`` of each of ``n_layer`` attention modules, from a
-    ``convert`` call's ``heads`` and ``graph`` (one for every module, or one per module)."""
-    specs = parse_layer_heads(heads, n_layer)
-    kinds = parse_layer_graphs(graph.spec if isinstance(graph, GraphBuilder) else graph, n_layer)
-    return list(zip(specs, kinds, strict=True))
-
-
-def convert_modules(
-    root: _Root,
-    found: Sequence[tuple[str, nn.Module]],
-    plan: Sequence[tuple[str, str]],
-    *,
-    make: Callable[[str, nn.Module, str, str], _Made],
-    install: Callable[[_Root, Sequence[tuple[str, nn.Module]], list[_Made]], _Root],
-) -> _Root:
-    """The skeleton of every adapter's ``convert`` and ``load_state_dict``::
-
-        found = find(model)                                # the adapter's attention modules
-        plan = layer_specs(heads, graph, len(found))       # or what a state dict records
-        return convert_modules(model, found, plan, make=make, install=install)
-
-    Args:
-        root: the model or module converted.
-        found: ``(name, module)`` of its attention modules (the adapter's ``find``).
-        plan: ``(head spec, graph kind)`` of each (:func:`layer_specs`, or
-            :func:`~heatformer.integrations._record.recorded`).
-        make: ``make(name, module, spec, kind)``: the module's replacement, or the
-            :class:`HeadOperators` to give a module converted before (its own when they were
-            built from ``spec`` and ``kind``).
-        install: ``install(root, found, made)`` puts them in place; its result is returned.
-
-    Raises:
-        ValueError: what ``make`` raises, with the module's name in its detail
-            (:func:`in_module`).
-    """
-    made: list[_Made] = []
-    for (name, module), (spec, kind) in zip(found, plan, strict=True):
-        try:
-            made.append(make(name, module, spec, kind))
-        except ValueError as err:
-            raise in_module(name or type(module).__name__, err) from None
-    return install(root, found, made)
 
 
 def heads_for(

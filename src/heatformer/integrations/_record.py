@@ -209,7 +209,7 @@ def recorded(
     """``(name, module)`` of every module in ``found`` (a model's convertible modules) that
     ``state_dict`` records, and the ``(head spec, graph kind)`` of each: how to convert the
     model before the state dict loads (see
-    :func:`~heatformer.integrations._heads.convert_modules`).
+    :meth:`~heatformer.integrations._convert.Adapter.apply`).
 
     Raises:
         ValueError: a record of a module the model does not have, or of heads built from

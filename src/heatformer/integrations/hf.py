@@ -57,13 +57,12 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.analysis.hooks import LayerSnapshot
 from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
+from heatformer.integrations._convert import Adapter
 from heatformer.integrations._heads import (
     HeadOperators,
-    convert_modules,
     head_width,
     heads_for,
     in_module,
-    layer_specs,
 )
 from heatformer.integrations._hf_attention import (  # refuses a missing or old transformers
     CONFIG_ENTRY,
@@ -153,6 +152,9 @@ def _install(
     return model
 
 
+_ADAPTER = Adapter(find=_convertible, make=_heads_of, install=_install)
+
+
 def convert(
     model: nn.Module,
     heads: str | Sequence[str],
@@ -188,9 +190,7 @@ def convert(
             implementation; a model saved converted and loaded without its heads (their
             learned parameters would be lost: use :func:`from_pretrained`).
     """
-    modules = _convertible(model)
-    plan = layer_specs(heads, graph, len(modules))
-    return convert_modules(model, modules, plan, make=_heads_of, install=_install)
+    return _ADAPTER.convert(model, heads, graph)
 
 
 def revert(model: nn.Module) -> nn.Module:

@@ -46,13 +46,9 @@ from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
-from heatformer.integrations._heads import (
-    HeadOperators,
-    convert_modules,
-    heads_for,
-    layer_specs,
-)
-from heatformer.integrations._record import RecordedHeads, recorded
+from heatformer.integrations._convert import Adapter
+from heatformer.integrations._heads import HeadOperators, heads_for
+from heatformer.integrations._record import RecordedHeads
 from heatformer.models.masks import AttentionMask
 
 __all__ = ["MIN_TIMM", "TimmDiffusionAttention", "convert", "import_timm", "load_state_dict"]
@@ -351,6 +347,9 @@ def _install(
     return model
 
 
+_ADAPTER = Adapter(find=_attention_modules, make=_converted, install=_install)
+
+
 def convert(
     model: nn.Module,
     heads: str | Sequence[str],
@@ -370,9 +369,7 @@ def convert(
     Raises:
         ValueError: no timm ``Attention`` inside ``model``; a spec that does not fit a block.
     """
-    found = _attention_modules(model)
-    plan = layer_specs(heads, graph, len(found))
-    return convert_modules(model, found, plan, make=_converted, install=_install)
+    return _ADAPTER.convert(model, heads, graph)
 
 
 def load_state_dict(
@@ -402,7 +399,4 @@ def load_state_dict(
         ValueError: a recorded module that ``model`` does not have, or one that cannot be
             rebuilt from its record.
     """
-    found, plan = recorded(_attention_modules(model), state_dict)
-    model = convert_modules(model, found, plan, make=_converted, install=_install)
-    model.load_state_dict(state_dict, strict=strict)
-    return model
+    return _ADAPTER.load_state_dict(model, state_dict, strict=strict)

@@ -49,13 +49,9 @@ from torch import Tensor, nn
 from heatformer import checks
 from heatformer.graph_ops import DiffusionOperator, GraphBuilder
 from heatformer.graph_ops._precision import attention_scores
-from heatformer.integrations._heads import (
-    HeadOperators,
-    convert_modules,
-    heads_for,
-    layer_specs,
-)
-from heatformer.integrations._record import RecordedHeads, recorded
+from heatformer.integrations._convert import Adapter
+from heatformer.integrations._heads import HeadOperators, heads_for
+from heatformer.integrations._record import RecordedHeads
 from heatformer.models.attention import check_multihead_attention
 from heatformer.models.masks import AttentionMask, allowed_from
 
@@ -353,6 +349,9 @@ def _install(
     return root
 
 
+_ADAPTER = Adapter(find=_attention_modules, make=_converted, install=_install)
+
+
 def convert(
     module: nn.Module,
     heads: str | Sequence[str],
@@ -379,9 +378,7 @@ def convert(
     Raises:
         ValueError: no ``nn.MultiheadAttention`` inside ``module``; a spec that does not fit.
     """
-    found = _attention_modules(module)
-    plan = layer_specs(heads, graph, len(found))
-    return convert_modules(module, found, plan, make=_converted, install=_install)
+    return _ADAPTER.convert(module, heads, graph)
 
 
 def load_state_dict(
@@ -411,7 +408,4 @@ def load_state_dict(
         ValueError: a recorded module that ``module`` does not have, or one that cannot be
             rebuilt from its record.
     """
-    found, plan = recorded(_attention_modules(module), state_dict)
-    module = convert_modules(module, found, plan, make=_converted, install=_install)
-    module.load_state_dict(state_dict, strict=strict)
-    return module
+    return _ADAPTER.load_state_dict(module, state_dict, strict=strict)

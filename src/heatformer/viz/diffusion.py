@@ -12,6 +12,7 @@ Laplacian ``L = D - W`` of a symmetric graph, heat is conserved: ``sum_i u_i(t) 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,18 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["animate_heat_diffusion", "heat_diffusion_frames", "plot_heat_diffusion"]
+
+
+@dataclass(frozen=True)
+class HeatStyle:
+    """How the heat frames are drawn (the drawing options of :func:`plot_heat_diffusion` and
+    :func:`animate_heat_diffusion`, which document them)."""
+
+    tokens: Sequence[str] | str | bytes | None = None
+    layout: str = "arc"
+    top_k: int | None = 2
+    cmap: str = "YlOrRd"
+    gamma: float = 0.5
 
 
 def _signal(signal: int | Tensor | Sequence[float], n: int) -> Tensor:
@@ -160,29 +173,25 @@ def plot_heat_diffusion(
     one = single_graph(graph, index)
     ts = _times(times)
     frames = heat_diffusion_frames(one, signal, ts, normalization=normalization)
-    return _draw_heat_strip(
-        one, ts, frames, label=f"heat exp(−tL) x  ({normalization})", tokens=tokens,
-        layout=layout, top_k=top_k, cmap=cmap, gamma=gamma, save=save,
-    )  # fmt: skip
+    style = HeatStyle(tokens, layout, top_k, cmap, gamma)
+    label = f"heat exp(−tL) x  ({normalization})"
+    return _draw_heat_strip(one, ts, frames, style, label=label, save=save)
 
 
 def _draw_heat_strip(
     one: DenseGraph,
     ts: Sequence[float],
     frames: Tensor,
+    style: HeatStyle,
     *,
     label: str,
-    tokens: Sequence[str] | str | bytes | None = None,
-    layout: str = "arc",
-    top_k: int | None = 2,
-    cmap: str = "YlOrRd",
-    gamma: float = 0.5,
     totals: bool = False,
     save: PathLike | None = None,
 ) -> Figure:
     """The strip of :func:`plot_heat_diffusion` for given frames ``(T, N)`` at times ``ts``;
     ``totals`` adds each frame's total ``Σ_i u_i(t)`` to its title."""
-    norm = _heat_norm(frames, gamma)
+    layout, top_k, cmap = style.layout, style.top_k, style.cmap
+    norm = _heat_norm(frames, style.gamma)
     n, count = one.num_nodes, len(ts)
     if layout == "arc":
         drawn = (one.topk(top_k) if top_k is not None else one).to_dense()
@@ -195,7 +204,7 @@ def _draw_heat_strip(
         axes = [fig.add_subplot(1, count, s + 1) for s in range(count)]
     for ax, t, frame in zip(axes, ts, frames):
         draw_attention_graph(
-            one, tokens=tokens, top_k=top_k, layout=layout, node_values=frame, cmap=cmap,
+            one, tokens=style.tokens, top_k=top_k, layout=layout, node_values=frame, cmap=cmap,
             norm=norm, curvature=0.2 if layout == "arc" else None, edge_width=2.0,
             edge_alpha=0.45, ax=ax,
             title=f"t = {t:g}" + (f",  total {float(frame.sum()):.4f}" if totals else ""),
@@ -261,35 +270,31 @@ def animate_heat_diffusion(
     ts = _times(times if times is not None else torch.linspace(0.0, 6.0, 24))
     one = single_graph(graph, index)
     frames = heat_diffusion_frames(one, signal, ts, normalization=normalization)
-    return _write_heat_gif(
-        one, ts, frames, path=path, tokens=tokens, layout=layout, top_k=top_k, cmap=cmap,
-        gamma=gamma, fps=fps, dpi=dpi,
-    )  # fmt: skip
+    style = HeatStyle(tokens, layout, top_k, cmap, gamma)
+    return _write_heat_gif(one, ts, frames, style, path=path, fps=fps, dpi=dpi)
 
 
 def _write_heat_gif(
     one: DenseGraph,
     ts: Sequence[float],
     frames: Tensor,
+    style: HeatStyle,
     *,
     path: Path,
-    tokens: Sequence[str] | str | bytes | None = None,
-    layout: str = "arc",
-    top_k: int | None = 2,
-    cmap: str = "YlOrRd",
-    gamma: float = 0.5,
     fps: int = 6,
     dpi: int = 80,
 ) -> Path:
     """The GIF of :func:`animate_heat_diffusion` for given frames ``(T, N)`` at times ``ts``."""
-    norm = _heat_norm(frames, gamma)
+    layout = style.layout
+    norm = _heat_norm(frames, style.gamma)
     fig = draw_attention_graph(
-        one, tokens=tokens, top_k=top_k, layout=layout, node_values=frames[0], cmap=cmap,
-        norm=norm, curvature=0.3 if layout == "arc" else None, edge_width=2.0, edge_alpha=0.45,
+        one, tokens=style.tokens, top_k=style.top_k, layout=layout, node_values=frames[0],
+        cmap=style.cmap, norm=norm, curvature=0.3 if layout == "arc" else None, edge_width=2.0,
+        edge_alpha=0.45,
     )  # fmt: skip
     ax = fig.axes[0]
     nodes = find_collection(ax, "nodes")
-    _colorbar(fig, [ax], cmap, norm, "heat")
+    _colorbar(fig, [ax], style.cmap, norm, "heat")
     try:
         from matplotlib.animation import PillowWriter
     except ImportError as err:  # pragma: no cover - Pillow is a matplotlib dependency

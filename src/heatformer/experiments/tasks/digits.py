@@ -27,7 +27,8 @@ from heatformer.checks import (
     check_int,
     check_positive_int,
 )
-from heatformer.experiments.tasks.base import Task, TaskOptions, option
+from heatformer.experiments.tasks._classifier import ClassificationTask
+from heatformer.experiments.tasks.base import TaskOptions, option
 
 if TYPE_CHECKING:
     import numpy as np
@@ -328,14 +329,11 @@ class DigitsOptions(TaskOptions):
             raise bad_value("npz", f"expected a path or None, got {self.npz!r}")
 
 
-class Digits(Task):
+class Digits(ClassificationTask):
     """Image classification with a ViT (see the module docstring)."""
 
     name = "digits"
     Options = DigitsOptions
-    metric_names = ("test_acc", "test_loss")
-    higher_is_better = (True, False)
-    eval_loss_name = "test_loss"
     data_factory = staticmethod(load_digits_task)
 
     options: DigitsOptions
@@ -378,6 +376,3 @@ class Digits(Task):
     def analysis_batch(self) -> tuple[Tensor, Tensor]:
         size = min(self.options.analysis_size, self.data.test_labels.numel())
         return self.data.test_images[:size], self.data.test_labels[:size]
-
-    def metrics(self, loss: float, accuracy: float) -> dict[str, float]:
-        return {"test_acc": accuracy, "test_loss": loss}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from heatformer.checks import (
     bad_value,
@@ -23,11 +23,12 @@ from heatformer.checks import (
     check_int,
     check_positive_int,
 )
-from heatformer.experiments.tasks.base import Task, TaskOptions, option
+from heatformer.experiments.tasks._classifier import SequenceClassifierTask
+from heatformer.experiments.tasks.base import TaskOptions, option
 
 if TYPE_CHECKING:
     import torch
-    from torch import Tensor, nn
+    from torch import Tensor
 
 __all__ = ["Recall", "RecallOptions", "RecallTask"]
 
@@ -222,15 +223,20 @@ class RecallOptions(TaskOptions):
         return self.seq_len
 
 
-class Recall(Task):
-    """Associative recall with a causal sequence classifier (see the module docstring)."""
+class Recall(SequenceClassifierTask):
+    """Associative recall with a causal sequence classifier (see the module docstring).
+
+    The classifier and the analysis read the final position (``pool="last"``).
+    """
 
     name = "recall"
     Options = RecallOptions
     metric_names = ("val_acc", "val_loss")
-    higher_is_better = (True, False)
     eval_loss_name = "val_loss"
     data_factory = RecallTask
+    pool = "last"
+    causal = True
+    eval_batch_size = 128
 
     options: RecallOptions
     data: RecallTask
@@ -242,31 +248,6 @@ class Recall(Task):
             num_values=o.num_values,
         )  # fmt: skip
 
-    def model_config(self, heads: str) -> Any:
-        from heatformer.models import SequenceClassifierConfig
-
-        return SequenceClassifierConfig(
-            vocab_size=self.data.vocab_size, num_classes=self.data.num_classes,
-            block_size=self.data.seq_len, pool="last", causal=True, **self.model_kwargs(heads),
-        )  # fmt: skip
-
-    def build_model(self, heads: str) -> nn.Module:
-        from heatformer.models import SequenceClassifier
-
-        return SequenceClassifier(self.model_config(heads))
-
-    def train_batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        return self.data.get_batch(batch_size, generator)
-
-    def eval_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        return self.data.eval_batches(128)
-
     def analysis_batch(self) -> tuple[Tensor, Tensor]:
         x, target = next(iter(self.data.eval_batches(self.options.analysis_size)))
         return x, target
-
-    def metrics(self, loss: float, accuracy: float) -> dict[str, float]:
-        return {"val_acc": accuracy, "val_loss": loss}
-
-    def pooled(self, x: Tensor) -> Tensor:
-        return x[:, -1]  # (B, D) final-position states, what the classifier reads

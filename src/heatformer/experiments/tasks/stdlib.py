@@ -40,7 +40,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from heatformer.checks import (
     ArgumentFileNotFoundError,
@@ -50,6 +50,7 @@ from heatformer.checks import (
     check_int,
     check_positive_int,
 )
+from heatformer.experiments.tasks._classifier import SequenceClassifierTask
 from heatformer.experiments.tasks._corpus import (
     STDLIB_EXCLUDED_DIRS,
     check_byte_stream,
@@ -58,11 +59,11 @@ from heatformer.experiments.tasks._corpus import (
     to_uint8,
     walk_files,
 )
-from heatformer.experiments.tasks.base import Task, TaskOptions, option
+from heatformer.experiments.tasks.base import TaskOptions, option
 
 if TYPE_CHECKING:
     import torch
-    from torch import Tensor, nn
+    from torch import Tensor
 
 __all__ = ["Stdlib", "StdlibOptions", "StdlibTask", "load_stdlib_task"]
 
@@ -450,18 +451,15 @@ class StdlibOptions(TaskOptions):
         return self.seq_len
 
 
-class Stdlib(Task):
+class Stdlib(SequenceClassifierTask):
     """Which package a source snippet comes from, with a bidirectional mean-pooling classifier.
 
     See the module docstring. The analysis pools each snippet's token states by their mean
-    (:meth:`Task.pooled`), what the classifier reads.
+    (:meth:`SequenceClassifierTask.pooled` with ``pool="mean"``), what the classifier reads.
     """
 
     name = "stdlib"
     Options = StdlibOptions
-    metric_names = ("test_acc", "test_loss")
-    higher_is_better = (True, False)
-    eval_loss_name = "test_loss"
     data_factory = staticmethod(load_stdlib_task)
 
     options: StdlibOptions
@@ -481,29 +479,7 @@ class Stdlib(Task):
                 f"expected data with seq_len={self.options.seq_len}, got {self.data.seq_len}",
             )
 
-    def model_config(self, heads: str) -> Any:
-        from heatformer.models import SequenceClassifierConfig
-
-        return SequenceClassifierConfig(
-            vocab_size=self.data.vocab_size, num_classes=self.data.num_classes,
-            block_size=self.data.seq_len, pool="mean", causal=False, **self.model_kwargs(heads),
-        )  # fmt: skip
-
-    def build_model(self, heads: str) -> nn.Module:
-        from heatformer.models import SequenceClassifier
-
-        return SequenceClassifier(self.model_config(heads))
-
-    def train_batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        return self.data.get_batch(batch_size, generator)
-
-    def eval_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        return self.data.eval_batches(256)
-
     def analysis_batch(self) -> tuple[Tensor, Tensor]:
         x, labels = self.data.eval_set()
         size = min(self.options.analysis_size, labels.numel())
         return x[:size], labels[:size]  # the first snippets of the test set: balanced
-
-    def metrics(self, loss: float, accuracy: float) -> dict[str, float]:
-        return {"test_acc": accuracy, "test_loss": loss}
