@@ -502,10 +502,6 @@ def analyze(
     task = given or resolve_task(spec.task)(spec, data)
     ctx = DistContext(device=resolve_device(device))
     with hold_folder(out, ctx):  # it rewrites the run records and the report
-        if changed != folder_spec:
-            atomic_write_json(
-                out / SPEC_NAME, {**read_json(out / SPEC_NAME), "spec": changed.to_dict()}
-            )
         factory = model_factory or (lambda t, heads: t.build_model(heads))
         records = []
         plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[-1])]
@@ -529,6 +525,10 @@ def analyze(
                     atomic_write_json(run_dir / RESULT_NAME, record)
                 records.append({**record, "setting": setting} if spec.tune else record)
                 bar.update(1)
+        if changed != folder_spec:  # every record read it: the folder's spec says so now
+            atomic_write_json(
+                out / SPEC_NAME, {**read_json(out / SPEC_NAME), "spec": changed.to_dict()}
+            )
         previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}
         invocations = read_invocations(out)
         trained = previous.get("environment") or (
