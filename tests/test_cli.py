@@ -141,14 +141,14 @@ def test_python_m_heatformer_runs_the_command() -> None:
     [
         (
             ["compare", "--task", "nope"],
-            "task: expected one of ['chars', 'digits', 'recall', 'stdlib'], got 'nope'",
+            "task: expected one of ['chars', 'digits', 'masked', 'recall', 'stdlib'], got 'nope'",
         ),
         (["compare", "--heads", "laplacain:2"], "unknown operator 'laplacain'"),
         (["compare", "--heads", "attention:3,laplacian:2"], "--embd: expected a multiple of the 5"),
         (["compare", "--heads", "attention:2", "--heads", "attention:2"], "distinct schedules"),
         (["compare", "--heads", "attention;laplacian"], "expected 4 layer specs"),
         (["train", "--text", "/no/such/file.txt"], "no such file or directory: /no/such/file.txt"),
-        (["train", "--task", "digits", "--text", "x.txt"], "only the 'chars' task"),
+        (["train", "--task", "digits", "--text", "x.txt"], "only the 'chars' and 'masked' tasks"),
         (["train", "--task", "digits", "--npz", "/no/such.npz"], "no such file: /no/such.npz"),
         (["compare", "--seeds", "two"], "seeds: expected a count"),
         (["train", "--steps", "0"], "steps: expected a positive int, got 0"),
@@ -173,9 +173,13 @@ def test_python_m_heatformer_runs_the_command() -> None:
         (["train", "--threads", "0"], "--threads: expected a positive int, got 0"),
         (
             ["train", "--task", "digits", "--seq-len", "8"],
-            "--seq-len: only the 'chars', 'recall' and 'stdlib' tasks use it, got task 'digits'",
+            "--seq-len: only the 'chars', 'masked', 'recall' and 'stdlib' tasks use it, "
+            "got task 'digits'",
         ),
-        (["train", "--task", "recall", "--max-bytes", "99"], "--max-bytes: only the 'chars' task"),
+        (
+            ["train", "--task", "recall", "--max-bytes", "99"],
+            "--max-bytes: only the 'chars' and 'masked' tasks",
+        ),
         (["train", "--task", "chars", "--patch-size", "4"], "--patch-size: only the 'digits' task"),
         # library names (seeds, n_layer) become the option the user typed
         (["train", "--seed", "-1"], "--seed: expected distinct non-negative ints, got [-1]"),
@@ -223,7 +227,7 @@ def test_python_m_heatformer_runs_the_command() -> None:
         (["train", "--task", "digits", "--analysis-size", "0"], "--analysis-size: expected a "),
         (
             ["train", "--task", "recall", "--text", "x.txt"],
-            "--text: only the 'chars' task uses it, got task 'recall'",
+            "--text: only the 'chars' and 'masked' tasks use it, got task 'recall'",
         ),
     ],
 )

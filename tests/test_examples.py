@@ -178,7 +178,8 @@ def test_a_registered_task_gets_its_flags_and_refuses_the_others(
     assert main(["train", "--task", "majority", "--text", "x.txt", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err == (
-        "heatformer train: error: --text: only the 'chars' task uses it, got task 'majority'\n"
+        "heatformer train: error: --text: only the 'chars' and 'masked' tasks use it, "
+        "got task 'majority'\n"
     )
     assert main(["train", "--task", "chars", "--p-one", "0.3", "--out", str(out)]) == 2
     assert "--p-one: only the 'majority' task uses it, got task 'chars'" in capsys.readouterr().err

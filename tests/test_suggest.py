@@ -54,7 +54,10 @@ def test_a_name_close_to_nothing_gets_no_suggestion() -> None:
 def test_the_command_line_suggests_as_the_library(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "--heads", "laplacain:2", "--task", "char"]) == 2
     err = capsys.readouterr().err
-    assert "--task: expected one of ['chars', 'digits', 'recall', 'stdlib'], got 'char'" in err
+    assert (
+        "--task: expected one of ['chars', 'digits', 'masked', 'recall', 'stdlib'], got 'char'"
+        in err
+    )
     assert "got 'char' (did you mean 'chars'?)" in err
     assert main(["compare", "--heads", "laplacain:2"]) == 2
     assert "(did you mean 'laplacian'?)" in capsys.readouterr().err

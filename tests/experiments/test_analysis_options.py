@@ -4,6 +4,8 @@ LayerNorm; and the within/between-sequence parts of the within-sequence share.""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -124,6 +126,48 @@ def test_the_command_line_sets_the_analysis_options() -> None:
     )  # fmt: skip
     spec = _experiments._build_spec(build_parser().parse_args(argv[:5]), compare=True)
     assert (spec.analysis_split, spec.analysis_cls, spec.analysis_point) == ("test", True, "pre_ln")
+
+
+def test_analyze_overrides_what_the_analysis_reads_and_records_it(
+    tiny_spec: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from heatformer.cli import main
+    from heatformer.experiments.checkpoint import load_checkpoint
+    from heatformer.experiments.compare import run_compare
+
+    out = tmp_path / "out"
+    run_compare(tiny_spec(steps=3, heads=("attention:1,laplacian:1",)), out)
+    before = (out / "spec.json").read_bytes()
+    # a cls token the chars model does not have: refused, naming the flag, nothing written
+    assert main(["analyze", str(out), "--no-progress", "--no-analysis-cls"]) == 2
+    assert "--no-analysis-cls: expected True for task 'chars'" in capsys.readouterr().err
+    assert (out / "spec.json").read_bytes() == before
+    argv = ["analyze", str(out), "--no-progress", "--analysis-split", "train",
+            "--analysis-point", "post_ln"]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["analysis_on"] == "a training batch, after the final LayerNorm"
+    saved = json.loads((out / "spec.json").read_text())["spec"]
+    assert (saved["analysis_split"], saved["analysis_point"]) == ("train", "post_ln")
+    # the record holds what the task computes under those options, from the final weights
+    spec = dataclasses.replace(
+        CompareSpec.from_dict(saved), analysis_split="test", analysis_point="pre_ln"
+    )
+    task = _with(resolve_task("chars")(spec), analysis_split="train", analysis_point="post_ln")
+    run = results["runs"][0]
+    model = task.build_model(run["heads"])
+    model.load_state_dict(load_checkpoint(out / "runs" / run["run"] / "checkpoint.pt")["model"])
+    _assert_same(run["analysis"], task.layer_metrics(model, CPU))
+    default = _with(task, analysis_split="test", analysis_point="pre_ln").layer_metrics(model, CPU)
+    assert run["analysis"]["within_seq_var"] != pytest.approx(default["within_seq_var"])
+    # the flags and their help are compare's
+    from heatformer.cli import _build_parsers
+
+    flags = {"analysis_split": "--analysis-split", "analysis_point": "--analysis-point",
+             "analysis_cls": "--no-analysis-cls"}  # fmt: skip
+    parsers = _build_parsers()[1]
+    assert flags.items() <= parsers["analyze"].option_of.items()
+    assert flags.items() <= parsers["compare"].option_of.items()
 
 
 # ----------------------------------------------------------------------------- the split

@@ -256,7 +256,7 @@ def test_task_registry_entry_options_and_model(tiny_root: Path) -> None:
 
     help_text = " ".join(_build_parsers()[1]["compare"].format_help().split())
     for line in (
-        "chars, recall, stdlib: sequence length (default 128)",
+        "chars, recall, stdlib, masked: sequence length (default 128)",
         "--num-classes N stdlib: number of classes: the largest packages (at least 2) (default 16)",
         "--eval-per-class N stdlib: test snippets per class (default 32)",
         "stdlib: sequences in the analysis batch (capped by the test set) (default 256)",

@@ -27,6 +27,7 @@ from heatformer.experiments import (
 from heatformer.experiments.tasks import (
     Chars,
     Digits,
+    MaskedChars,
     Recall,
     Stdlib,
     StdlibTask,
@@ -69,13 +70,14 @@ def _stdlib_data() -> StdlibTask:
 
 
 def test_builtin_tasks_are_the_registry_entries() -> None:
-    assert TASK_NAMES == ("chars", "digits", "recall", "stdlib")
-    assert [TASKS[name] for name in TASK_NAMES] == [Chars, Digits, Recall, Stdlib]
+    assert TASK_NAMES == ("chars", "digits", "recall", "stdlib", "masked")
+    assert [TASKS[name] for name in TASK_NAMES] == [Chars, Digits, Recall, Stdlib, MaskedChars]
     for name in TASK_NAMES:
         assert check_task(TASKS[name]) is TASKS[name]
         assert resolve_task(name).name == name
     with pytest.raises(
-        ValueError, match=re.escape("expected one of ['chars', 'digits', 'recall', 'stdlib']")
+        ValueError,
+        match=re.escape("expected one of ['chars', 'digits', 'masked', 'recall', 'stdlib']"),
     ):
         resolve_task("char")
 
@@ -89,17 +91,17 @@ def test_defaults_are_declared_once_in_the_task() -> None:
     from heatformer.cli import _build_parsers
 
     help_text = " ".join(_build_parsers()[1]["compare"].format_help().split())
-    assert "chars: corpus cap in bytes (default 2000000)" in help_text
+    assert "chars, masked: corpus cap in bytes (default 2000000)" in help_text
     assert "digits: images in the analysis batch (capped by the test split) (default 512)" in (
         help_text
     )
-    assert "chars, recall, stdlib: sequence length (default 128)" in help_text
+    assert "chars, recall, stdlib, masked: sequence length (default 128)" in help_text
 
 
 def test_options_by_name_says_which_tasks_take_an_option() -> None:
     table = options_by_name()
-    assert sorted(table["seq_len"]) == ["chars", "recall", "stdlib"]
-    assert sorted(table["analysis_size"]) == ["chars", "digits", "recall", "stdlib"]
+    assert sorted(table["seq_len"]) == ["chars", "masked", "recall", "stdlib"]
+    assert sorted(table["analysis_size"]) == ["chars", "digits", "masked", "recall", "stdlib"]
     assert list(table["npz"]) == ["digits"]
     assert table["text"]["chars"].metadata["path"] is True
     assert table["analysis_size"]["chars"].metadata["numbers"] is False
@@ -109,6 +111,7 @@ def test_options_by_name_says_which_tasks_take_an_option() -> None:
     ("task", "data"),
     [
         ("chars", _chars_data()),
+        ("masked", _chars_data()),
         ("recall", RecallTask(num_keys=8, num_values=8, num_pairs=2, seq_len=12, val_size=40)),
         ("digits", None),
         ("stdlib", _stdlib_data()),
@@ -342,7 +345,7 @@ def test_layer_values_hold_nc2_and_the_decay_rate_of_the_analysis_functions() ->
     assert "nc2" in task.analysis_names and "nc2" not in Chars.analysis_names
 
 
-@pytest.mark.parametrize("name", ["chars", "recall"])
+@pytest.mark.parametrize("name", ["chars", "masked", "recall"])
 def test_evaluation_and_analysis_in_slices_equal_whole_batches(name: str) -> None:
     # long sequences run in slices of sequences_per_pass examples (memory near a training
     # step's); every metric is a sum over examples, so the slicing changes no number
@@ -351,6 +354,11 @@ def test_evaluation_and_analysis_in_slices_equal_whole_batches(name: str) -> Non
                            batch_size=2, options={"seq_len": 12, "eval_size": 10,
                                                   "analysis_size": 7})  # fmt: skip
         task = resolve_task("chars")(spec, _chars_data())
+    elif name == "masked":
+        spec = CompareSpec(task="masked", heads=("attention:2,center:2",), n_layer=2, n_embd=16,
+                           batch_size=2, options={"seq_len": 12, "eval_size": 10,
+                                                  "analysis_size": 7})  # fmt: skip
+        task = resolve_task("masked")(spec, _chars_data())
     else:
         spec = CompareSpec(task="recall", heads=("attention:2,heat:2",), n_layer=2, n_embd=16,
                            batch_size=2, options={"seq_len": 40, "eval_size": 10,

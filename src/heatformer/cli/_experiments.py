@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 from heatformer._atomic import FolderLock
 from heatformer.checks import bad_value, check_positive_int, topk_and_graph
-from heatformer.cli._flags import add_common
+from heatformer.cli._flags import add_analysis_reading, add_common
 from heatformer.cli._options import OptionParser
 from heatformer.cli._report import plan_line, preflight, print_report
 from heatformer.experiments.spec import (
@@ -142,6 +142,12 @@ def add_analyze_args(parser: OptionParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a folder made by compare or train")
     parser.add_argument("--device", default="cpu", help="auto | cpu | cuda[:N] (default cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_analysis_reading(
+        parser.group(
+            "what the analysis reads",
+            "default: the folder's spec.json; a flag given here is written there too",
+        )
+    )
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -416,6 +422,13 @@ def run_analyze(args: argparse.Namespace) -> int:
     with _writer_of(Path(args.run_dir)):
         from heatformer.experiments.compare import analyze
 
-        report = analyze(args.run_dir, device=args.device, progress=not args.no_progress)
+        reading = {
+            name: getattr(args, name)
+            for name in ("analysis_split", "analysis_point", "analysis_cls")
+            if getattr(args, name) is not None
+        }
+        report = analyze(
+            args.run_dir, device=args.device, progress=not args.no_progress, analysis=reading
+        )
         print_report(report)
     return 0

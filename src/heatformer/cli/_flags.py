@@ -14,7 +14,7 @@ from heatformer.cli._options import OptionGroup, OptionParser
 from heatformer.experiments.spec import CompareSpec
 from heatformer.experiments.tasks import TASKS, options_by_name
 
-__all__ = ["add_common", "add_task_options"]
+__all__ = ["add_analysis_reading", "add_common", "add_task_options"]
 
 
 def add_task_options(group: OptionGroup) -> None:
@@ -103,6 +103,12 @@ def _analysis_flags(g: OptionGroup) -> None:
     g.add_argument(
         "--no-analysis", action="store_true", help="skip the per-layer token-geometry analysis"
     )
+    add_analysis_reading(g)
+
+
+def add_analysis_reading(g: OptionGroup | OptionParser) -> None:
+    """The flags of what the analysis reads (``train``, ``compare``, and ``analyze``, where
+    they override the folder's spec); each is ``None`` when not given."""
     g.add_argument(
         "--analysis-split",
         metavar="test|train",

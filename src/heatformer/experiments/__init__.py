@@ -4,7 +4,7 @@ Tasks (:mod:`heatformer.experiments.tasks`, one module per task):
 
 - :data:`TASKS` -- name -> :class:`Task`; :func:`register_task` adds one (checked at once),
   :func:`resolve_task` turns a ``--task`` name into it. :data:`TASK_NAMES` are the built-in
-  ones (``"chars"``, ``"digits"``, ``"recall"``, ``"stdlib"``).
+  ones (``"chars"``, ``"digits"``, ``"recall"``, ``"stdlib"``, ``"masked"``).
 - :class:`Task` -- the protocol: options with defaults (a :class:`TaskOptions` dataclass of
   :func:`option` fields), data, model, one batch interface, metrics, analysis batch.
 - :func:`load_task` -- a built-in task's data from its name and the data factory's arguments.

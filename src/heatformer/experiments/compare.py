@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from heatformer._progress import Progress
-from heatformer.checks import bad_type
+from heatformer.checks import bad_type, bad_value
 from heatformer.experiments.checkpoint import (
     atomic_write_json,
     hold_folder,
@@ -188,6 +188,20 @@ def validate_spec(spec: CompareSpec, data: Any = None) -> Task:
         with torch.device("meta"):  # builds the modules without allocating weights
             task.build_model(heads)
     return task
+
+
+#: The spec fields ``analyze`` may change: what the analysis reads.
+_ANALYSIS_FIELDS = ("analysis_split", "analysis_point", "analysis_cls")
+
+
+def _with_analysis(spec: CompareSpec, analysis: dict[str, Any]) -> CompareSpec:
+    """``spec`` with the analysis options of ``analysis`` (checked by the spec)."""
+    if not isinstance(analysis, dict):
+        raise bad_type("analysis", f"expected a dict of analysis options, got {analysis!r}")
+    other = sorted(set(analysis) - set(_ANALYSIS_FIELDS))
+    if other:
+        raise bad_value("analysis", f"expected options among {list(_ANALYSIS_FIELDS)}, got {other}")
+    return dataclasses.replace(spec, **analysis) if analysis else spec
 
 
 def _check_task(task: object) -> Task | None:
@@ -442,6 +456,7 @@ def analyze(
     device: str = "cpu",
     progress: bool = False,
     task: Task | None = None,
+    analysis: dict[str, Any] | None = None,
 ) -> CompareReport:
     """Recompute the per-layer analysis of every finished run from its final checkpoint.
 
@@ -451,6 +466,11 @@ def analyze(
     training ``environment`` and ``wall_time_s`` and records this one's as
     ``analysis_environment`` and ``analysis_time_s``.
 
+    What the analysis reads is the folder's spec's choice (``analysis_split``,
+    ``analysis_point``, ``analysis_cls``) unless ``analysis`` changes it; a change is written
+    to ``spec.json`` too (no training number depends on these options), so that the folder's
+    spec says what its records' analysis read, for this report and any later one.
+
     Args:
         out_dir: a comparison folder.
         model_factory: builds a model from ``(task, heads)``; default the task's
@@ -459,6 +479,8 @@ def analyze(
         device: where to run the models.
         progress: report progress on stderr (see :mod:`heatformer._progress`).
         task: the task, already made for this folder's spec (skips loading its data).
+        analysis: new values of the spec's analysis options, by name (``{"analysis_split":
+            "train"}``); ``None`` or empty keeps the folder's.
 
     Returns:
         The rebuilt :class:`CompareReport`.
@@ -466,12 +488,17 @@ def analyze(
     Raises:
         FileNotFoundError: ``out_dir`` holds no comparison.
         FolderInUse: another process writes ``out_dir``.
-        ValueError: no run has finished yet, or a checkpoint does not match its run.
+        ValueError: no run has finished yet, a checkpoint does not match its run, or
+            ``analysis`` names another field or a value the spec refuses (named).
     """
     started = time.perf_counter()
     given = _check_task(task)
     out = Path(out_dir)
-    spec = load_spec(out).resolved()
+    folder_spec = load_spec(out)
+    changed = _with_analysis(folder_spec, analysis or {})
+    spec = changed.resolved()
+    if given is not None and changed != folder_spec:  # the same data, this analysis's spec
+        given = type(given)(spec, given.data)
     task = given or resolve_task(spec.task)(spec, data)
     ctx = DistContext(device=resolve_device(device))
     with hold_folder(out, ctx):  # it rewrites the run records and the report
@@ -498,6 +525,10 @@ def analyze(
                     atomic_write_json(run_dir / RESULT_NAME, record)
                 records.append({**record, "setting": setting} if spec.tune else record)
                 bar.update(1)
+        if changed != folder_spec:  # every record read it: the folder's spec says so now
+            atomic_write_json(
+                out / SPEC_NAME, {**read_json(out / SPEC_NAME), "spec": changed.to_dict()}
+            )
         previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}
         invocations = read_invocations(out)
         trained = previous.get("environment") or (

@@ -105,12 +105,18 @@ class _StackConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig(_StackConfig):
-    """Configuration of :class:`GPT` (a causal byte/char/token language model)."""
+    """Configuration of :class:`GPT` (a causal byte/char/token language model, or with
+    ``causal=False`` a bidirectional encoder of the same layout: a masked-token model)."""
 
     vocab_size: int = 256  # byte-level by default
     block_size: int = 256  # longest context (learned absolute positions)
+    causal: bool = True  # False: every token attends to every token (masked-token models)
 
     _sizes = (*_StackConfig._sizes, "vocab_size", "block_size")
+
+    def __post_init__(self) -> None:
+        checks.check_bool("causal", self.causal)
+        super().__post_init__()
 
     def max_tokens(self) -> int:
         return self.block_size

@@ -84,7 +84,9 @@ class _ConfigModel(nn.Module):
 
 
 class GPT(_ConfigModel):
-    """A causal language model (nanoGPT layout) with diffusion heads.
+    """A causal language model (nanoGPT layout) with diffusion heads; with
+    ``GPTConfig(causal=False)`` the same layout as a bidirectional encoder (every token attends
+    to every token), the model of masked-token prediction, which does not :meth:`generate`.
 
     Shape:
         ``forward(idx)``: ``(B, N)`` token ids, ``N <= block_size`` -> logits ``(B, N, V)``.
@@ -106,7 +108,7 @@ class GPT(_ConfigModel):
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = _blocks(config, causal=True)
+        self.blocks = _blocks(config, causal=config.causal)
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         _init_weights(self, config.n_layer)
@@ -198,7 +200,14 @@ class GPT(_ConfigModel):
 
         Returns:
             ``(B, N + max_new_tokens)`` token ids.
+
+        Raises:
+            ValueError: a bidirectional model (``GPTConfig(causal=False)``, names ``config``).
         """
+        if not self.config.causal:
+            raise checks.bad_value(
+                "config", "expected a causal GPT to generate, got GPTConfig(causal=False)"
+            )
         if not temperature > 0:
             raise checks.bad_value("temperature", f"expected > 0, got {temperature}")
         if top_k is not None and not 1 <= top_k <= self.config.vocab_size:

@@ -8,6 +8,9 @@ digits   8×8 digit images (or an ``.npz``)  ViT                         ``test_
 recall   synthetic key/value recall         causal sequence classifier  ``val_acc``, ``val_loss``
 stdlib   source snippets labelled by        bidirectional sequence      ``test_acc``, ``test_loss``
          package, split by file             classifier (mean pooling)
+masked   the bytes of ``chars``, 15 % of    bidirectional GPT encoder   ``val_bpc``, ``val_acc``,
+         each window hidden (self-                                      ``val_loss`` (masked
+         supervised)                                                    bytes only)
 ======== ================================== =========================== ======================
 
 A task is a :class:`Task` subclass (its options with their defaults, data, model, batches,
@@ -25,7 +28,7 @@ Examples:
     >>> resolve_task("recall").Options().seq_len
     128
     >>> sorted(options_by_name()["seq_len"])
-    ['chars', 'recall', 'stdlib']
+    ['chars', 'masked', 'recall', 'stdlib']
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from heatformer.experiments.tasks.chars import (
     load_chars,
 )
 from heatformer.experiments.tasks.digits import Digits, DigitsOptions, DigitsTask, load_digits_task
+from heatformer.experiments.tasks.masked import MaskedChars, MaskedCharsOptions
 from heatformer.experiments.tasks.recall import Recall, RecallOptions, RecallTask
 from heatformer.experiments.tasks.stdlib import (
     Stdlib,
@@ -64,6 +68,8 @@ __all__ = [
     "Digits",
     "DigitsOptions",
     "DigitsTask",
+    "MaskedChars",
+    "MaskedCharsOptions",
     "Recall",
     "RecallOptions",
     "RecallTask",
@@ -222,8 +228,9 @@ def load_task(name: str, **kwargs: Any) -> Any:
 
     Args:
         name: ``"chars"`` (:func:`load_chars`), ``"digits"`` (:func:`load_digits_task`),
-            ``"recall"`` (:class:`RecallTask`), ``"stdlib"`` (:func:`load_stdlib_task`), or
-            another registered task with a ``data_factory``.
+            ``"recall"`` (:class:`RecallTask`), ``"stdlib"`` (:func:`load_stdlib_task`),
+            ``"masked"`` (:func:`load_chars`, its data are ``chars``'s), or another registered
+            task with a ``data_factory``.
         **kwargs: keyword arguments of that factory.
 
     Returns:
@@ -239,7 +246,7 @@ def load_task(name: str, **kwargs: Any) -> Any:
     return cls.data_factory(**kwargs)
 
 
-for _task in (Chars, Digits, Recall, Stdlib):
+for _task in (Chars, Digits, Recall, Stdlib, MaskedChars):
     register_task(_task)
 
 #: The built-in tasks (:data:`TASKS` also holds the ones registered since).

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from heatformer.experiments.spec import CompareSpec
 
 __all__ = [
+    "IGNORE_INDEX",
     "PASS_TOKENS",
     "Task",
     "TaskOptions",
@@ -72,6 +73,11 @@ __all__ = [
     "option",
 ]
 
+
+#: A target of this value is not scored: the loss, the accuracy and the count of scored
+#: positions leave it out (``F.cross_entropy``'s default ``ignore_index``; a masked-token task
+#: scores only its masked positions this way).
+IGNORE_INDEX = -100
 
 #: Tokens per forward pass of evaluation and analysis (at least a training batch's): longer
 #: batches run in slices (:attr:`Task.sequences_per_pass`), so that evaluating a model of long
@@ -260,10 +266,12 @@ class Task(abc.ABC):
         }
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy (float32) of ``logits`` ``(..., K)`` against ``targets``."""
+        """Mean cross-entropy (float32) of ``logits`` ``(..., K)`` against ``targets``, over
+        the targets that are not :data:`IGNORE_INDEX`."""
         import torch.nn.functional as F
 
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
+        return F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
     @functools.cached_property
     def sequences_per_pass(self) -> int | None:
@@ -459,7 +467,8 @@ def _score(
     bf16: bool,
     total: list[Any],
 ) -> None:
-    """Add the summed loss, correct count and count of one slice to ``total``."""
+    """Add the summed loss, correct count and count of one slice's scored positions (targets
+    other than :data:`IGNORE_INDEX`) to ``total``."""
     import torch.nn.functional as F
 
     if not inputs.shape[0]:
@@ -469,9 +478,11 @@ def _score(
         logits = model(inputs)
     flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
     flat_targets = targets.reshape(-1)  # (M,)
-    total[0] += float(F.cross_entropy(flat, flat_targets, reduction="sum"))
-    total[1] += int((flat.argmax(-1) == flat_targets).sum())
-    total[2] += flat_targets.numel()
+    total[0] += float(
+        F.cross_entropy(flat, flat_targets, reduction="sum", ignore_index=IGNORE_INDEX)
+    )
+    total[1] += int((flat.argmax(-1) == flat_targets).sum())  # an ignored target never matches
+    total[2] += int((flat_targets != IGNORE_INDEX).sum())
 
 
 def _slices(batch: tuple[Tensor, Tensor], size: int | None) -> Iterator[tuple[Tensor, Tensor]]:

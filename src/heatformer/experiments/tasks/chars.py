@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from heatformer.checks import (
     ArgumentFileNotFoundError,
@@ -397,8 +397,8 @@ class Chars(Task):
 
     name = "chars"
     Options = CharsOptions
-    metric_names = ("val_bpc", "val_loss")
-    higher_is_better = (False, False)
+    metric_names: ClassVar[tuple[str, ...]] = ("val_bpc", "val_loss")
+    higher_is_better: ClassVar[tuple[bool, ...]] = (False, False)
     eval_loss_name = "val_loss"
     #: next-token separability instead of the sequence-label NC2 (bytes are no sequence labels)
     analysis_names = (*(n for n in Task.analysis_names if n != "nc2"), "probe_acc")
