@@ -127,7 +127,8 @@ class _Messages:
                 self.stats.add(self.kind, _nbytes(chunk))
             offset += count
         for work in works:
-            work.wait()
+            if work is not None:  # None: this process is not in the group (never here)
+                work.wait()
         if not outs:
             return t.new_empty(bf, 0, width)
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
@@ -167,16 +168,20 @@ class _AllReduceSum(torch.autograd.Function):
         return out, None, None, None
 
 
-def all_reduce_sum(t: Tensor, group: Any, stats: CommStats, kind: str) -> Tensor:
-    """The differentiable sum of ``t`` over the ranks of ``group`` (counted in ``stats``)."""
+def all_reduce_sum(t: Tensor, group: Any, stats: CommStats, kind: str, world_size: int) -> Tensor:
+    """The differentiable sum of ``t`` over the ``world_size`` ranks of ``group`` (counted in
+    ``stats``); ``t`` itself for one rank (no process group needed)."""
+    if world_size == 1:
+        return t
     out: Tensor = _AllReduceSum.apply(t, group, stats, kind)
     return out
 
 
-def all_reduce_max(t: Tensor, group: Any) -> Tensor:
+def all_reduce_max(t: Tensor, group: Any, world_size: int) -> Tensor:
     """The element-wise maximum over the group (not differentiable: a stabilizing shift)."""
     out = t.detach().clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    if world_size > 1:
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
     return out
 
 
@@ -289,8 +294,8 @@ class HaloPlan:
         extended block, summed onto the owners' rows -> ``(Bf, local_nodes, F)``."""
         n, at = self.local_nodes, self.offset
         remote = torch.cat([y[:, :at], y[:, at + n :]], dim=1)  # (Bf, R, F), by source rank
-        messages = dataclasses.replace(self.messages, kind=kind).reversed()
-        back = _Exchange.apply(remote, dataclasses.replace(messages, kind=kind))
+        messages = dataclasses.replace(self.messages.reversed(), kind=kind)
+        back = _Exchange.apply(remote, messages)  # (Bf, sum of sends, F), by destination
         return y[:, at : at + n].index_add(1, self.send_index, back)
 
 
@@ -304,11 +309,11 @@ class GlobalRows:
     """
 
     def __init__(
-        self, num_global: int, start: int, stop: int, group: Any, stats: CommStats
+        self, num_global: int, start: int, stop: int, group: Any, world_size: int, stats: CommStats
     ) -> None:
         self.num_global = num_global
         self.first, self.last = min(start, num_global), min(stop, num_global)
-        self.group, self.stats = group, stats
+        self.group, self.world_size, self.stats = group, world_size, stats
 
     @property
     def local_rows(self) -> int:
@@ -320,10 +325,10 @@ class GlobalRows:
         rank holds (a differentiable sum over ranks of zero-padded pieces)."""
         pad = [0, 0] * (x.dim() - 2) + [self.first, self.num_global - self.last]
         piece = F.pad(x[:, : self.local_rows], pad)  # (Bf, g, F)
-        return all_reduce_sum(piece, self.group, self.stats, kind)
+        return all_reduce_sum(piece, self.group, self.stats, kind, self.world_size)
 
     def scatter(self, parts: Tensor, kind: str) -> Tensor:
         """The adjoint of :meth:`gather`: every rank's contributions ``parts`` ``(Bf, g, F)``
         summed, this rank's global rows of the sum ``(Bf, last - first, F)``."""
-        total = all_reduce_sum(parts, self.group, self.stats, kind)
+        total = all_reduce_sum(parts, self.group, self.stats, kind, self.world_size)
         return total[:, self.first : self.last]

@@ -207,7 +207,7 @@ class SequenceShard:
         x_local = self._check_rows(x_local, dim, self.local_nodes, "this rank's block")
         d = dim % x_local.dim()
         pad = [0, 0] * (x_local.dim() - 1 - d) + [self.start, self.num_nodes - self.stop]
-        return all_reduce_sum(F.pad(x_local, pad), self.group, self.comm, "gather")
+        return all_reduce_sum(F.pad(x_local, pad), self.group, self.comm, "gather", self.world_size)
 
 
 def shard_graph(graph: str | GraphBuilder, shard: SequenceShard) -> GraphBuilder:
@@ -407,7 +407,9 @@ class ShardedWindowGraph(Graph):
             before=w - 1 if causal else w, after=0 if causal else w, num_global=num_global,
             stats=shard.comm, device=q.device,
         )  # fmt: skip
-        glob = GlobalRows(num_global, shard.start, shard.stop, shard.group, shard.comm)
+        glob = GlobalRows(
+            num_global, shard.start, shard.stop, shard.group, shard.world_size, shard.comm
+        )
         qf = q.expand(*batch, n, e).reshape(bf, n, e)  # (Bf, n, E)
         kf = k.expand(*batch, n, e).reshape(bf, n, e)
         k_ext = halo.gather(kf, "keys")  # (Bf, n_ext, E)
@@ -469,13 +471,13 @@ class ShardedWindowGraph(Graph):
         s = attention_scores(q_glob, k_loc, lay.scale)  # (Bf, g, n), float32 for half inputs
         with torch.no_grad():
             masked = s.masked_fill(~allowed, float("-inf"))
-            local_max = (
-                masked.amax(-1) if n else s.new_full(s.shape[:-1], float("-inf"))
-            )  # (Bf, g)
-            top = all_reduce_max(local_max, lay.shard.group)
+            local_max = masked.amax(-1) if n else s.new_full(s.shape[:-1], float("-inf"))  # (Bf, g)
+            top = all_reduce_max(local_max, lay.shard.group, lay.shard.world_size)
             top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
         e = torch.where(allowed, torch.exp(s - top.unsqueeze(-1)), 0.0)  # (Bf, g, n)
-        total = all_reduce_sum(e.sum(-1), lay.shard.group, lay.shard.comm, "global-stats")
+        total = all_reduce_sum(
+            e.sum(-1), lay.shard.group, lay.shard.comm, "global-stats", lay.shard.world_size
+        )
         has = total > 0  # (Bf, g)
         inv = torch.where(has, 1.0 / torch.where(has, total, torch.ones_like(total)), 0.0)
         return (e * inv.unsqueeze(-1)).to(q_glob.dtype), has.detach()
@@ -526,7 +528,9 @@ class ShardedWindowGraph(Graph):
         halo, glob, n = self.layout.halo, self.layout.glob, self.num_nodes
         x_win = xf
         if self._dense_p is not None:  # the global rows' out-edges are the dense part's
-            x_win = torch.cat([torch.zeros_like(xf[:, : glob.local_rows]), xf[:, glob.local_rows :]], 1)
+            x_win = torch.cat(
+                [torch.zeros_like(xf[:, : glob.local_rows]), xf[:, glob.local_rows :]], 1
+            )
         pad = [0, 0, halo.offset, halo.ext_nodes - halo.offset - n]
         y_ext = self.ext.propagate_transpose(F.pad(x_win, pad))  # (Bf, n_ext, C)
         y = halo.scatter(y_ext, "transpose")  # (Bf, n, C)
@@ -540,7 +544,9 @@ class ShardedWindowGraph(Graph):
         has = self.ext.row_has_edge()[:, halo.offset : halo.offset + n]  # (Bf, n)
         if self._dense_has is not None:
             glob = self.layout.glob
-            has = torch.cat([self._dense_has[:, glob.first : glob.last], has[:, glob.local_rows :]], 1)
+            has = torch.cat(
+                [self._dense_has[:, glob.first : glob.last], has[:, glob.local_rows :]], 1
+            )
         return has.reshape(*self.batch_shape, n).to(self.dtype)
 
     def in_degree(self) -> Tensor:
