@@ -253,21 +253,26 @@ def main() -> None:
     try:
         for case in cases(world):
             run_case(case, rank, world, check, refusals)
-        # a heat series whose segments are recomputed in backward: messages inside checkpoints
-        heat.CHECKPOINT_ELEMENTS = 1
+        # series whose steps are recomputed in backward (messages inside checkpoints), at a
+        # threshold between the blocks' sizes: every rank must decide alike
+        # (Graph.signal_elements), or the ranks' messages no longer match
+        largest = SequenceShard.bounds_of(13, world, 0)
+        heat.CHECKPOINT_ELEMENTS = B * H * C * (largest[1] - largest[0])
         case = Case(13, 3, 2, False, True, False, 0)
         shard = SequenceShard(13, rank, world)
         gen = torch.Generator().manual_seed(3)
         q, k, x = (torch.randn(B, H, 13, d, generator=gen, dtype=torch.float64) for d in (E, E, C))
         kind, mask = WindowBuilder(3, 2), key_mask(13, world)
-        op = resolve_operator("heat", t=2.0, normalization="sym")
-        compare(
-            check, f"{case}: checkpointed heat", shard,
-            lambda q, k, x: op(kind.build(q, k, key_mask=mask), x),
-            lambda q, k, x: op(shard_graph(kind, shard).build(
-                q, k, key_mask=shard.take(mask, dim=-1)), x),
-            q, k, x,
-        )  # fmt: skip
+        for name, params in (("heat", {"t": 2.0, "normalization": "sym"}), ("ppr", {"alpha": 0.5}),
+                             ("polynomial", {"coeffs": [0.5, -1.0, 0.25]})):  # fmt: skip
+            op = resolve_operator(name, **params).double()
+            compare(
+                check, f"{case}: checkpointed {name}", shard,
+                lambda q, k, x, op=op: op(kind.build(q, k, key_mask=mask), x),
+                lambda q, k, x, op=op: op(shard_graph(kind, shard).build(
+                    q, k, key_mask=shard.take(mask, dim=-1)), x),
+                q, k, x,
+            )  # fmt: skip
         report["gather"] = bool(torch.equal(shard.gather(shard.take(x)), x))
     except Exception:
         check.failures.append(traceback.format_exc())

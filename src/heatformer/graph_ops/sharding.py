@@ -34,6 +34,9 @@ Rules of use (as for any collective code):
 - every rank builds the same graph kind on its block and calls the same products in the same
   order (an empty block still calls them: ``N < P`` is allowed);
 - the graph is built in the grad mode of its products (its keys' messages are recorded then);
+- a choice made from the size of a signal must be the same on every rank: the series read
+  :meth:`Graph.signal_elements <heatformer.graph_ops.Graph.signal_elements>`, which a sharded
+  graph answers for the whole sequence (whether to recompute steps in the backward);
 - the dense views of a sharded graph (:meth:`~heatformer.graph_ops.Graph.to_dense`, top-k and
   thresholding, the ``"exact"`` heat method and the ``"solve"`` PageRank method) are refused:
   they need every row of ``W`` on one rank. Gather the queries and keys
@@ -446,15 +449,24 @@ class ShardedWindowGraph(Graph):
             drop_masked_queries=layout.drop_masked_queries, scale=layout.scale,
             row_block=layout.row_block,
         )  # fmt: skip
-        self._dense_p: Tensor | None = None
-        self._dense_has: Tensor | None = None
-        if layout.dense_global and q_glob is not None:
-            self._dense_p, self._dense_has = self._dense_weights(q_glob)
+        self._dense: tuple[bool, Tensor, Tensor] | None = None  # (grad mode, weights, has)
 
-    def _dense_weights(self, q_glob: Tensor) -> tuple[Tensor, Tensor]:
+    def _dense_weights(self) -> tuple[Tensor, Tensor] | None:
         """The bidirectional global rows' weights over this rank's keys ``(Bf, g, n_local)``
-        and whether each row has a key ``(Bf, g)``: a softmax over all ranks' keys, its
-        maximum and sum of exponentials summed over the ranks (one all-reduce each)."""
+        and whether each row has a key ``(Bf, g)`` (None without such rows): a softmax over
+        all ranks' keys, its maximum and sum of exponentials summed over the ranks (one
+        all-reduce each). Made at the first product of each grad mode (every rank makes its
+        first product at the same call), so that a dense view refused on some ranks before any
+        product (:meth:`to`, then :meth:`to_dense`) leaves no message unanswered."""
+        q_glob = self.q_glob
+        if q_glob is None:
+            return None
+        grad = torch.is_grad_enabled()
+        if self._dense is None or self._dense[0] != grad:
+            self._dense = (grad, *self._make_dense_weights(q_glob))
+        return self._dense[1], self._dense[2]
+
+    def _make_dense_weights(self, q_glob: Tensor) -> tuple[Tensor, Tensor]:
         lay, halo = self.layout, self.layout.halo
         n, at, g = halo.local_nodes, halo.offset, lay.num_global
         k_loc = self.k_ext[:, at : at + n]  # (Bf, n, E)
@@ -518,8 +530,9 @@ class ShardedWindowGraph(Graph):
         halo, glob, n = self.layout.halo, self.layout.glob, self.num_nodes
         x_ext = halo.gather(xf, "values")  # (Bf, n_ext, C)
         y = self.ext.propagate(x_ext)[:, halo.offset : halo.offset + n]  # (Bf, n, C)
-        if self._dense_p is not None:  # the global rows: sums over every rank's keys
-            rows = glob.scatter(self._dense_p @ xf, "global")  # (Bf, own global rows, C)
+        dense = self._dense_weights()
+        if dense is not None:  # the global rows: sums over every rank's keys
+            rows = glob.scatter(dense[0] @ xf, "global")  # (Bf, own global rows, C)
             y = torch.cat([rows, y[:, glob.local_rows :]], dim=1)
         return unfold(y)
 
@@ -527,27 +540,32 @@ class ShardedWindowGraph(Graph):
         xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)
         halo, glob, n = self.layout.halo, self.layout.glob, self.num_nodes
         x_win = xf
-        if self._dense_p is not None:  # the global rows' out-edges are the dense part's
+        dense = self._dense_weights()
+        if dense is not None:  # the global rows' out-edges are the dense part's
             x_win = torch.cat(
                 [torch.zeros_like(xf[:, : glob.local_rows]), xf[:, glob.local_rows :]], 1
             )
         pad = [0, 0, halo.offset, halo.ext_nodes - halo.offset - n]
         y_ext = self.ext.propagate_transpose(F.pad(x_win, pad))  # (Bf, n_ext, C)
         y = halo.scatter(y_ext, "transpose")  # (Bf, n, C)
-        if self._dense_p is not None:
+        if dense is not None:
             xg = glob.gather(xf, "global")  # (Bf, g, C)
-            y = y + self._dense_p.transpose(-1, -2) @ xg
+            y = y + dense[0].transpose(-1, -2) @ xg
         return unfold(y)
 
     def out_degree(self) -> Tensor:
         halo, n = self.layout.halo, self.num_nodes
         has = self.ext.row_has_edge()[:, halo.offset : halo.offset + n]  # (Bf, n)
-        if self._dense_has is not None:
+        dense = self._dense_weights()
+        if dense is not None:
             glob = self.layout.glob
-            has = torch.cat(
-                [self._dense_has[:, glob.first : glob.last], has[:, glob.local_rows :]], 1
-            )
+            has = torch.cat([dense[1][:, glob.first : glob.last], has[:, glob.local_rows :]], 1)
         return has.reshape(*self.batch_shape, n).to(self.dtype)
+
+    def signal_elements(self, x: Tensor) -> int:
+        """Elements of ``x`` ``(..., n_local, C)`` over the whole sequence (``N`` rows): the
+        same on every rank, so size-based choices (a series' recomputed segments) agree."""
+        return _numel(x.shape[:-2]) * self.shard.num_nodes * int(x.shape[-1])
 
     def in_degree(self) -> Tensor:
         ones = torch.ones(
