@@ -134,20 +134,6 @@ class _Messages:
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
 
 
-class _Exchange(torch.autograd.Function):
-    """``_Messages.run`` with the adjoint messages as its backward."""
-
-    @staticmethod
-    def forward(ctx: Any, t: Tensor, messages: _Messages) -> Tensor:
-        ctx.messages = messages
-        return messages.run(t)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return ctx.messages.reversed().run(grad), None
-
-
 class _AllReduceSum(torch.autograd.Function):
     """The sum over the group, on every rank; its backward is the sum of the gradients."""
 
@@ -281,22 +267,66 @@ class HaloPlan:
             group, rank, global_ranks(group, world_size), tuple(send), tuple(recv), stats, ""
         )
 
-    def gather(self, x: Tensor, kind: str) -> Tensor:
-        """The extended block ``(Bf, ext_nodes, F)`` of the block ``x`` ``(Bf, local_nodes,
-        F)``: the other ranks' rows received, this rank's in place (differentiable: the
-        backward sends the halo rows' gradients back to their owners)."""
+    def _gather(self, x: Tensor, kind: str) -> Tensor:
+        """:meth:`gather` without autograd."""
         messages = dataclasses.replace(self.messages, kind=kind)
-        out = _Exchange.apply(x.index_select(1, self.send_index), messages)  # (Bf, R, F)
-        return torch.cat([out[:, : self.offset], x, out[:, self.offset :]], dim=1)
+        received = messages.run(x.index_select(1, self.send_index))  # (Bf, R, F), by source
+        if self.ext_nodes == self.local_nodes:  # no halo (one rank, or the first when causal)
+            return x
+        at = self.offset
+        return torch.cat([received[:, :at], x, received[:, at:]], dim=1)
 
-    def scatter(self, y: Tensor, kind: str) -> Tensor:
-        """The adjoint of :meth:`gather`: contributions ``y`` ``(Bf, ext_nodes, F)`` to the
-        extended block, summed onto the owners' rows -> ``(Bf, local_nodes, F)``."""
+    def _scatter(self, y: Tensor, kind: str) -> Tensor:
+        """:meth:`scatter` without autograd."""
         n, at = self.local_nodes, self.offset
         remote = torch.cat([y[:, :at], y[:, at + n :]], dim=1)  # (Bf, R, F), by source rank
         messages = dataclasses.replace(self.messages.reversed(), kind=kind)
-        back = _Exchange.apply(remote, messages)  # (Bf, sum of sends, F), by destination
+        back = messages.run(remote)  # (Bf, sum of sends, F), by destination
         return y[:, at : at + n].index_add(1, self.send_index, back)
+
+    def gather(self, x: Tensor, kind: str) -> Tensor:
+        """The extended block ``(Bf, ext_nodes, F)`` of the block ``x`` ``(Bf, local_nodes,
+        F)``: the other ranks' rows received, this rank's in place (a copy, unless nothing is
+        received). Differentiable: the backward sends the halo rows' gradients back to their
+        owners (:meth:`scatter`); one autograd node, whose backward every rank runs."""
+        out: Tensor = _Gather.apply(x, self, kind)
+        return out
+
+    def scatter(self, y: Tensor, kind: str) -> Tensor:
+        """The adjoint of :meth:`gather`: contributions ``y`` ``(Bf, ext_nodes, F)`` to the
+        extended block, summed onto the owners' rows -> ``(Bf, local_nodes, F)``
+        (differentiable: its backward is :meth:`gather`)."""
+        out: Tensor = _Scatter.apply(y, self, kind)
+        return out
+
+
+class _Gather(torch.autograd.Function):
+    """:meth:`HaloPlan.gather`, with :meth:`HaloPlan.scatter` of the gradient as backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, plan: HaloPlan, kind: str) -> Tensor:
+        ctx.plan, ctx.kind = plan, kind
+        out = plan._gather(x, kind)
+        return out.view_as(out) if out is x else out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return ctx.plan._scatter(grad, ctx.kind + "-grad"), None, None
+
+
+class _Scatter(torch.autograd.Function):
+    """:meth:`HaloPlan.scatter`, with :meth:`HaloPlan.gather` of the gradient as backward."""
+
+    @staticmethod
+    def forward(ctx: Any, y: Tensor, plan: HaloPlan, kind: str) -> Tensor:
+        ctx.plan, ctx.kind = plan, kind
+        return plan._scatter(y, kind)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return ctx.plan._gather(grad.contiguous(), ctx.kind + "-grad"), None, None
 
 
 class GlobalRows:

@@ -427,7 +427,9 @@ class ShardedWindowGraph(Graph):
         layout = _Layout(
             shard, halo, glob, w, causal, num_global, drop, s, row_block, batch, ext_mask, q_mask
         )
-        q_ext = F.pad(qf, [0, 0, halo.offset, halo.ext_nodes - halo.offset - n])  # (Bf, n_ext, E)
+        q_ext = qf  # (Bf, n_ext, E): the halo's queries are never read (zeros)
+        if halo.ext_nodes != n:
+            q_ext = F.pad(qf, [0, 0, halo.offset, halo.ext_nodes - halo.offset - n])
         q_glob = glob.gather(qf, "queries") if dense else None  # (Bf, g, E)
         self._init(layout, q_ext, k_ext, q_glob)
 
@@ -527,9 +529,11 @@ class ShardedWindowGraph(Graph):
 
     def propagate(self, x: Tensor) -> Tensor:
         xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)
-        halo, glob, n = self.layout.halo, self.layout.glob, self.num_nodes
-        x_ext = halo.gather(xf, "values")  # (Bf, n_ext, C)
-        y = self.ext.propagate(x_ext)[:, halo.offset : halo.offset + n]  # (Bf, n, C)
+        halo, glob = self.layout.halo, self.layout.glob
+        x_ext = halo.gather(xf, "values")  # (Bf, n_ext, C): a copy, unless no halo
+        y = self.ext.propagate(x_ext)  # (Bf, n_ext, C)
+        if y.shape[1] != xf.shape[1]:  # a slice's backward fills a zero copy: only if needed
+            y = y[:, halo.offset : halo.offset + xf.shape[1]]  # (Bf, n, C)
         dense = self._dense_weights()
         if dense is not None:  # the global rows: sums over every rank's keys
             rows = glob.scatter(dense[0] @ xf, "global")  # (Bf, own global rows, C)
