@@ -27,7 +27,10 @@ Which kinds shard:
 Memory per rank is ``O((N / P + w + g) C)`` (the window products work block by block on the
 extended block ``[start - halo, stop + halo)`` and the global keys, with the recomputing
 backward of :class:`~heatformer.graph_ops.WindowGraph`), plus ``O(g N / P)`` for the global
-rows' weights over the local keys.
+rows' weights over the local keys. On a rank that receives a halo each product's input is a
+fresh copy of the extended block, which the window kernels keep for their backward: a series
+of ``K`` products keeps ``K`` such copies more than one process does (measured in
+``benchmarks/bench_sharded.py``).
 
 Rules of use (as for any collective code):
 
