@@ -180,10 +180,7 @@ def run_case(case: Case, rank: int, world: int, check: Checker, refusals: list[s
     compare(check, f"{case}: protocol", shard, protocol(full), protocol(local), q, k, x)
 
     # the messages of one product: (w - 1) C values to the next rank(s) causal, w each way
-    shard.comm.reset()
-    graph = local(
-        q.narrow(-2, shard.start, shard.local_nodes), k.narrow(-2, shard.start, shard.local_nodes)
-    )
+    graph = local(shard.take(q), shard.take(k))
     shard.comm.reset()
     graph.propagate(shard.take(x))
     sent = shard.comm.by_kind.get("values", 0)
