@@ -11,6 +11,7 @@ operator ever needs the ``N x N`` matrix. One module per concept:
 - :mod:`~heatformer.graph_ops.sparsify` -- top-k, thresholding; :mod:`~heatformer.graph_ops.
   interop` -- NetworkX, SciPy, PyG;
 - :mod:`~heatformer.graph_ops.builders` -- graph kinds for layers (:data:`GRAPHS`);
+  :mod:`~heatformer.graph_ops.sharding` -- a sequence split over processes;
 - :mod:`~heatformer.graph_ops.laplacian`, :mod:`~heatformer.graph_ops.heat` and
   :mod:`~heatformer.graph_ops.operators` -- Laplacians, heat methods, diffusion operators.
 """
@@ -41,6 +42,7 @@ from heatformer.graph_ops.operators import (
     resolve_operator,
 )
 from heatformer.graph_ops.protocol import Graph
+from heatformer.graph_ops.sharding import SequenceShard, shard_graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import topk_graph
@@ -66,6 +68,7 @@ __all__ = [
     "NormalizedOperator",
     "PersonalizedPageRank",
     "Polynomial",
+    "SequenceShard",
     "SoftmaxGraph",
     "SparseGraph",
     "SymmetrizedGraph",
@@ -78,6 +81,7 @@ __all__ = [
     "resolve_graph",
     "resolve_operator",
     "select_heat_method",
+    "shard_graph",
     "spectrum",
     "topk_graph",
 ]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,9 @@ from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import _stable_topk_indices
 from heatformer.graph_ops.window import WindowGraph
+
+if TYPE_CHECKING:
+    from heatformer.graph_ops.sharding import SequenceShard
 
 __all__ = [
     "GRAPHS",
@@ -78,6 +81,8 @@ class GraphBuilder:
     #: :class:`~heatformer.graph_ops.SoftmaxGraph` with that mask or one SDPA call with it;
     #: other kinds take key masks and causal order only
     takes_dense_mask: ClassVar[bool] = False
+    #: the kind can split a sequence over processes (:meth:`sharded`)
+    shards: ClassVar[bool] = False
     #: parameter sets worth testing, the defaults first (the combination matrix runs them)
     examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
 
@@ -129,6 +134,26 @@ class GraphBuilder:
             ``(B, H, n, C)``: rows ``past ... past + n - 1`` of ``P v`` for the full sequence.
         """
         raise NotImplementedError(f"graph kind {self.name!r} has no incremental decoding")
+
+    def sharded(self, shard: SequenceShard) -> GraphBuilder:
+        """This kind over a sequence split by ``shard``
+        (:class:`~heatformer.graph_ops.sharding.SequenceShard`): its :meth:`build` takes this
+        rank's ``q``, ``k`` ``(..., n_local, E)`` and key mask ``(B, n_local)`` and gives a
+        graph over this rank's ``n_local`` rows (``propagate(x_local) -> (..., n_local, C)``,
+        :meth:`~heatformer.graph_ops.Graph.propagate_transpose` and the degrees over the
+        local rows; the messages happen inside), equal to those rows of the single-process
+        graph (:mod:`heatformer.graph_ops.sharding`).
+
+        Raises:
+            ValueError: naming ``graph``, for a kind that does not shard (:attr:`shards` is
+                False; the default): dense softmax and exact global top-k need every key.
+        """
+        raise V.bad_value(
+            "graph",
+            f"{self.spec!r} cannot split a sequence over processes: every query of this kind "
+            f"may need every key (dense softmax, exact global top-k); a window kind shards, "
+            f"e.g. 'window[w=128,global=1]'",
+        )
 
     def cache_keep(self) -> tuple[int, int | None]:
         """``(first, last)``: decoding needs the first ``first`` tokens and the last ``last``
@@ -319,6 +344,7 @@ class WindowBuilder(GraphBuilder):
 
     name = "window"
     incremental = True
+    shards = True
     examples = ({"w": 3}, {"w": 2, "global": 2})
     #: spec names that are not Python identifiers -> constructor arguments
     spec_aliases: ClassVar[dict[str, str]] = {"global": "num_global"}
@@ -370,6 +396,14 @@ class WindowBuilder(GraphBuilder):
 
     def cache_keep(self) -> tuple[int, int | None]:
         return self.num_global, self.w
+
+    def sharded(self, shard: SequenceShard) -> GraphBuilder:
+        """The window over a sequence split by ``shard``: a
+        :class:`~heatformer.graph_ops.sharding.ShardedWindowBuilder` (the same :attr:`spec`;
+        halo and global rows exchanged inside the products; no incremental decoding)."""
+        from heatformer.graph_ops.sharding import ShardedWindowBuilder
+
+        return ShardedWindowBuilder(self, shard)
 
 
 #: name -> graph kind; the one place strings become graph builders.

@@ -171,7 +171,7 @@ def _series(
     s, order = _series_plan(_tau_max(gen, t, t_max), tol)
     step = (tau / s)[..., None, None]  # (..., 1, 1): per-graph weights, accumulation dtype
     y = x.to(step.dtype)
-    segments = _segments(order, x)
+    segments = _segments(order, x, graph.signal_elements(x))
     for _ in range(s):
         weight = torch.exp(-step)  # e^{-tau} tau^k / k!, by recursion
         term = y.to(x.dtype)  # products with the graph in the signal's dtype
@@ -189,7 +189,7 @@ def _series(
     return y.to(x.dtype)
 
 
-def _segments(order: int, x: Tensor) -> list[tuple[int, int]] | None:
+def _segments(order: int, x: Tensor, elements: int | None = None) -> list[tuple[int, int]] | None:
     """The recomputed segments ``(first, last)`` of a series of terms ``1..order``: ``None``
     (store everything) for small signals or without gradients.
 
@@ -203,7 +203,8 @@ def _segments(order: int, x: Tensor) -> list[tuple[int, int]] | None:
         >>> _segments(9, torch.zeros(1).expand(1 << 24))  # a large signal
         [(1, 4), (5, 7), (8, 9)]
     """
-    if not (torch.is_grad_enabled() and x.numel() >= CHECKPOINT_ELEMENTS):
+    size = x.numel() if elements is None else elements  # the graph's count (signal_elements)
+    if not (torch.is_grad_enabled() and size >= CHECKPOINT_ELEMENTS):
         return None
     m = 1
     while m * (m + 1) // 2 < order:
@@ -239,10 +240,15 @@ def _series_terms(
     return term, acc, weight
 
 
-def propagation_step(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+def propagation_step(
+    fn: Callable[[Tensor], Tensor], x: Tensor, elements: int | None = None
+) -> Tensor:
     """``fn(x)`` for one step of a series; recomputed in backward for large signals
-    (:data:`CHECKPOINT_ELEMENTS`), so the memory of a ``K``-term series is ``K`` signals."""
-    if torch.is_grad_enabled() and x.numel() >= CHECKPOINT_ELEMENTS:
+    (:data:`CHECKPOINT_ELEMENTS`; ``elements``: the graph's count of ``x``,
+    :meth:`~heatformer.graph_ops.Graph.signal_elements`), so the memory of a ``K``-term series
+    is ``K`` signals."""
+    size = x.numel() if elements is None else elements
+    if torch.is_grad_enabled() and size >= CHECKPOINT_ELEMENTS:
         out: Tensor = checkpoint(fn, x, use_reentrant=False)
         return out
     return fn(x)

@@ -286,6 +286,13 @@ class Graph(ABC):
             outs.append((edges @ xf) * _safe_reciprocal(count))  # (Bf, rows, C')
         return unfold(torch.cat(outs, dim=1))
 
+    def signal_elements(self, x: Tensor) -> int:
+        """Elements of the signal ``x`` over the whole graph, what size-based choices read (a
+        series' recomputed segments, :data:`~heatformer.graph_ops.heat.CHECKPOINT_ELEMENTS`):
+        ``x.numel()``. A graph over a sequence split over processes counts every rank's rows,
+        so that every rank makes the same choice (and sends the same messages)."""
+        return x.numel()
+
     def materialized_bytes(self) -> int | None:
         """Bytes an explicit copy of the weights would take when it makes repeated
         :meth:`propagate` calls cheaper (an implicit graph that recomputes its weights each

@@ -80,8 +80,9 @@ class Polynomial(NormalizedOperator):
         c = self.coeffs.to(dtype=acc, device=x.device)
         xa = x.to(acc)
         y = c[-1] * xa
+        elements = graph.signal_elements(x)  # the same choice on every rank of a split graph
         for k in range(c.numel() - 2, -1, -1):
-            y = propagation_step(gen.laplacian, y.to(x.dtype)).to(acc) + c[k] * xa
+            y = propagation_step(gen.laplacian, y.to(x.dtype), elements).to(acc) + c[k] * xa
         return y.to(x.dtype)
 
     def frequency_response(self, lam: Tensor) -> Tensor:

@@ -186,7 +186,7 @@ def _ppr_series(graph: Graph, x: Tensor, alpha: float, normalization: str, tol: 
     term, acc = x, alpha * x.to(accumulation_dtype(x.dtype))  # half precision sums in float32
     weight = alpha
     for _ in range(ppr_order(alpha, tol)):
-        term = propagation_step(gen.adjacency, term)
+        term = propagation_step(gen.adjacency, term, graph.signal_elements(term))
         weight *= 1.0 - alpha
         acc = torch.add(acc, term, alpha=weight)
     return acc.to(x.dtype)

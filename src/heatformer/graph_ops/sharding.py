@@ -1,0 +1,593 @@
+r"""A sequence split over processes: each rank holds a contiguous block of the rows.
+
+Past one machine's memory, a long sequence is split over the ``P`` processes of a
+:mod:`torch.distributed` group (gloo on the CPU, nccl on CUDA): rank ``r`` holds the queries,
+keys and values of positions ``[start, stop)`` (:class:`SequenceShard`), and a graph kind that
+shards (:attr:`GraphBuilder.shards <heatformer.graph_ops.GraphBuilder.shards>`) builds, from the
+local blocks only, a graph over the rank's rows whose products equal the rows of the
+single-process graph's (:func:`shard_graph`). Every operator works on it unchanged, because it
+only calls the graph protocol; the messages happen inside the products.
+
+Which kinds shard:
+
+- ``window[w=W,global=G]`` (causal or not, key padding, ``drop_masked_queries``): yes,
+  :class:`ShardedWindowGraph`. Row ``i`` reads the keys within ``w`` of it and the ``g`` global
+  keys, so a rank needs only the **halo** (``w - 1`` positions before its block when causal,
+  ``w`` before and after when bidirectional; a block shorter than ``w`` takes its halo from
+  several ranks) and the global positions. Keys are exchanged once per graph, values once per
+  product. A bidirectional global row attends every key of the sequence: it is a softmax
+  distributed over the ranks (each rank's partial sums over its own keys, combined by one
+  log-sum-exp per row, computed once per graph), ``O(g C)`` per product. A causal global row
+  attends global keys only. Communication per product and rank: ``(w + g) C`` values (``2 w``
+  bidirectional, plus ``g C`` for the global rows' sums), counted in :attr:`SequenceShard.comm`.
+- ``softmax`` (dense attention) and ``topk[k=K]`` (exact global top-k): no, every row needs
+  every key. ``GraphBuilder.sharded`` refuses them with a ``ValueError`` naming ``graph``.
+  (Top-k *inside* a window would shard like the window; it is not offered yet.)
+
+Memory per rank is ``O((N / P + w + g) C)`` (the window products work block by block on the
+extended block ``[start - halo, stop + halo)`` and the global keys, with the recomputing
+backward of :class:`~heatformer.graph_ops.WindowGraph`), plus ``O(g N / P)`` for the global
+rows' weights over the local keys. On a rank that receives a halo each product's input is a
+fresh copy of the extended block, which the window kernels keep for their backward: a series
+of ``K`` products keeps ``K`` such copies more than one process does (measured in
+``benchmarks/bench_sharded.py``).
+
+Rules of use (as for any collective code):
+
+- every rank builds the same graph kind on its block and calls the same products in the same
+  order (an empty block still calls them: ``N < P`` is allowed);
+- the graph is built in the grad mode of its products (its keys' messages are recorded then);
+- a choice made from the size of a signal must be the same on every rank: the series read
+  :meth:`Graph.signal_elements <heatformer.graph_ops.Graph.signal_elements>`, which a sharded
+  graph answers for the whole sequence (whether to recompute steps in the backward);
+- the dense views of a sharded graph (:meth:`~heatformer.graph_ops.Graph.to_dense`, top-k and
+  thresholding, the ``"exact"`` heat method and the ``"solve"`` PageRank method) are refused:
+  they need every row of ``W`` on one rank. Gather the queries and keys
+  (:meth:`SequenceShard.gather`) and build the single-process graph to inspect one.
+
+Example (with ``torch.distributed`` initialized, e.g. under ``torchrun``)::
+
+    shard = SequenceShard.current(num_nodes=q.shape[-2])        # this rank's block
+    q_loc, k_loc, v_loc = (shard.take(t) for t in (q, k, v))    # (B, H, n_local, E)
+    graph = shard_graph("window[w=128,global=1]", shard).build(q_loc, k_loc, causal=True)
+    y_loc = HeatKernel(t=1.0)(graph, v_loc)                     # rows start ... stop - 1
+    y = shard.gather(y_loc)                                     # the whole (B, H, N, E)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from heatformer import checks as V
+from heatformer.graph_ops._halo import (
+    CommStats,
+    GlobalRows,
+    HaloPlan,
+    all_reduce_max,
+    all_reduce_sum,
+    block_bounds,
+)
+from heatformer.graph_ops._precision import attention_scores
+from heatformer.graph_ops._window_layout import window_allowed
+from heatformer.graph_ops.builders import GraphBuilder, WindowBuilder, resolve_graph
+from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph, _check_key_mask, _fold, _numel
+from heatformer.graph_ops.window import WindowGraph
+
+__all__ = [
+    "CommStats",
+    "SequenceShard",
+    "ShardedWindowBuilder",
+    "ShardedWindowGraph",
+    "shard_graph",
+]
+
+
+def _check_count(name: str, value: object, minimum: int) -> int:
+    return V.check_int(name, value, minimum=minimum)
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceShard:
+    """This process's contiguous block of a sequence of ``num_nodes`` tokens split over a
+    process group.
+
+    Blocks are contiguous and in rank order; the first ``num_nodes % world_size`` ranks hold
+    one row more (:meth:`bounds_of`). A block may be empty (``N < P``) or shorter than a window.
+
+    Attributes:
+        num_nodes: ``N`` of the whole sequence.
+        rank: index of this process in ``group``.
+        world_size: ``P``.
+        group: a :mod:`torch.distributed` process group; None = the default group.
+        comm: what this rank sent in the products of graphs built on this shard
+            (:class:`~heatformer.graph_ops._halo.CommStats`: bytes, messages, bytes per kind);
+            not part of equality.
+
+    Example:
+        >>> shard = SequenceShard(num_nodes=10, rank=1, world_size=3)
+        >>> shard.start, shard.stop, shard.local_nodes
+        (4, 7, 3)
+        >>> [SequenceShard.bounds_of(10, 3, r) for r in range(3)]
+        [(0, 4), (4, 7), (7, 10)]
+        >>> shard.take(torch.arange(10.).unsqueeze(-1)).squeeze(-1)
+        tensor([4., 5., 6.])
+    """
+
+    num_nodes: int
+    rank: int
+    world_size: int
+    group: Any = None
+    comm: CommStats = dataclasses.field(default_factory=CommStats, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_count("num_nodes", self.num_nodes, 0)
+        _check_count("world_size", self.world_size, 1)
+        _check_count("rank", self.rank, 0)
+        if self.rank >= self.world_size:
+            raise V.bad_value(
+                "rank", f"expected a rank below world_size = {self.world_size}, got {self.rank}"
+            )
+
+    @staticmethod
+    def bounds_of(num_nodes: int, world_size: int, rank: int) -> tuple[int, int]:
+        """``[start, stop)`` of ``rank``: contiguous blocks, the first ``num_nodes %
+        world_size`` ranks hold one row more (shards may be empty when ``N < P``, and may be
+        shorter than the window).
+
+        Raises:
+            ValueError: a negative ``num_nodes``, ``world_size < 1`` or ``rank`` outside
+                ``[0, world_size)``, naming it.
+        """
+        _check_count("num_nodes", num_nodes, 0)
+        _check_count("world_size", world_size, 1)
+        _check_count("rank", rank, 0)
+        if rank >= world_size:
+            raise V.bad_value(
+                "rank", f"expected a rank below world_size = {world_size}, got {rank}"
+            )
+        return block_bounds(num_nodes, world_size, rank)
+
+    @property
+    def start(self) -> int:
+        """First position of this rank's block."""
+        return block_bounds(self.num_nodes, self.world_size, self.rank)[0]
+
+    @property
+    def stop(self) -> int:
+        """One past the last position of this rank's block."""
+        return block_bounds(self.num_nodes, self.world_size, self.rank)[1]
+
+    @property
+    def local_nodes(self) -> int:
+        """Rows of this rank's block, ``stop - start``."""
+        start, stop = block_bounds(self.num_nodes, self.world_size, self.rank)
+        return stop - start
+
+    @classmethod
+    def current(cls, num_nodes: int, group: Any = None) -> SequenceShard:
+        """This process's block, from :mod:`torch.distributed`'s rank and world size in
+        ``group``.
+
+        Raises:
+            ValueError: naming ``group``, when :mod:`torch.distributed` is not available or
+                not initialized (``torch.distributed.init_process_group``, or ``torchrun``).
+        """
+        if not (dist.is_available() and dist.is_initialized()):
+            raise V.bad_value(
+                "group",
+                "expected an initialized torch.distributed process group "
+                "(init_process_group, or a launch by torchrun), got none",
+            )
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        if rank < 0:
+            raise V.bad_value("group", "expected a process group this process belongs to")
+        return cls(num_nodes, rank, size, group)
+
+    def _check_rows(self, x: object, dim: int, rows: int, what: str) -> Tensor:
+        if not isinstance(x, Tensor):
+            raise V.bad_type("x", f"expected a tensor, got {type(x).__name__}")
+        if not -x.dim() <= dim < x.dim():
+            raise V.bad_value("dim", f"expected a dim of a {x.dim()}-d tensor, got {dim}")
+        if x.shape[dim] != rows:
+            raise V.bad_value(
+                "x", f"expected {rows} rows ({what}) in dim {dim}, got shape {tuple(x.shape)}"
+            )
+        return x
+
+    def take(self, x: Tensor, dim: int = -2) -> Tensor:
+        """This rank's rows of a full tensor (``x.narrow(dim, start, local_nodes)``, a view)."""
+        x = self._check_rows(x, dim, self.num_nodes, "the whole sequence")
+        return x.narrow(dim, self.start, self.local_nodes)
+
+    def gather(self, x_local: Tensor, dim: int = -2) -> Tensor:
+        """The full tensor from every rank's rows, differentiable: the backward returns each
+        rank its rows' gradient, summed over ranks. A sum over ranks of zero-padded copies
+        (``O(N)`` per rank): for tests, logits and metrics, not for the hot path."""
+        x_local = self._check_rows(x_local, dim, self.local_nodes, "this rank's block")
+        d = dim % x_local.dim()
+        pad = [0, 0] * (x_local.dim() - 1 - d) + [self.start, self.num_nodes - self.stop]
+        return all_reduce_sum(F.pad(x_local, pad), self.group, self.comm, "gather", self.world_size)
+
+
+def shard_graph(graph: str | GraphBuilder, shard: SequenceShard) -> GraphBuilder:
+    """``resolve_graph(graph).sharded(shard)``: the graph kind over a sequence split by
+    ``shard``.
+
+    Raises:
+        ValueError: naming ``graph``, for a kind that does not shard (dense softmax, exact
+            top-k) or a bad spec.
+        TypeError: ``shard`` not a :class:`SequenceShard`.
+    """
+    return resolve_graph(graph).sharded(shard)
+
+
+def _check_shard(shard: object) -> SequenceShard:
+    if not isinstance(shard, SequenceShard):
+        raise V.bad_type("shard", f"expected a SequenceShard, got {type(shard).__name__}")
+    return shard
+
+
+class ShardedWindowBuilder(GraphBuilder):
+    """A window kind over a sequence split by ``shard`` (from
+    :meth:`WindowBuilder.sharded <heatformer.graph_ops.GraphBuilder.sharded>`).
+
+    Its :attr:`spec` is the window's; :meth:`build` takes this rank's queries, keys and key
+    mask and gives a :class:`ShardedWindowGraph`; there is no incremental decoding (a KV cache
+    of a split sequence is not supported).
+    """
+
+    name = "window"
+    shards = True
+    incremental = False
+
+    def __init__(self, base: WindowBuilder, shard: SequenceShard) -> None:
+        if not isinstance(base, WindowBuilder):
+            raise V.bad_type("graph", f"expected a window kind, got {type(base).__name__}")
+        super().__init__(**base.params)
+        self.base, self.shard = base, _check_shard(shard)
+
+    def sharded(self, shard: SequenceShard) -> GraphBuilder:
+        return self.base.sharded(shard)
+
+    def build(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        drop_masked_queries: bool = False,
+        causal: bool = False,
+        row_block: int | None = None,
+    ) -> Graph:
+        return ShardedWindowGraph(
+            q, k, shard=self.shard, window=self.base.w, causal=causal,
+            num_global=min(self.base.num_global, self.shard.num_nodes), key_mask=key_mask,
+            drop_masked_queries=drop_masked_queries, row_block=row_block,
+        )  # fmt: skip
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
+        raise V.bad_value(
+            "graph", f"{self.spec}: a sequence split over processes has no incremental decoding"
+        )
+
+    def check_nodes(self, max_nodes: int) -> None:
+        self.base.check_nodes(max_nodes)
+
+    def edges_per_row(self, num_nodes: int, *, causal: bool = False) -> int:
+        return self.base.edges_per_row(num_nodes, causal=causal)
+
+    def saved_bytes_per_edge(self, itemsize: int) -> int:
+        return self.base.saved_bytes_per_edge(itemsize)
+
+    def cache_keep(self) -> tuple[int, int | None]:
+        return self.base.cache_keep()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r}, {self.shard!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ShardedWindowBuilder)
+            and self.spec == other.spec
+            and self.shard == other.shard
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.spec, self.shard))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Layout:
+    """What a sharded window graph's variants (:meth:`ShardedWindowGraph.to`, the uniform walk)
+    share: the shard, the messages' plans, the ints of the window and the flat key masks."""
+
+    shard: SequenceShard
+    halo: HaloPlan
+    glob: GlobalRows
+    window: int
+    causal: bool
+    num_global: int
+    drop_masked_queries: bool
+    scale: float
+    row_block: int | None
+    batch_shape: torch.Size
+    ext_mask: Tensor | None  # (Bf, ext_nodes) real keys of the extended block
+    global_query_mask: Tensor | None  # (Bf, g) real global queries (dense rows only)
+
+    @property
+    def dense_global(self) -> bool:
+        """Whether the global rows attend every key (bidirectional): a distributed softmax."""
+        return not self.causal and self.num_global > 0
+
+
+class ShardedWindowGraph(Graph):
+    r"""This rank's rows of a window graph (and global tokens) over a sequence split by
+    ``shard``: its products equal the rows ``start ... stop - 1`` of
+    :class:`~heatformer.graph_ops.WindowGraph`'s on the whole sequence.
+
+    Args:
+        q, k: ``(..., n_local, E)`` this rank's queries and keys (``n_local =
+            shard.local_nodes``).
+        shard: the split (:class:`SequenceShard`).
+        window, causal, num_global, drop_masked_queries, scale, row_block: as
+            :class:`~heatformer.graph_ops.WindowGraph` (``window`` and ``num_global`` of the
+            whole sequence).
+        key_mask: bool ``(B, n_local)``, this rank's part of the key mask.
+
+    How: the rank's **extended block** (its rows, the halo of ``w`` positions around them and
+    the global positions; :class:`~heatformer.graph_ops._halo.HaloPlan`) is a short sequence
+    whose window graph (a :class:`~heatformer.graph_ops.WindowGraph`, with the global keys in
+    front when they are not next to the block) holds the block's rows exactly. Its keys are
+    received once, at construction; :meth:`propagate` receives the values of the extended
+    block, :meth:`propagate_transpose` sends the contributions to positions of other ranks back
+    to them. Bidirectional global rows (dense rows over all ``N`` keys) are a softmax
+    distributed over the ranks: the maximum and the sum of exponentials of each row are summed
+    over the ranks once (a log-sum-exp per row), then every product sums each rank's
+    ``(g, C)`` partial product over the ranks.
+
+    Shape:
+        ``propagate(x)``: ``x`` ``(..., n_local, C)`` -> ``(..., n_local, C)``.
+
+    Raises:
+        ValueError: a dense view (:meth:`to_dense`, top-k), naming ``graph``.
+    """
+
+    row_stochastic = True
+
+    def __init__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        shard: SequenceShard,
+        window: int,
+        causal: bool = False,
+        num_global: int = 0,
+        key_mask: Tensor | None = None,
+        drop_masked_queries: bool = False,
+        scale: float | None = None,
+        row_block: int | None = None,
+    ) -> None:
+        shard = _check_shard(shard)
+        q = V.check_float_tensor("q", q, min_dim=2)
+        k = V.check_float_tensor("k", k, min_dim=2)
+        if q.dtype != k.dtype:
+            raise V.bad_type("k", f"expected the dtype of q ({q.dtype}), got {k.dtype}")
+        if q.shape[-2:] != k.shape[-2:]:
+            raise V.bad_value(
+                "k", f"expected shape (..., {q.shape[-2]}, {q.shape[-1]}), got {tuple(k.shape)}"
+            )
+        n, total = int(q.shape[-2]), shard.num_nodes
+        if n != shard.local_nodes:
+            raise V.bad_value(
+                "q",
+                f"expected this rank's {shard.local_nodes} rows (positions {shard.start} to "
+                f"{shard.stop} of {total}) in dim -2, got shape {tuple(q.shape)}",
+            )
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        w = min(V.check_positive_int("window", window), max(total, 1))
+        if isinstance(num_global, bool) or not isinstance(num_global, int) or num_global < 0:
+            raise V.bad_value("num_global", f"expected an int >= 0, got {num_global!r}")
+        if num_global > total:
+            raise V.bad_value("num_global", f"expected at most N = {total}, got {num_global}")
+        causal = V.check_bool("causal", causal)
+        drop = V.check_bool("drop_masked_queries", drop_masked_queries)
+        if row_block is not None:
+            V.check_positive_int("row_block", row_block)
+        bf, e = _numel(batch), q.shape[-1]
+        flat_mask: Tensor | None = None
+        if key_mask is not None:
+            lead = _check_key_mask(key_mask, batch, n).shape[:-1]
+            view = key_mask.reshape(*lead, *([1] * (len(batch) - len(lead))), n)
+            flat_mask = view.expand(*batch, n).reshape(bf, n)  # (Bf, n)
+        s = float(scale) if scale is not None else 1.0 / math.sqrt(e)
+        halo = HaloPlan(
+            total, shard.world_size, shard.rank, shard.group,
+            before=w - 1 if causal else w, after=0 if causal else w, num_global=num_global,
+            stats=shard.comm, device=q.device,
+        )  # fmt: skip
+        glob = GlobalRows(
+            num_global, shard.start, shard.stop, shard.group, shard.world_size, shard.comm
+        )
+        qf = q.expand(*batch, n, e).reshape(bf, n, e)  # (Bf, n, E)
+        kf = k.expand(*batch, n, e).reshape(bf, n, e)
+        k_ext = halo.gather(kf, "keys")  # (Bf, n_ext, E)
+        ext_mask = q_mask = None
+        dense = not causal and num_global > 0
+        if flat_mask is not None:
+            with torch.no_grad():  # a mask travels as 0/1 in the keys' dtype
+                as_float = flat_mask.to(q.dtype).unsqueeze(-1)  # (Bf, n, 1)
+                ext_mask = halo.gather(as_float, "keys").squeeze(-1) > 0  # (Bf, n_ext)
+                if dense and drop:
+                    q_mask = glob.gather(as_float, "keys").squeeze(-1) > 0  # (Bf, g)
+        layout = _Layout(
+            shard, halo, glob, w, causal, num_global, drop, s, row_block, batch, ext_mask, q_mask
+        )
+        q_ext = qf  # (Bf, n_ext, E): the halo's queries are never read (zeros)
+        if halo.ext_nodes != n:
+            q_ext = F.pad(qf, [0, 0, halo.offset, halo.ext_nodes - halo.offset - n])
+        q_glob = glob.gather(qf, "queries") if dense else None  # (Bf, g, E)
+        self._init(layout, q_ext, k_ext, q_glob)
+
+    def _init(self, layout: _Layout, q_ext: Tensor, k_ext: Tensor, q_glob: Tensor | None) -> None:
+        self.layout = layout
+        self.shard = layout.shard
+        #: what this rank sent (the shard's counter, shared by every graph built on it)
+        self.comm = layout.shard.comm
+        self.window, self.causal, self.num_global = layout.window, layout.causal, layout.num_global
+        self.q_ext, self.k_ext, self.q_glob = q_ext, k_ext, q_glob
+        self._tensor = q_ext
+        self.rows_nonempty = layout.ext_mask is None  # a row always keeps its own key
+        halo = layout.halo
+        #: the window graph of the extended block (its rows offset ... offset + n_local - 1
+        #: are this rank's)
+        self.ext = WindowGraph(
+            q_ext, k_ext, window=layout.window, causal=layout.causal,
+            num_global=min(layout.num_global, halo.ext_nodes), key_mask=layout.ext_mask,
+            drop_masked_queries=layout.drop_masked_queries, scale=layout.scale,
+            row_block=layout.row_block,
+        )  # fmt: skip
+        self._dense: tuple[bool, Tensor, Tensor] | None = None  # (grad mode, weights, has)
+
+    def _dense_weights(self) -> tuple[Tensor, Tensor] | None:
+        """The bidirectional global rows' weights over this rank's keys ``(Bf, g, n_local)``
+        and whether each row has a key ``(Bf, g)`` (None without such rows): a softmax over
+        all ranks' keys, its maximum and sum of exponentials summed over the ranks (one
+        all-reduce each). Made at the first product of each grad mode (every rank makes its
+        first product at the same call), so that a dense view refused on some ranks before any
+        product (:meth:`to`, then :meth:`to_dense`) leaves no message unanswered."""
+        q_glob = self.q_glob
+        if q_glob is None:
+            return None
+        grad = torch.is_grad_enabled()
+        if self._dense is None or self._dense[0] != grad:
+            self._dense = (grad, *self._make_dense_weights(q_glob))
+        return self._dense[1], self._dense[2]
+
+    def _make_dense_weights(self, q_glob: Tensor) -> tuple[Tensor, Tensor]:
+        lay, halo = self.layout, self.layout.halo
+        n, at, g = halo.local_nodes, halo.offset, lay.num_global
+        k_loc = self.k_ext[:, at : at + n]  # (Bf, n, E)
+        start = lay.shard.start
+        rows = torch.arange(g, device=q_glob.device).unsqueeze(-1)  # (g, 1)
+        cols = torch.arange(start, start + n, device=q_glob.device)  # (n,)
+        allowed = window_allowed(
+            rows, cols, window=lay.window, causal=lay.causal, num_global=g
+        ).unsqueeze(0)  # (1, g, n)
+        if lay.ext_mask is not None:
+            allowed = allowed & lay.ext_mask[:, None, at : at + n]
+            if lay.global_query_mask is not None:
+                allowed = allowed & lay.global_query_mask[..., None]
+        s = attention_scores(q_glob, k_loc, lay.scale)  # (Bf, g, n), float32 for half inputs
+        with torch.no_grad():
+            masked = s.masked_fill(~allowed, float("-inf"))
+            local_max = masked.amax(-1) if n else s.new_full(s.shape[:-1], float("-inf"))  # (Bf, g)
+            top = all_reduce_max(local_max, lay.shard.group, lay.shard.world_size)
+            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        e = torch.where(allowed, torch.exp(s - top.unsqueeze(-1)), 0.0)  # (Bf, g, n)
+        total = all_reduce_sum(
+            e.sum(-1), lay.shard.group, lay.shard.comm, "global-stats", lay.shard.world_size
+        )
+        has = total > 0  # (Bf, g)
+        inv = torch.where(has, 1.0 / torch.where(has, total, torch.ones_like(total)), 0.0)
+        return (e * inv.unsqueeze(-1)).to(q_glob.dtype), has.detach()
+
+    def _with_qk(self, q_ext: Tensor, k_ext: Tensor, q_glob: Tensor | None) -> ShardedWindowGraph:
+        """The same layout (plans, masks) on other extended queries and keys (no message but
+        the global rows' sums)."""
+        graph = ShardedWindowGraph.__new__(ShardedWindowGraph)
+        graph._init(self.layout, q_ext, k_ext, q_glob)
+        return graph
+
+    # ---- protocol ------------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        """This rank's rows (``shard.local_nodes``)."""
+        return self.layout.halo.local_nodes
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.layout.batch_shape
+
+    def to(self, dtype: torch.dtype) -> ShardedWindowGraph:
+        if dtype == self.dtype:
+            return self
+        q_glob = None if self.q_glob is None else self.q_glob.to(dtype)
+        return self._with_qk(self.q_ext.to(dtype), self.k_ext.to(dtype), q_glob)
+
+    def uniform(self, x: Tensor) -> Tensor:
+        """``U x`` (see :meth:`Graph.uniform <heatformer.graph_ops.Graph.uniform>`): the
+        graph of constant queries and keys, every row uniform over its allowed keys."""
+        z = self.q_ext.new_zeros(*self.q_ext.shape[:-1], UNIFORM_DIM)  # (Bf, n_ext, 8)
+        zg = None if self.q_glob is None else self.q_glob.new_zeros(*self.q_glob.shape[:-1], 8)
+        return self._with_qk(z, z, zg).propagate(x)
+
+    def propagate(self, x: Tensor) -> Tensor:
+        xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)
+        halo, glob = self.layout.halo, self.layout.glob
+        x_ext = halo.gather(xf, "values")  # (Bf, n_ext, C): a copy, unless no halo
+        y = self.ext.propagate(x_ext)  # (Bf, n_ext, C)
+        if y.shape[1] != xf.shape[1]:  # a slice's backward fills a zero copy: only if needed
+            y = y[:, halo.offset : halo.offset + xf.shape[1]]  # (Bf, n, C)
+        dense = self._dense_weights()
+        if dense is not None:  # the global rows: sums over every rank's keys
+            rows = glob.scatter(dense[0] @ xf, "global")  # (Bf, own global rows, C)
+            y = torch.cat([rows, y[:, glob.local_rows :]], dim=1)
+        return unfold(y)
+
+    def propagate_transpose(self, x: Tensor) -> Tensor:
+        xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)
+        halo, glob, n = self.layout.halo, self.layout.glob, self.num_nodes
+        x_win = xf
+        dense = self._dense_weights()
+        if dense is not None:  # the global rows' out-edges are the dense part's
+            x_win = torch.cat(
+                [torch.zeros_like(xf[:, : glob.local_rows]), xf[:, glob.local_rows :]], 1
+            )
+        pad = [0, 0, halo.offset, halo.ext_nodes - halo.offset - n]
+        y_ext = self.ext.propagate_transpose(F.pad(x_win, pad))  # (Bf, n_ext, C)
+        y = halo.scatter(y_ext, "transpose")  # (Bf, n, C)
+        if dense is not None:
+            xg = glob.gather(xf, "global")  # (Bf, g, C)
+            y = y + dense[0].transpose(-1, -2) @ xg
+        return unfold(y)
+
+    def out_degree(self) -> Tensor:
+        halo, n = self.layout.halo, self.num_nodes
+        has = self.ext.row_has_edge()[:, halo.offset : halo.offset + n]  # (Bf, n)
+        dense = self._dense_weights()
+        if dense is not None:
+            glob = self.layout.glob
+            has = torch.cat([dense[1][:, glob.first : glob.last], has[:, glob.local_rows :]], 1)
+        return has.reshape(*self.batch_shape, n).to(self.dtype)
+
+    def signal_elements(self, x: Tensor) -> int:
+        """Elements of ``x`` ``(..., n_local, C)`` over the whole sequence (``N`` rows): the
+        same on every rank, so size-based choices (a series' recomputed segments) agree."""
+        return _numel(x.shape[:-2]) * self.shard.num_nodes * int(x.shape[-1])
+
+    def in_degree(self) -> Tensor:
+        ones = torch.ones(
+            *self.batch_shape, self.num_nodes, 1, dtype=self.dtype, device=self.device
+        )
+        return self.propagate_transpose(ones).squeeze(-1)
+
+    def weight_rows(self, start: int, stop: int) -> Tensor:
+        raise V.bad_value(
+            "graph",
+            "a graph over a sequence split over processes has no dense rows on one rank "
+            "(to_dense, top-k, thresholding, the exact heat and PageRank methods need every "
+            "key); gather q and k (SequenceShard.gather) and build the single-process graph",
+        )
+
+    def to_dense(self) -> Tensor:
+        """Refused: see :meth:`weight_rows` (``ValueError`` naming ``graph``)."""
+        return self.weight_rows(0, 0)
