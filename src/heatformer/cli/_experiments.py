@@ -281,9 +281,11 @@ def _spec_of(args: argparse.Namespace, command: str, resume_dir: Path | None) ->
     flags that would change it are refused)."""
     from heatformer.experiments.compare import load_spec
 
-    for dest in ("threads", "stop_at_step"):
+    for dest in ("threads", "stop_at_step", "sequence_parallel"):
         if getattr(args, dest) is not None:
             check_positive_int(dest, getattr(args, dest))
+    if args.dist_timeout is not None and not args.dist_timeout > 0:
+        raise bad_value("dist_timeout", f"expected seconds > 0, got {args.dist_timeout}")
     if resume_dir is not None:
         extra = sorted(set(_given(args)) - {"device"})
         if command == "compare" and (args.heads or args.sweep or args.seeds or args.preset):
@@ -319,7 +321,9 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
 
         torch.set_num_threads(args.threads)
 
-    ctx = setup_distributed(spec.device)
+    ctx = setup_distributed(
+        spec.device, sequence_parallel=args.sequence_parallel or 1, timeout_s=args.dist_timeout
+    )
     try:
         out = resume_dir or (Path(args.out) if args.out else _default_out(spec, ctx))
         task = validate_spec(spec)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from heatformer.experiments.tasks.base import Task, autocast
+from heatformer.graph_ops import SequenceShard
 
 __all__ = ["backward_pass", "build_optimizer", "optimizer_step"]
 
@@ -43,6 +44,7 @@ def backward_pass(
     inputs: Tensor,
     targets: Tensor,
     train_model: nn.Module | None = None,
+    shard: SequenceShard | None = None,
 ) -> Tensor:
     """The forward and backward pass of one training step on a batch already on the model's
     device: forward (under bfloat16 autocast if ``task.spec.bf16``), :meth:`Task.loss`, the
@@ -55,13 +57,25 @@ def backward_pass(
         inputs, targets: the batch.
         train_model: what runs the forward pass (a DDP or compiled wrapper of ``model``);
             default ``model``.
+        shard: ``inputs`` and ``targets`` are this rank's block ``(b, n_local)`` of every
+            sequence split over a sequence group (the model takes ``shard=``); the loss is then
+            this rank's share of the mean over every token of the group's ``(b, N)`` batch
+            (its tokens' mean times ``n_local / N``: the shares sum to the mean).
 
     Returns:
         The loss (a scalar tensor, still attached to the graph).
     """
     with autocast(inputs.device, task.spec.bf16):
-        logits = (train_model or model)(inputs)
-    loss = task.loss(logits, targets)
+        if shard is None:
+            logits = (train_model or model)(inputs)
+        else:
+            logits = (train_model or model)(inputs, shard=shard)
+    if shard is None:
+        loss = task.loss(logits, targets)
+    elif targets.numel():
+        loss = task.loss(logits, targets) * (shard.local_nodes / shard.num_nodes)
+    else:  # an empty block (fewer tokens than ranks): no share, but the backward still runs
+        loss = logits.sum() * 0.0
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     return loss
