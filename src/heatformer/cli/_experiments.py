@@ -377,6 +377,19 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
                     file=sys.stderr,
                 )
             return 130
+        except RuntimeError as err:  # a collective failed: another process died or hung
+            if not ctx.distributed:
+                raise
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            print(
+                f"heatformer {command}: error: process {ctx.rank} of {ctx.world_size}: a "
+                f"collective operation failed, so another process died or stopped answering "
+                f"(within --dist-timeout) ({first}); runs continue from their last checkpoint; "
+                f"{hint}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
         if ctx.is_main:
             print_report(report)
         return 0
