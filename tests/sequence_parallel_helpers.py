@@ -75,6 +75,7 @@ GPT_CASES: tuple[tuple[dict[str, Any], int], ...] = (
         },
         9,
     ),
+    ({"heads": "laplacian:1,attention:2", "graph": "window[w=2]"}, 3),  # an empty block at P = 4
 )
 
 

@@ -2,9 +2,10 @@
 
 Spawned gloo groups of 2 and 4 processes on the loopback interface (bounded in time) run window
 graphs with attention, Laplacian and heat heads, global tokens, uneven ``N / P`` and shards
-shorter than the window, one with activation checkpointing; the gathered logits and the
-parameter gradients summed over the group equal the single-process ones in float64. The
-refusals (KV cache, graphs, dense kinds, attention dropout) need no process group.
+shorter than the window, an empty block (3 tokens on 4 processes), one with activation
+checkpointing; the gathered logits and the parameter gradients summed over the group equal the
+single-process ones in float64. The refusals (KV cache, graphs, dense kinds, attention
+dropout) need no process group.
 """
 
 from __future__ import annotations
