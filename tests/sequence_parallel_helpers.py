@@ -5,13 +5,14 @@ Run as a script under ``torchrun`` (``python -m torch.distributed.run ... THIS_F
 file is ``heatformer ARGS`` in which the rank named by ``HEATFORMER_TEST_DIE_RANK`` exits at once
 (``os._exit(1)``, no clean-up: a crashed process) in the middle of the training step whose index
 ``HEATFORMER_TEST_DIE_STEP`` names (after its backward pass, before the gradients are reduced
-over the ranks).
+over the ranks); with ``HEATFORMER_TEST_HANG=1`` it stops answering there instead (sleeps).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import sys
 import time
@@ -138,6 +139,9 @@ def _dying_main() -> int:
     def backward_pass(*args: Any) -> Any:
         loss = backward(*args)
         if next(calls) == step and dist.get_rank() == rank:
+            if os.environ.get("HEATFORMER_TEST_HANG") == "1":  # until torchrun's SIGTERM
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                time.sleep(3600)
             os._exit(1)
         return loss
 

@@ -1,6 +1,7 @@
 """``heatformer train --sequence-parallel P`` under ``torchrun`` (gloo, loopback) trains like one
 process; a process that dies mid-step makes the others exit with a clear error, and the run
-resumes from its last checkpoint to the same numbers; the refusals name the flag."""
+resumes from its last checkpoint to the same numbers; one that stops answering is given up after
+``--dist-timeout``; the refusals name the flag."""
 
 from __future__ import annotations
 
@@ -123,6 +124,26 @@ def test_a_process_that_dies_mid_step_stops_the_others_and_the_run_resumes(
     assert done.returncode == 0, done.stderr[-3000:]
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     _assert_same_numbers(run, single)
+
+
+@needs_gloo
+def test_a_process_that_stops_answering_is_given_up_after_the_timeout(
+    corpus: Path, tmp_path: Path
+) -> None:
+    flags = [*_flags(corpus, tmp_path / "sp"), "--sequence-parallel", "2", "--dist-timeout", "5"]
+    env = {
+        **_env(), "HEATFORMER_TEST_DIE_RANK": "1", "HEATFORMER_TEST_DIE_STEP": "1",
+        "HEATFORMER_TEST_HANG": "1",
+    }  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(
+        sp.torchrun(2, *flags, script=Path(sp.__file__)), capture_output=True, text=True,
+        timeout=120, env=env,
+    )  # fmt: skip
+    assert time.monotonic() - started < 90  # launch, 1 step, 5 s of waiting, the stop
+    assert done.returncode != 0
+    assert "process 0 of 2: a collective operation failed" in done.stderr, done.stderr[-3000:]
+    assert "Timed out" in done.stderr
 
 
 def test_sequence_parallel_without_torchrun_is_refused(
