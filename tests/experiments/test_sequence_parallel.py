@@ -90,6 +90,7 @@ def test_sequence_parallel_training_equals_one_process(
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("report: ") == 1  # only rank 0 prints and writes
+    assert f"(cpu, {nproc} process(es), every sequence split over 2)" in done.stdout
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert (run["world_size"], run["sequence_parallel"]) == (nproc, 2)
     _assert_same_numbers(run, single)
