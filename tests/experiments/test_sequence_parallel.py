@@ -167,9 +167,10 @@ def test_sequence_parallel_without_torchrun_is_refused(
         ({"graph": "window[w=4];softmax"}, r"expected graph kinds that shard a sequence .* got "
          r"\['softmax'\]: dense softmax and exact top-k need every key"),
         ({"graph": "topk[k=3]"}, r".* got \[.topk\[k=3\].\]"),
+        ({"compile": True}, r"expected no --compile with a sequence split over processes"),
     ],
 )  # fmt: skip
-def test_sequence_parallel_refuses_graph_kinds_that_do_not_shard(
+def test_sequence_parallel_refuses_graph_kinds_that_do_not_shard_and_compile(
     corpus: Path, tmp_path: Path, changes: dict[str, Any], message: str
 ) -> None:
     spec = _spec(corpus, **changes)

@@ -322,7 +322,7 @@ def _setup(
     factory = model_factory or (lambda t, spec_heads: t.build_model(spec_heads))
     model = factory(task, heads).to(ctx.device)
     if ctx.sequence_parallel > 1:
-        _check_shards(task, model)
+        _check_shards(task, model, spec)
     optimizer = build_optimizer(model, spec.lr, spec.weight_decay)
     generator = torch.Generator().manual_seed(seed)  # batch order
     return _Run(
@@ -339,9 +339,16 @@ def _setup(
     )
 
 
-def _check_shards(task: Task, model: nn.Module) -> None:
+def _check_shards(task: Task, model: nn.Module, spec: CompareSpec) -> None:
     """Refuse sequence parallelism for a model that does not take a sharded sequence, or whose
-    attention layers have a graph kind that does not shard (both ask the entry's flag)."""
+    attention layers have a graph kind that does not shard (both ask the entry's flag), and
+    with ``compile`` (untried: the collectives inside the sharded graphs)."""
+    if spec.compile:
+        raise bad_value(
+            "sequence_parallel",
+            "expected no --compile with a sequence split over processes (not supported yet: "
+            "torch.compile of the sharded graphs' collectives is untried)",
+        )
     if not getattr(model, "shards", False):
         raise bad_value(
             "sequence_parallel",
