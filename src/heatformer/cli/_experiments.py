@@ -75,7 +75,9 @@ def add_train_args(parser: OptionParser) -> None:
     parser.epilog = (
         "examples:\n"
         "  heatformer train --task chars --heads attention:6,laplacian:2 --steps 500\n"
-        "  torchrun --nproc_per_node 2 -m heatformer train --task digits --batch-size 64"
+        "  torchrun --nproc_per_node 2 -m heatformer train --task digits --batch-size 64\n"
+        "  torchrun --nproc_per_node 2 -m heatformer train --task chars --seq-len 65536 \\\n"
+        "      --graph 'window[w=128]' --sequence-parallel 2"
     )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
