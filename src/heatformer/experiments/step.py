@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from heatformer.experiments.tasks.base import Task, autocast
+from heatformer.experiments.tasks.base import IGNORE_INDEX, Task, autocast
 from heatformer.graph_ops import SequenceShard
 
 __all__ = ["backward_pass", "build_optimizer", "optimizer_step"]
@@ -59,8 +59,9 @@ def backward_pass(
             default ``model``.
         shard: ``inputs`` and ``targets`` are this rank's block ``(b, n_local)`` of every
             sequence split over a sequence group (the model takes ``shard=``); the loss is then
-            this rank's share of the mean over every token of the group's ``(b, N)`` batch
-            (its tokens' mean times ``n_local / N``: the shares sum to the mean).
+            this rank's share of the mean over every scored token of the group's ``(b, N)``
+            batch (its tokens' mean times its share of the scored tokens: the shares sum to
+            the mean, also when some targets are ``IGNORE_INDEX``).
 
     Returns:
         The loss (a scalar tensor, still attached to the graph).
@@ -72,13 +73,26 @@ def backward_pass(
             logits = (train_model or model)(inputs, shard=shard)
     if shard is None:
         loss = task.loss(logits, targets)
-    elif targets.numel():
-        loss = task.loss(logits, targets) * (shard.local_nodes / shard.num_nodes)
-    else:  # an empty block (fewer tokens than ranks): no share, but the backward still runs
-        loss = logits.sum() * 0.0
+    else:
+        loss = _shard_share(task, logits, targets, shard)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     return loss
+
+
+def _shard_share(task: Task, logits: Tensor, targets: Tensor, shard: SequenceShard) -> Tensor:
+    """This rank's share of the sequence group's mean loss: :meth:`Task.loss` of its block
+    times ``m_local / m`` (``m``: the scored targets, not :data:`IGNORE_INDEX`, summed over the
+    group by one all-reduce). A block with no scored target adds ``0 * logits`` (its backward
+    still runs, so every rank makes the same messages)."""
+    import torch.distributed as dist
+
+    scored = (targets != IGNORE_INDEX).sum().to(torch.float64)  # this rank's scored targets
+    total = scored.clone()
+    dist.all_reduce(total, group=shard.group)
+    if not int(scored):  # one read per step, outside the model's forward
+        return logits.sum() * 0.0
+    return task.loss(logits, targets) * (scored / total).to(torch.float32)
 
 
 def optimizer_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
