@@ -75,7 +75,9 @@ def add_train_args(parser: OptionParser) -> None:
     parser.epilog = (
         "examples:\n"
         "  heatformer train --task chars --heads attention:6,laplacian:2 --steps 500\n"
-        "  torchrun --nproc_per_node 2 -m heatformer train --task digits --batch-size 64"
+        "  torchrun --nproc_per_node 2 -m heatformer train --task digits --batch-size 64\n"
+        "  torchrun --nproc_per_node 2 -m heatformer train --task chars --seq-len 65536 \\\n"
+        "      --graph 'window[w=128]' --sequence-parallel 2"
     )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
@@ -281,9 +283,11 @@ def _spec_of(args: argparse.Namespace, command: str, resume_dir: Path | None) ->
     flags that would change it are refused)."""
     from heatformer.experiments.compare import load_spec
 
-    for dest in ("threads", "stop_at_step"):
+    for dest in ("threads", "stop_at_step", "sequence_parallel"):
         if getattr(args, dest) is not None:
             check_positive_int(dest, getattr(args, dest))
+    if args.dist_timeout is not None and not args.dist_timeout > 0:
+        raise bad_value("dist_timeout", f"expected seconds > 0, got {args.dist_timeout}")
     if resume_dir is not None:
         extra = sorted(set(_given(args)) - {"device"})
         if command == "compare" and (args.heads or args.sweep or args.seeds or args.preset):
@@ -319,7 +323,9 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
 
         torch.set_num_threads(args.threads)
 
-    ctx = setup_distributed(spec.device)
+    ctx = setup_distributed(
+        spec.device, sequence_parallel=args.sequence_parallel or 1, timeout_s=args.dist_timeout
+    )
     try:
         out = resume_dir or (Path(args.out) if args.out else _default_out(spec, ctx))
         task = validate_spec(spec)
@@ -373,6 +379,19 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
                     file=sys.stderr,
                 )
             return 130
+        except RuntimeError as err:  # a collective failed: another process died or hung
+            if not ctx.distributed:
+                raise
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            print(
+                f"heatformer {command}: error: process {ctx.rank} of {ctx.world_size}: a "
+                f"collective operation failed, so another process died or stopped answering "
+                f"(within --dist-timeout) ({first}); runs continue from their last checkpoint; "
+                f"{hint}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
         if ctx.is_main:
             print_report(report)
         return 0

@@ -142,6 +142,20 @@ def _running_flags(g: OptionGroup) -> None:
         "skipped, the interrupted one continues from its checkpoint",
     )
     g.add_argument("--device", help="auto | cpu | cuda[:N] (default auto: CUDA if available)")
+    g.add_argument(
+        "--sequence-parallel",
+        type=int,
+        metavar="P",
+        help="under torchrun: split every sequence over groups of P consecutive processes "
+        "(window graph kinds, GPT tasks), data parallel over the groups (default 1)",
+    )
+    g.add_argument(
+        "--dist-timeout",
+        type=float,
+        metavar="S",
+        help="under torchrun: seconds a process waits for the others at a collective before "
+        "it fails, e.g. when one died (default: torch's)",
+    )
     g.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
     g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     g.add_argument(

@@ -16,16 +16,19 @@ __all__ = ["plan_line", "preflight", "print_report"]
 
 def plan_line(spec: Any, ctx: Any) -> str:
     """``"3 configuration(s) x 2 optimiser setting(s) x 8 seed(s) = 48 run(s) of 500 steps on
-    'chars' (cpu, 1 process(es))"``."""
+    'chars' (cpu, 1 process(es))"``; with sequence parallelism ``"(cpu, 4 process(es), every
+    sequence split over 2)"``."""
     from heatformer.experiments.tuning import settings
 
     grid = len(settings(spec.tune))
     runs = len(spec.heads) * grid * len(spec.seeds)
     tuned = f" x {grid} optimiser setting(s)" if spec.tune else ""
+    split = getattr(ctx, "sequence_parallel", 1)
+    split_words = f", every sequence split over {split}" if split > 1 else ""
     return (
         f"{len(spec.heads)} configuration(s){tuned} x {len(spec.seeds)} seed(s) = {runs} "
         f"run(s) of {spec.steps} steps on {spec.task!r} ({ctx.device}, {ctx.world_size} "
-        "process(es))"
+        f"process(es){split_words})"
     )
 
 

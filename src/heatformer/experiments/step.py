@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from heatformer.experiments.tasks.base import Task, autocast
+from heatformer.experiments.tasks.base import IGNORE_INDEX, Task, autocast
+from heatformer.graph_ops import SequenceShard
 
 __all__ = ["backward_pass", "build_optimizer", "optimizer_step"]
 
@@ -43,6 +44,7 @@ def backward_pass(
     inputs: Tensor,
     targets: Tensor,
     train_model: nn.Module | None = None,
+    shard: SequenceShard | None = None,
 ) -> Tensor:
     """The forward and backward pass of one training step on a batch already on the model's
     device: forward (under bfloat16 autocast if ``task.spec.bf16``), :meth:`Task.loss`, the
@@ -55,16 +57,42 @@ def backward_pass(
         inputs, targets: the batch.
         train_model: what runs the forward pass (a DDP or compiled wrapper of ``model``);
             default ``model``.
+        shard: ``inputs`` and ``targets`` are this rank's block ``(b, n_local)`` of every
+            sequence split over a sequence group (the model takes ``shard=``); the loss is then
+            this rank's share of the mean over every scored token of the group's ``(b, N)``
+            batch (its tokens' mean times its share of the scored tokens: the shares sum to
+            the mean, also when some targets are ``IGNORE_INDEX``).
 
     Returns:
         The loss (a scalar tensor, still attached to the graph).
     """
     with autocast(inputs.device, task.spec.bf16):
-        logits = (train_model or model)(inputs)
-    loss = task.loss(logits, targets)
+        if shard is None:
+            logits = (train_model or model)(inputs)
+        else:
+            logits = (train_model or model)(inputs, shard=shard)
+    if shard is None:
+        loss = task.loss(logits, targets)
+    else:
+        loss = _shard_share(task, logits, targets, shard)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     return loss
+
+
+def _shard_share(task: Task, logits: Tensor, targets: Tensor, shard: SequenceShard) -> Tensor:
+    """This rank's share of the sequence group's mean loss: :meth:`Task.loss` of its block
+    times ``m_local / m`` (``m``: the scored targets, not :data:`IGNORE_INDEX`, summed over the
+    group by one all-reduce). A block with no scored target adds ``0 * logits`` (its backward
+    still runs, so every rank makes the same messages)."""
+    import torch.distributed as dist
+
+    scored = (targets != IGNORE_INDEX).sum().to(torch.float64)  # this rank's scored targets
+    total = scored.clone()
+    dist.all_reduce(total, group=shard.group)
+    if not int(scored):  # one read per step, outside the model's forward
+        return logits.sum() * 0.0
+    return task.loss(logits, targets) * (scored / total).to(torch.float32)
 
 
 def optimizer_step(task: Task, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

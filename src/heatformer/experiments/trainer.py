@@ -53,6 +53,7 @@ from heatformer.experiments.stop import (
     step_restorer,
 )
 from heatformer.experiments.tasks.base import Task
+from heatformer.models import DiffusionAttention
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -320,6 +321,8 @@ def _setup(
     torch.manual_seed(seed)  # initial weights
     factory = model_factory or (lambda t, spec_heads: t.build_model(spec_heads))
     model = factory(task, heads).to(ctx.device)
+    if ctx.sequence_parallel > 1:
+        _check_shards(task, model, spec)
     optimizer = build_optimizer(model, spec.lr, spec.weight_decay)
     generator = torch.Generator().manual_seed(seed)  # batch order
     return _Run(
@@ -334,6 +337,32 @@ def _setup(
         generator=generator,
         world_sizes=[{"world_size": ctx.world_size, "from_step": 0}],
     )
+
+
+def _check_shards(task: Task, model: nn.Module, spec: CompareSpec) -> None:
+    """Refuse sequence parallelism for a model that does not take a sharded sequence, or whose
+    attention layers have a graph kind that does not shard (both ask the entry's flag), and
+    with ``compile`` (untried: the collectives inside the sharded graphs)."""
+    if spec.compile:
+        raise bad_value(
+            "sequence_parallel",
+            "expected no --compile with a sequence split over processes (not supported yet: "
+            "torch.compile of the sharded graphs' collectives is untried)",
+        )
+    if not getattr(model, "shards", False):
+        raise bad_value(
+            "sequence_parallel",
+            f"expected a task whose model takes a sharded sequence (a GPT: --task chars), got "
+            f"--task {task.name} with a {type(model).__name__}",
+        )
+    kinds = [m.graph_kind for m in model.modules() if isinstance(m, DiffusionAttention)]
+    refused = sorted({kind.spec for kind in kinds if not kind.shards})
+    if refused:
+        raise bad_value(
+            "sequence_parallel",
+            f"expected graph kinds that shard a sequence (--graph window[w=...]), got "
+            f"{refused}: dense softmax and exact top-k need every key on every process",
+        )
 
 
 def _resume(run: _Run) -> None:
@@ -376,7 +405,7 @@ def _parallel(run: _Run) -> nn.Module:
     """What runs the forward pass: the model, wrapped in DDP under ``torchrun`` and compiled
     with ``spec.compile`` (after :func:`_resume`: DDP broadcasts rank 0's weights)."""
     train_model: nn.Module = run.model
-    if run.ctx.distributed:
+    if run.ctx.distributed and run.ctx.sequence_parallel == 1:  # else reduce_gradients
         from torch.nn.parallel import DistributedDataParallel
 
         device = run.ctx.device
@@ -417,21 +446,26 @@ def _step(
         with stop.interruptible(interruptible):
             inputs, targets = task.train_batch(spec.batch_size, run.generator)  # global
             inputs, targets = inputs[shard].to(device), targets[shard].to(device)
-            loss = backward_pass(task, run.model, run.optimizer, inputs, targets, train_model)
+            sequence = ctx.shard(inputs.shape[1])  # this rank's block of every sequence
+            if sequence is not None:
+                inputs, targets = sequence.take(inputs, 1), sequence.take(targets, 1)
+            loss = backward_pass(
+                task, run.model, run.optimizer, inputs, targets, train_model, sequence
+            )
     except StopRequested:  # the step is discarded: back to the last completed one
         run.optimizer.zero_grad(set_to_none=True)
         restore()
         raise
+    ctx.reduce_gradients(run.model)  # sequence parallelism (DDP reduced them in backward)
     optimizer_step(task, run.model, run.optimizer)
     run.step += 1
     if stop_at_step is not None and run.step == stop_at_step < spec.steps:
         stop.request(f"--stop-at-step {stop_at_step}")
-    status = torch.stack(
-        (loss.detach().float(), torch.tensor(float(stop.requested), device=device))
-    )  # (2,) local loss, local stop flag
-    if ctx.distributed:
+    flag = torch.tensor(float(stop.requested), dtype=torch.float64, device=device)
+    status = torch.stack((loss.detach().double(), flag))  # (2,) local loss, local stop flag
+    if ctx.distributed:  # the mean of the replicas' losses (a rank's share, summed, with P > 1)
         dist.all_reduce(status)
-        status[0] /= ctx.world_size
+        status[0] /= ctx.data_world_size
     value = float(status[0])
     if not math.isfinite(value):  # the same on every rank (all-reduced)
         raise TrainingDiverged(run.run_dir, run.step, spec.steps, value, spec.lr_at(run.step - 1))
@@ -443,7 +477,10 @@ def _step(
 def _evaluate(run: _Run, stop: StopSignal, interruptible: bool) -> None:
     """The evaluation due after ``run.step``, appended to ``run.evals``."""
     with stop.interruptible(interruptible):
-        metrics = run.task.evaluate(run.model, run.ctx.device, bf16=run.spec.bf16)
+        shard_of = run.ctx.shard if run.ctx.sequence_parallel > 1 else None
+        metrics = run.task.evaluate(
+            run.model, run.ctx.device, bf16=run.spec.bf16, shard_of=shard_of
+        )
     run.evals.append({"step": run.step, **metrics})
 
 
@@ -464,6 +501,7 @@ def _finish(run: _Run, analysis: dict[str, list[float]]) -> dict[str, Any]:
         "model_config": _model_config_dict(run.model),
         "world_size": ctx.world_size,
         "world_sizes": run.world_sizes,
+        "sequence_parallel": ctx.sequence_parallel,
     }
     if ctx.is_main:
         atomic_write_json(run.run_dir / RESULT_NAME, record)  # last: marks the run finished
@@ -477,13 +515,16 @@ def _train(run: _Run, stop: StopSignal, stop_at_step: int | None, progress: bool
     final analysis, then :func:`_finish`."""
     spec, ctx, run_dir = run.spec, run.ctx, run.run_dir
     train_model = _parallel(run)
-    if spec.batch_size % ctx.world_size:
+    replicas = ctx.data_world_size  # data-parallel replicas (world size / sequence parallel)
+    if spec.batch_size % replicas:
         raise bad_value(
             "batch_size",
-            f"expected a multiple of the world size {ctx.world_size}, got {spec.batch_size}",
+            f"expected a multiple of the {replicas} data-parallel replicas (world size "
+            f"{ctx.world_size} / sequence parallel {ctx.sequence_parallel}), got "
+            f"{spec.batch_size}",
         )
-    local = spec.batch_size // ctx.world_size
-    shard = slice(ctx.rank * local, (ctx.rank + 1) * local)
+    local = spec.batch_size // replicas
+    shard = slice(ctx.data_rank * local, (ctx.data_rank + 1) * local)
     ckpt_every = int(spec.ckpt_every or 0)  # resolved
 
     bar = Progress(

@@ -37,7 +37,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heatformer import checks
-from heatformer.graph_ops import DiffusionOperator, Graph, GraphBuilder, resolve_graph
+from heatformer.graph_ops import (
+    DiffusionOperator,
+    Graph,
+    GraphBuilder,
+    SequenceShard,
+    resolve_graph,
+)
 from heatformer.models.cache import KVCache
 from heatformer.models.masks import AttentionMask
 from heatformer.models.routing import HeadRouter
@@ -287,13 +293,21 @@ class DiffusionAttention(nn.Module):
 
     # ---- forward ---------------------------------------------------------------------------
 
-    def diffuse(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
+    def diffuse(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_mask: Tensor | None = None,
+        *,
+        shard: SequenceShard | None = None,
+    ) -> Tensor:
         """Apply each head's operator: ``(B, H, N, Dh)`` -> ``(B, H, N, Dh)`` (the layer's
-        :class:`~heatformer.models.routing.HeadRouter`, with the key mask as in
+        :class:`~heatformer.models.routing.HeadRouter`, with the key mask and the shard as in
         :meth:`forward` and the layer's causal order)."""
         b, _, n, _ = q.shape
         mask = self._mask(key_mask, b, n)
-        return self.router.diffuse(q, k, v, self._attention_mask(mask))
+        return self.router.diffuse(q, k, v, self._attention_mask(mask), shard=shard)
 
     def forward(
         self,
@@ -303,11 +317,13 @@ class DiffusionAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        shard: SequenceShard | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend and diffuse.
 
         Args:
-            x: ``(B, N, D)`` input.
+            x: ``(B, N, D)`` input; with a ``shard``, this process's ``(B, n_local, D)``
+                block of the sequence.
             key_mask: ``(B, N)`` bool, ``True`` = real token (SDPA polarity).
             key_padding_mask: ``(B, N)`` bool, ``True`` = padding, ignored
                 (:class:`torch.nn.MultiheadAttention`'s polarity): ``~key_mask``. Give one of
@@ -317,20 +333,39 @@ class DiffusionAttention(nn.Module):
             cache: a :class:`KVCache` for incremental causal decoding (:attr:`supports_cache`):
                 ``x`` holds the new tokens; their keys and values are appended to the cache,
                 and the graph kind decodes them against every cached token.
+            shard: this process's block of a sequence split over processes
+                (:class:`~heatformer.graph_ops.SequenceShard`, sequence parallelism): ``x``
+                and the masks hold its ``n_local = shard.local_nodes`` tokens, the graph is the
+                kind's :meth:`~heatformer.graph_ops.GraphBuilder.sharded` one (it exchanges
+                what its rows need with the other processes), and the output holds the same
+                rows of what one process computes on the whole sequence. Every process of
+                the group calls the layer together. Not with ``cache`` or ``need_weights``.
 
         Returns:
             ``(B, N, D)``, and the weights when ``need_weights``.
 
         Raises:
             ValueError: both ``key_mask`` and ``key_padding_mask``; a mask of the wrong shape,
-                or one the graph kind does not take.
-            TypeError: a mask that is not a bool tensor.
+                or one the graph kind does not take; with a ``shard``: a cache, weights, a
+                graph kind that does not shard (naming ``graph``), or ``x`` of another length
+                than the shard.
+            TypeError: a mask that is not a bool tensor; a shard that is not a
+                :class:`~heatformer.graph_ops.SequenceShard`.
         """
         key_mask = self._key_mask(x, key_mask, key_padding_mask)
         q, k, v = self.project_qkv(x)
+        if shard is not None:
+            check_shard(shard, x.shape[1], "x")
+            if cache is not None or need_weights:
+                name = "cache" if cache is not None else "need_weights"
+                raise checks.bad_value(
+                    name,
+                    f"expected {'None' if cache is not None else 'False'} with a sharded "
+                    "sequence (no process holds every key: no KV cache, no dense weights)",
+                )
         if cache is not None:
             return self._forward_cached(q, k, v, cache, key_mask)
-        y = self.diffuse(q, k, v, key_mask)
+        y = self.diffuse(q, k, v, key_mask, shard=shard)
         out = self.merge_heads(y)
         if need_weights:
             mask = self._mask(key_mask, x.shape[0], x.shape[1])
@@ -436,6 +471,19 @@ class DiffusionAttention(nn.Module):
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, heads={self.spec!r}, "
             f"graph={self.graph_kind.spec!r}, causal={self.causal}, dropout={self.dropout}"
+        )
+
+
+def check_shard(shard: object, n_local: int, name: str) -> None:
+    """Refuse a shard that is not a :class:`~heatformer.graph_ops.SequenceShard` (TypeError)
+    or whose block is not the ``n_local`` tokens given in ``name`` (ValueError)."""
+    if not isinstance(shard, SequenceShard):
+        raise checks.bad_type("shard", f"expected a SequenceShard, got {type(shard).__name__}")
+    if n_local != shard.local_nodes:
+        raise checks.bad_value(
+            name,
+            f"expected the shard's {shard.local_nodes} tokens (rows {shard.start}:{shard.stop} "
+            f"of {shard.num_nodes}), got {n_local}",
         )
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from heatformer.graph_ops import GraphBuilder
+from heatformer.graph_ops import GraphBuilder, SequenceShard
 from heatformer.models.attention import DiffusionAttention, KVCache
 from heatformer.models.configs import _StackConfig
 from heatformer.models.heads import parse_layer_heads
@@ -160,19 +160,29 @@ class TransformerBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(
-        self, x: Tensor, key_mask: Tensor | None = None, cache: KVCache | None = None
+        self,
+        x: Tensor,
+        key_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        shard: SequenceShard | None = None,
     ) -> Tensor:
+        """The block; ``shard``: ``x`` is this process's block of a sequence split over
+        processes (see :meth:`DiffusionAttention.forward`); the MLP acts on each token alone."""
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
-            x = x + checkpoint(self._attn_branch, x, key_mask, use_reentrant=False)
+            x = x + checkpoint(self._attn_branch, x, key_mask, None, shard, use_reentrant=False)
             out: Tensor = x + checkpoint(self._mlp_branch, x, use_reentrant=False)
             return out
-        x = x + self._attn_branch(x, key_mask, cache)
+        x = x + self._attn_branch(x, key_mask, cache, shard)
         return x + self._mlp_branch(x)
 
     def _attn_branch(
-        self, x: Tensor, key_mask: Tensor | None, cache: KVCache | None = None
+        self,
+        x: Tensor,
+        key_mask: Tensor | None,
+        cache: KVCache | None = None,
+        shard: SequenceShard | None = None,
     ) -> Tensor:
-        a = self.attn(self.ln1(x), key_mask, cache=cache)
+        a = self.attn(self.ln1(x), key_mask, cache=cache, shard=shard)
         out: Tensor = self.drop_path(self.ls1(self.dropout(a)))
         return out
 

@@ -44,6 +44,7 @@ from heatformer.graph_ops import (
     Graph,
     GraphBuilder,
     GraphLaplacian,
+    SequenceShard,
     SoftmaxGraph,
     resolve_graph,
 )
@@ -217,6 +218,7 @@ class HeadRouter:
         *,
         scale: float | None = None,
         symmetric_mask: bool = False,
+        shard: SequenceShard | None = None,
     ) -> Graph:
         """The layer's graph for square ``q``, ``k`` ``(..., N, Dh)`` (batch ``(B, H)``).
 
@@ -225,19 +227,25 @@ class HeadRouter:
         :attr:`~heatformer.graph_ops.GraphBuilder.takes_dense_mask` only.
 
         Args:
-            q, k: ``(B, h, N, Dh)`` queries and keys of the heads built (``h <= H``).
-            mask: which keys each query may attend (a dense mask of those heads).
+            q, k: ``(B, h, N, Dh)`` queries and keys of the heads built (``h <= H``); with a
+                ``shard``, this process's ``n_local`` rows of them.
+            mask: which keys each query may attend (a dense mask of those heads); with a
+                ``shard``, its key mask holds this process's ``(B, n_local)`` columns.
             scale: logit scale (default ``1 / sqrt(Dh)``).
             symmetric_mask: masked queries lose their out-edges too, so that ``W^T`` cannot
                 carry them to real tokens (for operators that read it).
+            shard: this process's block of a sequence split over processes: the graph is the
+                kind's :meth:`~heatformer.graph_ops.GraphBuilder.sharded` one, over the local
+                query rows (None: the whole sequence is here).
 
         Returns:
-            The graph, batch shape ``(B, h)``, ``N`` nodes.
+            The graph, batch shape ``(B, h)``, ``N`` nodes (``n_local`` with a shard).
 
         Raises:
-            ValueError: a mask the graph kind does not take.
+            ValueError: a mask the graph kind does not take; a kind that does not shard
+                (naming ``graph``).
         """
-        kind = self.graph_kind
+        kind = self.graph_kind if shard is None else self.graph_kind.sharded(shard)
         if mask.dense is not None:
             if not kind.takes_dense_mask:
                 raise checks.bad_value(
@@ -306,6 +314,7 @@ class HeadRouter:
         dropout: float = 0.0,
         own_values: Tensor | None = None,
         cross: bool = False,
+        shard: SequenceShard | None = None,
     ) -> Tensor:
         """Apply each head's operator.
 
@@ -319,6 +328,10 @@ class HeadRouter:
                 of a rectangular graph); None for cross-attention.
             cross: the keys are other tokens than the queries (cross-attention): the graph
                 is rectangular even when ``Nq == T``, and there is no ``I' v``.
+            shard: this process's block of a sequence split over processes (``q``, ``k``,
+                ``v`` and the key mask hold its ``n_local`` tokens; see :meth:`graph`); every
+                head then goes through the sharded graph, so attention dropout (one fused
+                SDPA call over every key) and rectangular calls are refused.
 
         Returns:
             ``(B, H, Nq, C)``.
@@ -326,7 +339,8 @@ class HeadRouter:
         Raises:
             ValueError: another head count than the router's; heads that read ``W^T`` under a
                 causal mask; a mask the graph kind does not take; attention dropout for heads
-                that are not affine; non-affine heads on a rectangular graph.
+                that are not affine; non-affine heads on a rectangular graph; with a shard,
+                attention dropout, a rectangular call or a kind that does not shard.
         """
         b, h, n_q, _ = q.shape
         if h != self.num_heads:
@@ -336,6 +350,8 @@ class HeadRouter:
         if mask.causal:
             self.check_causal()
         square = not cross and n_q == int(k.shape[-2]) and mask.q_offset == mask.kv_offset
+        if shard is not None:
+            _check_sharded_call(shard, square, dropout)
         if not square:
             return self._rectangular(q, k, v, mask, scale, dropout, own_values)
         outs: list[Tensor] = []
@@ -346,7 +362,8 @@ class HeadRouter:
                 pv, has = _sdpa(q[:, fi], k[:, fi], vf, mf, scale, dropout)
                 ident = None if not self._uses_identity else vf if has is None else vf * has
             else:
-                walk = GraphLaplacian(self.graph(q[:, fi], k[:, fi], mf, scale=scale), "rw")
+                graph = self.graph(q[:, fi], k[:, fi], mf, scale=scale, shard=shard)
+                walk = GraphLaplacian(graph, "rw")
                 pv = walk.adjacency(vf)  # P v for every fused head: one propagation
                 ident = walk.identity(vf) if self._uses_identity else None
             outs.append(self.mix(pv, ident))
@@ -360,7 +377,7 @@ class HeadRouter:
             idx = group.where
             graph = self.graph(
                 q[:, idx], k[:, idx], mask.heads(idx), scale=scale,
-                symmetric_mask=group.op.reads_transpose,
+                symmetric_mask=group.op.reads_transpose, shard=shard,
             )  # fmt: skip
             outs.append(group.op(graph, v[:, idx]))
         if self._in_order:  # the pieces cover the heads in order
@@ -435,6 +452,25 @@ class HeadRouter:
                 )
             ident = own_values if has is None else own_values * has
         return self.mix(pv, ident)
+
+
+def _check_sharded_call(shard: SequenceShard, square: bool, dropout: float) -> None:
+    """Refuse what bypasses the sharded graph: attention dropout (one fused SDPA call over
+    every key) and rectangular calls (a KV cache, cross-attention)."""
+    if not isinstance(shard, SequenceShard):
+        raise checks.bad_type("shard", f"expected a SequenceShard, got {type(shard).__name__}")
+    if dropout > 0.0:
+        raise checks.bad_value(
+            "dropout",
+            f"expected 0 with a sharded sequence (attention dropout is one fused SDPA call over "
+            f"every key, which a sharded graph does not hold), got {dropout}",
+        )
+    if not square:
+        raise checks.bad_value(
+            "shard",
+            "expected this process's queries and keys of one sequence (a square graph), got a "
+            "rectangular call (a KV cache or cross-attention), which a sharded sequence refuses",
+        )
 
 
 def _shape_parameters(

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer._atomic import atomic_write
-from heatformer.graph_ops import Graph
-from heatformer.models.attention import KVCache
+from heatformer.graph_ops import Graph, SequenceShard
+from heatformer.models.attention import KVCache, check_shard
 from heatformer.models.blocks import MLP, TransformerBlock, _blocks, _init_weights
 from heatformer.models.configs import (
     GPTConfig,
@@ -53,15 +53,20 @@ def _check_token_ids(idx: Tensor, vocab_size: int) -> None:
 
 
 def _run_blocks(
-    blocks: nn.ModuleList, x: Tensor, key_mask: Tensor | None, graphs: list[Graph] | None
+    blocks: nn.ModuleList,
+    x: Tensor,
+    key_mask: Tensor | None,
+    graphs: list[Graph] | None,
+    shard: SequenceShard | None = None,
 ) -> Tensor:
     """``x`` through every block; with ``graphs``, each layer's attention graph (batch
-    ``(B, H)``, as its graph kind builds it: implicit, never ``N x N``) is appended first."""
+    ``(B, H)``, as its graph kind builds it: implicit, never ``N x N``) is appended first;
+    with ``shard``, ``x`` is this process's block of a sequence split over processes."""
     for block in blocks:
         block = cast(TransformerBlock, block)
         if graphs is not None:  # the graph of the block's own attention input
             graphs.append(block.attn.graphs(block.ln1(x), key_mask))
-        x = block(x, key_mask)
+        x = block(x, key_mask, shard=shard)
     return x
 
 
@@ -72,6 +77,8 @@ class _ConfigModel(nn.Module):
     """Models built from a frozen config; ``from_config`` and save/load use it."""
 
     config_class: ClassVar[type]
+    #: ``forward`` takes ``shard=`` (a sequence split over processes, sequence parallelism)
+    shards: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, config: Any) -> _ConfigModel:
@@ -89,7 +96,9 @@ class GPT(_ConfigModel):
     to every token), the model of masked-token prediction, which does not :meth:`generate`.
 
     Shape:
-        ``forward(idx)``: ``(B, N)`` token ids, ``N <= block_size`` -> logits ``(B, N, V)``.
+        ``forward(idx)``: ``(B, N)`` token ids, ``N <= block_size`` -> logits ``(B, N, V)``;
+        ``forward(idx_local, shard=shard)``: this process's ``(B, n_local)`` block of the
+        sequence -> its ``(B, n_local, V)`` logits (see :meth:`forward`).
 
     Example:
         >>> import torch
@@ -99,6 +108,7 @@ class GPT(_ConfigModel):
     """
 
     config_class = GPTConfig
+    shards = True
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -129,7 +139,12 @@ class GPT(_ConfigModel):
         _check_token_ids(idx, self.config.vocab_size)
 
     def forward(
-        self, idx: Tensor, caches: list[KVCache] | None = None, *, return_graphs: bool = False
+        self,
+        idx: Tensor,
+        caches: list[KVCache] | None = None,
+        *,
+        return_graphs: bool = False,
+        shard: SequenceShard | None = None,
     ) -> Tensor | tuple[Tensor, list[Graph]]:
         """Logits ``(B, N, vocab_size)``; with ``caches`` (one per layer) ``idx`` holds only
         the new tokens.
@@ -138,15 +153,42 @@ class GPT(_ConfigModel):
         ``(B, H)`` (``graphs[i].propagate(v)`` is ``P v`` of layer ``i``; implicit graphs,
         never ``N x N``): ``(logits, graphs)``. Not with ``caches``.
 
+        With ``shard`` (a :class:`~heatformer.graph_ops.SequenceShard`: sequence parallelism),
+        ``idx`` is this process's ``(B, shard.local_nodes)`` block of a sequence of
+        ``shard.num_nodes <= block_size`` tokens split over the processes of ``shard.group``,
+        which all call the model together; token ``i`` of the block sits at position
+        ``shard.start + i``, every layer's graph is its kind's sharded one, and the logits are
+        those rows of the one-process logits (``shard.gather(logits)`` is all of them). Every
+        graph kind must shard (:attr:`~heatformer.graph_ops.GraphBuilder.shards`: the window
+        kind; dense softmax and exact top-k need every key). Not with ``caches`` (no process
+        holds every key; :meth:`generate` runs on one process) or ``return_graphs``.
+
         Raises:
             ValueError: ``caches`` not one :class:`KVCache` per layer (a cache is bound to the
-                layer that first decodes with it; see :meth:`KVCache.claim`).
+                layer that first decodes with it; see :meth:`KVCache.claim`); with ``shard``:
+                ``caches``, ``return_graphs``, a sequence longer than ``block_size``, ``idx``
+                of another length than the shard, or a graph kind that does not shard.
         """
+        if shard is not None:
+            if isinstance(idx, Tensor) and idx.dim() == 2:  # else _check_idx says what idx is
+                check_shard(shard, idx.shape[1], "idx")
+            if caches or return_graphs:
+                raise checks.bad_value(
+                    "caches" if caches else "return_graphs",
+                    "expected no KV cache and no graphs with a sharded sequence (no process "
+                    "holds every key; generate and analyse on one process)",
+                )
+            if shard.num_nodes > self.config.block_size:
+                raise checks.bad_value(
+                    "shard",
+                    f"expected a sequence of at most block_size = {self.config.block_size} "
+                    f"tokens, got {shard.num_nodes}",
+                )
         if caches and len(caches) != len(self.blocks):
             raise checks.bad_value(
                 "caches", f"expected one KVCache per layer ({len(self.blocks)}), got {len(caches)}"
             )
-        offset = caches[0].position if caches else 0
+        offset = caches[0].position if caches else shard.start if shard is not None else 0
         self._check_idx(idx, offset)
         checks.check_bool("return_graphs", return_graphs)
         if return_graphs and caches:
@@ -161,7 +203,7 @@ class GPT(_ConfigModel):
             for i, block in enumerate(self.blocks):
                 x = block(x, cache=caches[i])
         else:
-            x = _run_blocks(self.blocks, x, None, graphs)
+            x = _run_blocks(self.blocks, x, None, graphs, shard)
         logits: Tensor = self.head(self.ln_f(x))
         return (logits, graphs) if graphs is not None else logits
 

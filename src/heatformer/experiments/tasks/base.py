@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from heatformer.experiments.spec import CompareSpec
+    from heatformer.graph_ops import SequenceShard
 
 __all__ = [
     "IGNORE_INDEX",
@@ -291,7 +292,12 @@ class Task(abc.ABC):
         return max(self.spec.batch_size, PASS_TOKENS // tokens)
 
     def evaluate(
-        self, model: nn.Module, device: torch.device, *, bf16: bool = False
+        self,
+        model: nn.Module,
+        device: torch.device,
+        *,
+        bf16: bool = False,
+        shard_of: Callable[[int], SequenceShard | None] | None = None,
     ) -> dict[str, float]:
         """Loss and accuracy on the fixed evaluation set (eval mode, no gradients).
 
@@ -305,6 +311,11 @@ class Task(abc.ABC):
             model: the (unwrapped) model.
             device: where the model lives.
             bf16: run the forward passes under bfloat16 autocast.
+            shard_of: sequence parallelism: ``shard_of(N)`` is this rank's block of a
+                sequence of ``N`` tokens (:meth:`~heatformer.experiments.distributed.
+                DistContext.shard`); every rank of the block's group scores its tokens
+                (the model takes ``shard=``) and the sums are added over the group, so every
+                rank returns the metrics of the whole set.
 
         Returns:
             :meth:`metrics` of the mean loss and accuracy over every scored position (of the
@@ -325,9 +336,14 @@ class Task(abc.ABC):
                         seen += inputs.shape[0]
                         for half, total in enumerate(totals):
                             keep = parity == (1 - half if halves == 2 else 0)  # test first
-                            _score(self, model, inputs[keep], targets[keep], device, bf16, total)
+                            _score(
+                                self, model, inputs[keep], targets[keep], device, bf16, total,
+                                shard_of,
+                            )  # fmt: skip
         finally:
             model.train(was_training)
+        if shard_of is not None:
+            totals = _summed_over_group(totals, shard_of)
         if halves == 2 and any(total[2] == 0 for total in totals):
             raise bad_value(
                 "select_by",
@@ -466,16 +482,23 @@ def _score(
     device: torch.device,
     bf16: bool,
     total: list[Any],
+    shard_of: Callable[[int], SequenceShard | None] | None = None,
 ) -> None:
     """Add the summed loss, correct count and count of one slice's scored positions (targets
-    other than :data:`IGNORE_INDEX`) to ``total``."""
+    other than :data:`IGNORE_INDEX`) to ``total`` (with ``shard_of``: of this rank's block of
+    the slice's sequences)."""
     import torch.nn.functional as F
 
     if not inputs.shape[0]:
         return
     inputs, targets = inputs.to(device), targets.to(device)
+    shard = shard_of(inputs.shape[1]) if shard_of is not None else None
     with autocast(device, bf16):
-        logits = model(inputs)
+        if shard is None:
+            logits = model(inputs)
+        else:
+            inputs, targets = shard.take(inputs, 1), shard.take(targets, 1)  # (b, n_local)
+            logits = model(inputs, shard=shard)
     flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
     flat_targets = targets.reshape(-1)  # (M,)
     total[0] += float(
@@ -483,6 +506,21 @@ def _score(
     )
     total[1] += int((flat.argmax(-1) == flat_targets).sum())  # an ignored target never matches
     total[2] += int((flat_targets != IGNORE_INDEX).sum())
+
+
+def _summed_over_group(
+    totals: list[list[Any]], shard_of: Callable[[int], SequenceShard | None]
+) -> list[list[Any]]:
+    """Every rank's ``[loss, correct, count]`` sums added over its sequence group."""
+    import torch
+    import torch.distributed as dist
+
+    shard = shard_of(1)  # any length: its group is the one asked for
+    if shard is None:
+        return totals
+    box = torch.tensor(totals, dtype=torch.float64)  # (halves, 3)
+    dist.all_reduce(box, group=shard.group)
+    return [[float(loss), int(correct), int(count)] for loss, correct, count in box.tolist()]
 
 
 def _slices(batch: tuple[Tensor, Tensor], size: int | None) -> Iterator[tuple[Tensor, Tensor]]:
