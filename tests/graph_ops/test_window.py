@@ -262,12 +262,12 @@ def test_slabs_made_without_grad_do_not_serve_a_backward() -> None:
 )
 def test_interior_runs_share_one_mask_and_equal_the_dense_graph(monkeypatch, causal, g, fused):
     """Long enough for interior blocks (one shared mask pattern, expanded) and small runs (a
-    lowered RUN_ELEMENTS): runs never straddle the interior's ends, interior masks take no
+    lowered SLAB_ELEMENTS): runs never straddle the interior's ends, interior masks take no
     memory per block, and products, gradients and a heat series equal the dense graph's."""
     from heatformer.graph_ops import _window_attention, _window_layout
 
     monkeypatch.setattr(_window_attention, "FUSED_CPU", fused)
-    monkeypatch.setattr(_window_layout, "RUN_ELEMENTS", 300)
+    monkeypatch.setattr(_window_layout, "SLAB_ELEMENTS", 300)
     n, w, rb = 61, 3, 4
     gen = torch.Generator().manual_seed(7)
     q, k, x = (torch.randn(2, 2, n, 3, generator=gen, dtype=F64, requires_grad=True)

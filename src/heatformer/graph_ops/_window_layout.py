@@ -35,17 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["RUN_ELEMENTS", "WindowLayout", "window_allowed"]
+from heatformer.graph_ops.protocol import SLAB_ELEMENTS
 
-#: Target entries of one run's ``(Bf, blocks, b, g + L)`` scores (2^22 = 16 MiB in float32; a
-#: quarter of the other kinds' ``SLAB_ELEMENTS``). Every tensor a run makes (its slabs' gradients,
-#: about ``Bf blocks L E``, the fused kernels' outputs and buffers) then stays under glibc's
-#: largest dynamic mmap threshold (32 MiB), so the next run reuses the freed memory instead of
-#: mapping and first-touching fresh pages. The issue-22 window layer (N = 65536, H = 4, Dh = 64,
-#: w = 128, one global token, 128-row blocks, fwd + bwd, one thread; one interleaved run of 3
-#: rounds on the loaded 2-core machine): 262k page faults per call instead of 356k with 2^24,
-#: CPU time 3.26 s instead of 3.91 s (min); runs of 32 blocks still amortize the Python loop.
-RUN_ELEMENTS = 1 << 22
+__all__ = ["WindowLayout", "window_allowed"]
 
 
 def window_allowed(
@@ -215,10 +207,10 @@ class WindowLayout:
         return lo <= start and stop <= hi
 
     def chunks(self, batch: int) -> list[slice]:
-        """Runs of blocks whose ``(batch, blocks, b, g + L)`` scores stay near RUN_ELEMENTS,
+        """Runs of blocks whose ``(batch, blocks, b, g + L)`` scores stay near SLAB_ELEMENTS,
         cut where the interior (one shared mask pattern, :meth:`interior`) begins and ends."""
         rows = batch * self.row_block * max(1, self.num_global + self.slab)
-        step = max(1, RUN_ELEMENTS // rows)
+        step = max(1, SLAB_ELEMENTS // rows)
         nb = self.num_blocks
         lo, hi = self.interior()
         cuts = sorted({0, nb} | ({lo, hi} & set(range(1, nb)) if lo < hi else set()))

@@ -55,7 +55,7 @@ from heatformer.graph_ops.protocol import (
 )
 from heatformer.graph_ops.sparse import SparseGraph
 
-__all__ = ["BACKEND", "WindowGraph", "check_qk", "default_row_block"]
+__all__ = ["BACKEND", "WindowGraph", "check_qk"]
 
 #: The engine of :meth:`WindowGraph.propagate`, read at every call: ``"kernels"`` (the window
 #: kernels of :mod:`~heatformer.graph_ops._window_attention`, every device), ``"flex"``
@@ -76,25 +76,6 @@ def _stable_topk(scores: Tensor, k: int) -> Tensor:
     from heatformer.graph_ops.sparsify import _stable_topk_indices
 
     return _stable_topk_indices(scores, k)
-
-
-def default_row_block(window: int, causal: bool) -> int:
-    """Query rows per block of a window graph: ``w / 2`` causal, ``w`` bidirectional, within
-    ``[32, 256]``.
-
-    A causal block of ``b`` rows reads a slab of ``b + w - 1`` keys, ``w`` of which each row
-    attends: the fused kernels spend ``(b - 1) / (b + w - 1)`` of their work on masked entries
-    (half at ``b = w``, a third at ``w / 2``), while the slabs' gradients, ``(b + w - 1) / b``
-    times the keys' size, grow as ``b`` shrinks. At ``w = 128`` (H = 4, Dh = 64, one global
-    token, N = 65536) 64-row blocks took 10 % less CPU time than 128-row ones for the graph's
-    forward and backward, 32-row ones no less than 64 and 35 % more page faults. A
-    bidirectional slab of ``b + 2 w`` keys keeps ``b = w`` (unmeasured).
-
-    Example:
-        >>> default_row_block(128, True), default_row_block(128, False), default_row_block(4, True)
-        (64, 128, 32)
-    """
-    return min(256, max(window // 2 if causal else window, 32))
 
 
 def check_qk(q: object, k: object) -> torch.Size:
@@ -143,7 +124,7 @@ class WindowGraph(Graph):
         drop_masked_queries: padded queries lose their out-edges too (what a symmetrizing
             operator needs, so that ``W^T`` cannot carry padding to real tokens).
         scale: logit scale; default ``1 / sqrt(E)``.
-        row_block: query rows per block (default :func:`default_row_block`).
+        row_block: query rows per block (default ``max(window, 32)``, at most 256).
 
     Shape:
         ``propagate(x)``: ``x`` ``(..., N, C)`` -> ``(..., N, C)``.
@@ -239,7 +220,7 @@ class WindowGraph(Graph):
             lead = key_mask.shape[:-1]
             view = key_mask.reshape(*lead, *([1] * (len(batch) - len(lead))), n)
             flat_mask = view.expand(*batch, n).reshape(_numel(batch), n)  # (Bf, N)
-        b = row_block if row_block is not None else default_row_block(w, causal)
+        b = row_block if row_block is not None else min(256, max(w, 32))
         s = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         layout = WindowLayout(n, w, causal, num_global, b, drop, s, q.device, flat_mask)
         self._init(q.expand(*batch, n, q.shape[-1]), k.expand(*batch, n, k.shape[-1]), layout)
