@@ -215,6 +215,36 @@ def test_window_spec_errors_name_the_graph() -> None:
         assert info.value.argument == "graph"  # type: ignore[attr-defined]
 
 
+def test_the_builder_checks_once_and_makes_the_graph_without_the_constructor(monkeypatch) -> None:
+    """``WindowBuilder.build`` checks its call's arguments itself (the window and the global
+    tokens were checked when it was made) and makes the graph by the trusted path: the public
+    constructor, whose checks a layer would pay on every forward, is not called."""
+    builder = resolve_graph("window[w=2,global=1]")
+    q, k = torch.randn(2, 3, 7, 4, dtype=F64), torch.randn(2, 3, 7, 4, dtype=F64)
+    want = WindowGraph(q, k, window=2, num_global=1, causal=True).propagate(k)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the builder called WindowGraph.__init__")
+
+    monkeypatch.setattr(WindowGraph, "__init__", refuse)
+    got = builder.build(q, k, causal=True).propagate(k)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    # and refuses what the constructor would, naming the argument
+    bad = [
+        ((q.long(), k), {}, TypeError, r"^q: expected"),
+        ((q, k.float()), {}, TypeError, r"^k: expected the dtype of q"),
+        ((q, k[..., :5, :]), {}, ValueError, r"^k: expected shape"),
+        ((q, torch.randn(4, 3, 7, 4, dtype=F64)), {}, ValueError, r"^k: expected batch dims"),
+        ((q, k), {"causal": 1}, TypeError, r"^causal: expected a bool"),
+        ((q, k), {"drop_masked_queries": None}, TypeError, r"^drop_masked_queries: expected"),
+        ((q, k), {"row_block": 0}, ValueError, r"^row_block: expected"),
+        ((q, k), {"key_mask": torch.ones(2, 6, dtype=torch.bool)}, ValueError, r"^key_mask:"),
+    ]
+    for args, kwargs, error, match in bad:
+        with pytest.raises(error, match=match):
+            builder.build(*args, **kwargs)
+
+
 def test_slabs_made_without_grad_do_not_serve_a_backward() -> None:
     """The key slabs are shared between propagations of one graph; a no-grad one first must
     not cut the gradient of a later one."""

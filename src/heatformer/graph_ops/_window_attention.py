@@ -42,7 +42,9 @@ no derivative -- and autograd differentiates its plain products.
 Measured (``benchmarks/bench_versions.py --threads 1 --only "window layer"``: window(128) + 1
 global token, causal, H = 4, Dh = 64, N = 65536, fwd + bwd, one thread): 0.87 of the time of
 the code before :mod:`~heatformer.graph_ops._window_layout` (dense global row, slab copies);
-CPU time per token 51-55 us at 65k and 262k, 62 us at 1M (peak RSS 10.2 GB).
+CPU time per token 51-55 us at 65k and 262k, 62 us at 1M (peak RSS 10.2 GB). With the global
+keys as one product per run and no copies before the fused backward: 0.80 of the CPU time of
+that code (``--clock cpu``, 2 rounds on the loaded machine; docs/benchmarks.md).
 
 Measured earlier (``benchmarks/bench_long.py``, window(128) layer of heat heads, t = 1, tol 1e-6,
 H = 4, Dh = 64, N = 262144, fwd + bwd): peak 3.94 GB, against 5.07 GB with whole padded copies,
@@ -210,10 +212,12 @@ def shared(layout: WindowLayout, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, 
     return qs, ks, sink
 
 
-def _global_scores(layout: WindowLayout, qb: Tensor, k: Tensor, dtype: torch.dtype) -> Tensor:
-    """Scores ``(Bf, nb', b, g)`` of the query blocks ``qb`` on the global keys."""
-    kg = k[:, None, : layout.num_global].to(dtype)  # (Bf, 1, g, E)
-    return (qb.to(dtype) @ kg.transpose(-1, -2)).mul_(layout.scale)
+def _global_scores(layout: WindowLayout, rows: Tensor, k: Tensor, dtype: torch.dtype) -> Tensor:
+    """Scores ``(Bf, R, g)`` of the query rows ``rows`` ``(Bf, R, E)`` on the global keys: one
+    product per run (a ``(Bf, nb', b, E)`` product with keys broadcast over the blocks would be
+    ``Bf nb'`` tiny ones)."""
+    kg = k[:, : layout.num_global].to(dtype)  # (Bf, g, E)
+    return torch.bmm(rows.to(dtype), kg.transpose(1, 2)).mul_(layout.scale)
 
 
 def _interior_forward(
@@ -230,21 +234,25 @@ def _interior_forward(
     )  # fmt: skip
     if not g:
         return y, lse
-    sg = _global_scores(layout, qb, k, lse.dtype)  # (Bf, nb', b, g)
-    total = torch.logaddexp(lse, sg.logsumexp(-1))  # (Bf, nb', b)
-    merged = y.to(lse.dtype) * (lse - total).exp().unsqueeze(-1)
-    merged += (sg - total.unsqueeze(-1)).exp() @ x[:, None, :g].to(lse.dtype)
-    return merged.to(y.dtype), total
+    bf, dt = q.shape[0], lse.dtype
+    sg = _global_scores(layout, qb.flatten(1, 2), k, dt)  # (Bf, R, g), R = nb' b rows
+    total = torch.logaddexp(lse, sg.logsumexp(-1).view_as(lse))  # (Bf, nb', b)
+    merged = y.to(dt).mul_((lse - total).exp().unsqueeze(-1)).reshape(bf, -1, y.shape[-1])
+    pg = (sg - total.reshape(bf, -1, 1)).exp_()  # (Bf, R, g): the global keys' weights
+    merged.baddbmm_(pg, x[:, :g].to(dt))  # (Bf, R, C)
+    return merged.view(y.shape).to(y.dtype), total
 
 
 def _interior_backward(
     layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, dy: Tensor, out: Tensor,
-    lse: Tensor, blocks: slice,
+    lse: Tensor, blocks: slice, dq_rows: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:  # fmt: skip
     """``(dq, dk_slab, dx_slab, dk_global, dx_global)`` of :func:`_interior_forward`: the
     kernel's backward with the merged ``out`` and ``lse`` gives the slab keys' part of the
     whole row's softmax gradient (its ``P = e^{s - lse}``, ``D = rowsum(dy * out)``), and
-    ``dS_g = P_g (dy x_g^T - D)`` the global keys' (``(Bf, g, E)``, ``(Bf, g, C)``)."""
+    ``dS_g = P_g (dy x_g^T - D)`` the global keys' (``(Bf, g, E)``, ``(Bf, g, C)``); their
+    part of ``dq``, ``dS_g k_g``, is added into the run's rows of ``dq_rows`` ``(Bf, nb b, E)``
+    here (the kernel's part, the returned ``dq``, is the caller's to add)."""
     g, qb = layout.num_global, layout.block_rows(q, blocks)
     dq, dk, dx = _torch_compat.flash_attention_cpu_backward(
         dy, qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False), out,
@@ -252,14 +260,17 @@ def _interior_backward(
     )  # fmt: skip
     if not g:
         return dq, dk, dx, None, None
-    dt = lse.dtype
-    pg = (_global_scores(layout, qb, k, dt) - lse.unsqueeze(-1)).exp()  # (Bf, nb', b, g)
-    dyw = dy.to(dt)
-    dpg = dyw @ x[:, None, :g].to(dt).transpose(-1, -2)  # (Bf, nb', b, g)
-    dsg = pg * (dpg - (dyw * out.to(dt)).sum(-1, keepdim=True)) * layout.scale
-    dq = dq.to(dt) + dsg @ k[:, None, :g].to(dt)  # the buffer is float32 for half inputs
-    dkg = (dsg.transpose(-1, -2) @ qb.to(dt)).sum(1)  # (Bf, g, E)
-    dxg = (pg.transpose(-1, -2) @ dyw).sum(1)  # (Bf, g, C)
+    bf, dt, b = q.shape[0], lse.dtype, layout.row_block
+    rows = qb.flatten(1, 2).to(dt)  # (Bf, R, E)
+    dyw = dy.to(dt).reshape(bf, -1, dy.shape[-1])  # (Bf, R, C)
+    pg = (_global_scores(layout, rows, k, dt) - lse.reshape(bf, -1, 1)).exp_()  # (Bf, R, g)
+    dsg = torch.bmm(dyw, x[:, :g].to(dt).transpose(1, 2))  # (Bf, R, g): dy x_g^T
+    dsg.sub_(torch.linalg.vecdot(dyw, out.to(dt).reshape(bf, -1, out.shape[-1])).unsqueeze(-1))
+    dsg.mul_(pg).mul_(layout.scale)
+    start, stop, _ = blocks.indices(layout.num_blocks)
+    dq_rows[:, start * b : stop * b].baddbmm_(dsg, k[:, :g].to(dt))  # the global keys' part
+    dkg = torch.bmm(dsg.transpose(1, 2), rows)  # (Bf, g, E)
+    dxg = torch.bmm(pg.transpose(1, 2), dyw)  # (Bf, g, C)
     return dq, dk, dx, dkg, dxg
 
 
@@ -338,9 +349,9 @@ class WindowAttention(torch.autograd.Function):
             if empty is not None:  # rows set to 0 in the forward pass pass no gradient
                 dyb = dyb.masked_fill(empty, 0.0)
             if fused and layout.in_interior(blocks):  # no copies of slabs
-                out, lse = (t[:, blocks].contiguous() for t in saved[4:])
+                out, lse = (t[:, blocks] for t in saved[4:])  # the kernel takes strides
                 dqb, dks, dxs, dkg, dxg = _interior_backward(
-                    layout, q, k, x, dyb.contiguous(), out, lse, blocks
+                    layout, q, k, x, dyb, out, lse, blocks, dq_rows
                 )
                 _add_blocks(dq, dk_pad, dx_pad, layout, blocks, (dqb, dks, dxs, dkg, dxg))
                 continue
@@ -348,8 +359,7 @@ class WindowAttention(torch.autograd.Function):
             if fused:
                 out, lse = saved[4:]
                 dqb, dkb, dxb = _torch_compat.flash_attention_cpu_backward(
-                    dyb.contiguous(), qb, kb,
-                    slabs.values(blocks), out[:, blocks].contiguous(), lse[:, blocks].contiguous(),
+                    dyb, qb, kb, slabs.values(blocks), out[:, blocks], lse[:, blocks],
                     layout.sdpa_mask(blocks, q.dtype), layout.scale,
                 )  # fmt: skip
             else:

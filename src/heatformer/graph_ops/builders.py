@@ -42,7 +42,7 @@ from heatformer.graph_ops.protocol import Graph, _check_key_mask
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import _stable_topk_indices
-from heatformer.graph_ops.window import WindowGraph
+from heatformer.graph_ops.window import WindowGraph, check_qk
 
 if TYPE_CHECKING:
     from heatformer.graph_ops.sharding import SequenceShard
@@ -382,7 +382,15 @@ class WindowBuilder(GraphBuilder):
         causal: bool = False,
         row_block: int | None = None,
     ) -> Graph:
-        return WindowGraph(
+        # checked here once: w and num_global when the builder was made, the call's arguments
+        # now; the graph is made without the public constructor's checks
+        batch = check_qk(q, k)
+        if key_mask is not None:
+            _check_key_mask(key_mask, batch, q.shape[-2])
+        V.check_bool("causal", causal)
+        V.check_bool("drop_masked_queries", drop_masked_queries)
+        V.check_positive_int("row_block", row_block, optional=True)
+        return WindowGraph._trusted(
             q, k, window=self.w, causal=causal, num_global=min(self.num_global, q.shape[-2]),
             key_mask=key_mask, drop_masked_queries=drop_masked_queries, row_block=row_block,
         )  # fmt: skip

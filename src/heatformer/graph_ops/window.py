@@ -55,7 +55,7 @@ from heatformer.graph_ops.protocol import (
 )
 from heatformer.graph_ops.sparse import SparseGraph
 
-__all__ = ["BACKEND", "WindowGraph"]
+__all__ = ["BACKEND", "WindowGraph", "check_qk"]
 
 #: The engine of :meth:`WindowGraph.propagate`, read at every call: ``"kernels"`` (the window
 #: kernels of :mod:`~heatformer.graph_ops._window_attention`, every device), ``"flex"``
@@ -76,6 +76,33 @@ def _stable_topk(scores: Tensor, k: int) -> Tensor:
     from heatformer.graph_ops.sparsify import _stable_topk_indices
 
     return _stable_topk_indices(scores, k)
+
+
+def check_qk(q: object, k: object) -> torch.Size:
+    """The queries and keys of a window graph, checked (by :class:`WindowGraph` and by
+    :class:`~heatformer.graph_ops.WindowBuilder`'s ``build``): float tensors ``(..., N, E)`` of
+    one dtype, ``N`` and ``E``, whose batch dims broadcast; returns the broadcast batch shape.
+
+    Raises:
+        TypeError: not float tensors, or of two dtypes.
+        ValueError: fewer than 2 dims, other ``(N, E)``, batch dims that do not broadcast.
+    """
+    q = V.check_float_tensor("q", q, min_dim=2)
+    k = V.check_float_tensor("k", k, min_dim=2)
+    if q.dtype != k.dtype:
+        raise V.bad_type("k", f"expected the dtype of q ({q.dtype}), got {k.dtype}")
+    if q.shape[-2:] != k.shape[-2:]:
+        raise V.bad_value(
+            "k", f"expected shape (..., {q.shape[-2]}, {q.shape[-1]}), got {tuple(k.shape)}"
+        )
+    try:
+        return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    except RuntimeError:
+        raise V.bad_value(
+            "k",
+            f"expected batch dims that broadcast with q's {tuple(q.shape[:-2])}, got "
+            f"{tuple(k.shape[:-2])}",
+        ) from None
 
 
 class WindowGraph(Graph):
@@ -131,34 +158,69 @@ class WindowGraph(Graph):
         scale: float | None = None,
         row_block: int | None = None,
     ) -> None:
-        q = V.check_float_tensor("q", q, min_dim=2)
-        k = V.check_float_tensor("k", k, min_dim=2)
-        if q.dtype != k.dtype:
-            raise V.bad_type("k", f"expected the dtype of q ({q.dtype}), got {k.dtype}")
-        if q.shape[-2:] != k.shape[-2:]:
-            raise V.bad_value(
-                "k", f"expected shape (..., {q.shape[-2]}, {q.shape[-1]}), got {tuple(k.shape)}"
-            )
-        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        batch = check_qk(q, k)
         n = int(q.shape[-2])
-        # a window of N or more keys already holds every key: the same graph as w = N, whose
-        # slabs stay O(N) (the given w would size them: 3-4 GB for w = 10^6 on 16 tokens)
-        w = min(V.check_positive_int("window", window), max(n, 1))
+        V.check_positive_int("window", window)
         if isinstance(num_global, bool) or not isinstance(num_global, int):
             raise V.bad_type("num_global", f"expected an int >= 0, got {type(num_global).__name__}")
         if num_global < 0:
             raise V.bad_value("num_global", f"expected an int >= 0, got {num_global}")
         if num_global > n:
             raise V.bad_value("num_global", f"expected at most N = {n}, got {num_global}")
-        causal = V.check_bool("causal", causal)
-        drop = V.check_bool("drop_masked_queries", drop_masked_queries)
+        V.check_bool("causal", causal)
+        V.check_bool("drop_masked_queries", drop_masked_queries)
+        if key_mask is not None:
+            _check_key_mask(key_mask, batch, n)
+        V.check_positive_int("row_block", row_block, optional=True)
+        drop = drop_masked_queries
+        self._setup(q, k, window, causal, num_global, key_mask, drop, scale, row_block)
+
+    @classmethod
+    def _trusted(
+        cls,
+        q: Tensor,
+        k: Tensor,
+        *,
+        window: int,
+        causal: bool,
+        num_global: int,
+        key_mask: Tensor | None,
+        drop_masked_queries: bool,
+        row_block: int | None,
+    ) -> WindowGraph:
+        """The graph of arguments its caller checked (:class:`~heatformer.graph_ops.
+        WindowBuilder`: the window and ``num_global <= N`` when it was made, ``q``, ``k``, the key
+        mask and the flags by :func:`check_qk` and its own checks in ``build``): the public
+        constructor's checks are not made again on every forward."""
+        graph = cls.__new__(cls)
+        drop = drop_masked_queries
+        graph._setup(q, k, window, causal, num_global, key_mask, drop, None, row_block)
+        return graph
+
+    def _setup(
+        self,
+        q: Tensor,
+        k: Tensor,
+        window: int,
+        causal: bool,
+        num_global: int,
+        key_mask: Tensor | None,
+        drop: bool,
+        scale: float | None,
+        row_block: int | None,
+    ) -> None:
+        """The layout of checked arguments, and the graph on it."""
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        n = int(q.shape[-2])
+        # a window of N or more keys already holds every key: the same graph as w = N, whose
+        # slabs stay O(N) (the given w would size them: 3-4 GB for w = 10^6 on 16 tokens)
+        w = min(window, max(n, 1))
         flat_mask: Tensor | None = None
         if key_mask is not None:
-            lead = _check_key_mask(key_mask, batch, n).shape[:-1]
+            lead = key_mask.shape[:-1]
             view = key_mask.reshape(*lead, *([1] * (len(batch) - len(lead))), n)
             flat_mask = view.expand(*batch, n).reshape(_numel(batch), n)  # (Bf, N)
         b = row_block if row_block is not None else min(256, max(w, 32))
-        b = V.check_positive_int("row_block", b)
         s = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         layout = WindowLayout(n, w, causal, num_global, b, drop, s, q.device, flat_mask)
         self._init(q.expand(*batch, n, q.shape[-1]), k.expand(*batch, n, k.shape[-1]), layout)
