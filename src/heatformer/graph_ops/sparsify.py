@@ -29,11 +29,15 @@ def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGra
     blocks = graph._blocks(
         row_block, row_entries=graph._kept_row_entries(k), slab_elements=SELECTION_SLAB_ELEMENTS
     )
+    # every block writes into one buffer: a list of per-block pieces joined at the end held
+    # the indices twice, and its thousands of small pieces (a 16-row block's is 8 KiB) came
+    # from the heap, whose holes stay resident (docs/benchmarks.md, top-k training memory)
+    idx = torch.empty(
+        _numel(graph.batch_shape), graph.num_nodes, k, dtype=dtype, device=graph.device
+    )
     with torch.no_grad():
-        idx = torch.cat(
-            [_stable_topk_indices(graph._score_rows(s, e, k), k).to(dtype) for s, e in blocks],
-            dim=1,
-        )  # (Bf, N, k)
+        for s, e in blocks:
+            idx[:, s:e] = _stable_topk_indices(graph._score_rows(s, e, k), k)  # (Bf, rows, k)
     w = graph._kept_weights(idx, blocks)  # (Bf, N, k)
     shape = (*graph.batch_shape, graph.num_nodes, k)
     return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape), row_stochastic=True)
