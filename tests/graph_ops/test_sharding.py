@@ -39,8 +39,9 @@ from heatformer.graph_ops.builders import WindowBuilder
 from heatformer.graph_ops.sharding import ShardedWindowBuilder, ShardedWindowGraph
 
 WORKER = Path(__file__).with_name("_sharding_worker.py")
-#: a launch of 4 processes on a loaded 2-core machine takes well under a minute
-TIMEOUT_S = 180
+#: a launch of 4 processes takes 23 s alone and 42 s beside two more on 2 cores (torch 2.5),
+#: but one full-suite run beside another suite and a benchmark passed 180 s: a generous bound
+TIMEOUT_S = 420
 
 needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
