@@ -151,3 +151,20 @@ def test_private_names_across_modules_are_listed(importer: str, module: str, nam
     listed = _section("### Private names shared across modules")
     private_part = name if _private(name) else next(p for p in module.split(".") if _private(p))
     assert re.search(rf"`[\w.]*\b{private_part}\b", listed), f"{importer}: {module}.{name}"
+
+
+def test_importing_the_graphs_and_models_does_not_import_dynamo() -> None:
+    """``torch._dynamo`` (1.5 s, 70 MB) is imported by compiling, or by ``torch.optim``, not by
+    heatformer's graphs and layers: every rank of a split sequence and every eager user pays
+    only for what it runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, heatformer, heatformer.graph_ops, heatformer.models, heatformer.integrations; "
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert out.strip() == "[]"

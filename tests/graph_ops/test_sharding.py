@@ -198,6 +198,54 @@ def test_dense_views_of_a_sharded_graph_are_refused_naming_graph() -> None:
     assert info.value.argument == "graph"
 
 
+@pytest.mark.parametrize("transpose", [False, True], ids=["propagate", "transpose"])
+def test_a_product_keeps_the_block_and_the_halo_rows_not_the_extended_copy(
+    transpose: bool,
+) -> None:
+    """:func:`~heatformer.graph_ops._halo.saved_as_parts`: what the window kernels save of an
+    extended block (received rows around this rank's block, a fresh copy) is kept as the block
+    and the received rows; the backward rebuilds it (gradients equal to saving the copy), the
+    copy itself is freed after the forward, and a block changed in place is refused at the
+    backward as autograd refuses a changed saved tensor."""
+    import weakref
+
+    from heatformer.graph_ops._halo import saved_as_parts
+
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 11, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    halo = torch.randn(2, 5, 5, generator=gen, dtype=torch.float64)  # 2 rows before, 3 after
+    graph = WindowGraph(q.requires_grad_(), k.requires_grad_(), window=3, num_global=1)
+    product = graph.propagate_transpose if transpose else graph.propagate
+    results = []
+    for hooked in (False, True):
+        block = torch.randn(2, 6, 5, generator=torch.Generator().manual_seed(4), dtype=q.dtype)
+        block.requires_grad_()
+        ext = torch.cat([halo[:, :2], block * 1.0, halo[:, 2:]], dim=1)  # (2, 11, 5), a copy
+        ext_ref = weakref.ref(ext)
+        if hooked:
+            with saved_as_parts(ext, block, 2):
+                y = product(ext)
+        else:
+            y = product(ext)
+        del ext
+        if hooked:
+            assert ext_ref() is None  # the copy is not kept for the backward
+        y.pow(2).sum().backward()
+        results.append([t.grad.clone() for t in (q, k, block)])
+        for t in (q, k):
+            t.grad = None
+    for plain, hooked_grad in zip(*results, strict=True):
+        torch.testing.assert_close(hooked_grad, plain, rtol=0, atol=1e-13)
+    block = torch.randn(2, 6, 5, dtype=q.dtype, requires_grad=True)
+    ext = torch.cat([halo[:, :2], block, halo[:, 2:]], dim=1)
+    source = block * 1.0  # a non-leaf block that is then changed in place
+    with saved_as_parts(ext, source, 2):
+        y = graph.propagate(ext)
+    source.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
 # ---- 2 and 4 processes --------------------------------------------------------------------------
 
 

@@ -108,13 +108,19 @@ def flex_available() -> bool:
     return _AVAILABLE
 
 
-@torch.compiler.assume_constant_result
 def _probe() -> bool:
     try:
         from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
     except ImportError:
         return False
     return "seq_lengths" in inspect.signature(BlockMask.from_kv_blocks).parameters
+
+
+# What ``@torch.compiler.assume_constant_result`` does (torch 2.5 to 2.13: it sets this flag),
+# without its ``import torch._dynamo`` when this module is imported (1.5 s and 70 MB in every
+# process that only runs the graphs eagerly, e.g. each rank of a split sequence);
+# tests/test_compile.py checks that the decorator still sets only this flag.
+_probe._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _check_backend(backend: object) -> str:

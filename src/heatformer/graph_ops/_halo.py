@@ -30,7 +30,9 @@ its input once, whatever the backend's algorithm sends).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -39,7 +41,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["CommStats", "GlobalRows", "HaloPlan", "all_reduce_sum", "block_bounds"]
+__all__ = [
+    "CommStats",
+    "GlobalRows",
+    "HaloPlan",
+    "all_reduce_sum",
+    "block_bounds",
+    "saved_as_parts",
+]
 
 Interval = tuple[int, int]
 
@@ -362,3 +371,50 @@ class GlobalRows:
         summed, this rank's global rows of the sum ``(Bf, last - first, F)``."""
         total = all_reduce_sum(parts, self.group, self.stats, kind, self.world_size)
         return total[:, self.first : self.last]
+
+
+# ---- what a product keeps of its extended block ------------------------------------------------
+
+
+@contextlib.contextmanager
+def saved_as_parts(ext: Tensor, block: Tensor, offset: int) -> Iterator[None]:
+    """Within this scope, autograd keeps a tensor saved for the backward that views ``ext``
+    ``(Bf, n_ext, F)`` as its parts: the rows before ``offset`` and after ``offset + n`` (a
+    copy, ``O(halo)`` rows) and ``block`` ``(Bf, n, F)``, which holds the same values as
+    ``ext[:, offset : offset + n]``; the backward rebuilds the view from them.
+
+    Why: on a rank that receives a halo, each product's input is a fresh copy of the extended
+    block (the received rows around the block), and the window kernels save their input for
+    the backward. The block itself is the previous product's output (saved by that product's
+    kernel) or the caller's signal, so keeping the copy too would hold every term of a series
+    twice. A ``block`` modified in place after the product raises at the backward, as autograd
+    does for a saved tensor.
+    """
+    if ext.untyped_storage().data_ptr() == block.untyped_storage().data_ptr():
+        yield  # no halo: the product saves the block itself
+        return
+    storage, n = ext.untyped_storage().data_ptr(), int(block.shape[1])
+    version = block._version
+    # the halo rows (O(w)); the hooks live as long as what they saved, so they must not hold
+    # ext itself
+    before, after = ext[:, :offset].detach().clone(), ext[:, offset + n :].detach().clone()
+
+    def pack(t: Tensor) -> Any:
+        if t.untyped_storage().data_ptr() != storage:
+            return t
+        return (t.size(), t.stride(), t.storage_offset())
+
+    def unpack(packed: Any) -> Tensor:
+        if isinstance(packed, Tensor):
+            return packed
+        size, stride, storage_offset = packed
+        if block._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                "inplace operation: the signal of a product on a sequence split over processes"
+            )
+        whole = torch.cat([before, block, after], dim=1)  # (Bf, n_ext, F), as ext was
+        return whole.as_strided(size, stride, storage_offset)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield

@@ -28,9 +28,10 @@ Memory per rank is ``O((N / P + w + g) C)`` (the window products work block by b
 extended block ``[start - halo, stop + halo)`` and the global keys, with the recomputing
 backward of :class:`~heatformer.graph_ops.WindowGraph`), plus ``O(g N / P)`` for the global
 rows' weights over the local keys. On a rank that receives a halo each product's input is a
-fresh copy of the extended block, which the window kernels keep for their backward: a series
-of ``K`` products keeps ``K`` such copies more than one process does (measured in
-``benchmarks/bench_sharded.py``).
+fresh copy of the extended block; what the window kernels save of it for their backward is
+kept as the block (saved anyway, as the previous product's output) and the ``O(w)`` received
+rows (:func:`~heatformer.graph_ops._halo.saved_as_parts`), so a series of ``K`` products holds
+no more per term than one process does (``benchmarks/bench_sharded.py`` measures each rank).
 
 Rules of use (as for any collective code):
 
@@ -73,6 +74,7 @@ from heatformer.graph_ops._halo import (
     all_reduce_max,
     all_reduce_sum,
     block_bounds,
+    saved_as_parts,
 )
 from heatformer.graph_ops._precision import attention_scores
 from heatformer.graph_ops._window_layout import window_allowed
@@ -534,7 +536,8 @@ class ShardedWindowGraph(Graph):
         xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)
         halo, glob = self.layout.halo, self.layout.glob
         x_ext = halo.gather(xf, "values")  # (Bf, n_ext, C): a copy, unless no halo
-        y = self.ext.propagate(x_ext)  # (Bf, n_ext, C)
+        with saved_as_parts(x_ext, xf, halo.offset):  # the kernels keep xf, not the copy
+            y = self.ext.propagate(x_ext)  # (Bf, n_ext, C)
         if y.shape[1] != xf.shape[1]:  # a slice's backward fills a zero copy: only if needed
             y = y[:, halo.offset : halo.offset + xf.shape[1]]  # (Bf, n, C)
         dense = self._dense_weights()
@@ -553,7 +556,9 @@ class ShardedWindowGraph(Graph):
                 [torch.zeros_like(xf[:, : glob.local_rows]), xf[:, glob.local_rows :]], 1
             )
         pad = [0, 0, halo.offset, halo.ext_nodes - halo.offset - n]
-        y_ext = self.ext.propagate_transpose(F.pad(x_win, pad))  # (Bf, n_ext, C)
+        x_ext = F.pad(x_win, pad)  # (Bf, n_ext, C)
+        with saved_as_parts(x_ext, x_win, halo.offset):
+            y_ext = self.ext.propagate_transpose(x_ext)  # (Bf, n_ext, C)
         y = halo.scatter(y_ext, "transpose")  # (Bf, n, C)
         if dense is not None:
             xg = glob.gather(xf, "global")  # (Bf, g, C)
