@@ -14,6 +14,13 @@ process), and the bytes each rank sent per heat term (per ``propagate``, forward
 against the formula ``(w - 1 + g) C H itemsize`` (causal: the ``w - 1`` rows before a block and
 the ``g`` global rows; the backward sends as much back).
 
+Every process first runs the same step once on a short sequence (``4 w`` positions), so that
+the measured peak is the step's data, not the code pages and lazy set-up of a first call, which
+every process pays once whatever its share of the sequence. Every process runs with glibc's
+``MALLOC_MMAP_THRESHOLD_`` fixed at 1 MiB, as the ``heatformer`` command fixes it (see
+``heatformer.cli._heap``; with the dynamic threshold the peak of the same run varied by tens of
+MB with the heap's history); ``--heap dynamic`` leaves glibc's default.
+
     OMP_NUM_THREADS=1 python benchmarks/bench_sharded.py --n 65536 --w 128 --c 64
 """
 
@@ -48,6 +55,8 @@ def child(args: argparse.Namespace) -> dict[str, object]:
     kind = WindowBuilder(args.w, args.g)
     op = HeatKernel(t=1.0)
     if args.child == "single":
+        q, k, v = _inputs(4 * args.w, args.heads, args.c, 0)  # warm-up
+        op(kind.build(q, k, causal=True), v).sum().backward()
         q, k, v = _inputs(args.n, args.heads, args.c, 0)
         with PeakRSS() as peak:
             start = time.perf_counter()
@@ -59,6 +68,9 @@ def child(args: argparse.Namespace) -> dict[str, object]:
     dist.init_process_group(
         "gloo", init_method=f"file://{args.store}", rank=args.rank, world_size=args.world
     )
+    warm = SequenceShard.current(4 * args.w * args.world)  # warm-up, every rank alike
+    q, k, v = _inputs(warm.local_nodes, args.heads, args.c, 1 + args.rank)
+    op(shard_graph(kind, warm).build(q, k, causal=True), v).sum().backward()
     shard = SequenceShard.current(args.n)
     q, k, v = _inputs(shard.local_nodes, args.heads, args.c, 1 + args.rank)
     calls = [0]
@@ -85,11 +97,18 @@ def child(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _child_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {"OMP_NUM_THREADS": "1"}
+    if args.heap == "fixed":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)
+    return env
+
+
 def sharded(args: argparse.Namespace, n: int) -> list[dict[str, object]]:
     store = Path(tempfile.mkdtemp()) / "store"
     common = ["--n", str(n), "--w", str(args.w), "--g", str(args.g), "--c", str(args.c),
               "--heads", str(args.heads), "--store", str(store), "--world", "2"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **_child_env(args)}
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--child", "rank", "--rank", str(r), *common],
@@ -119,16 +138,22 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--store", default="")
+    parser.add_argument(
+        "--heap", choices=["fixed", "dynamic"], default="fixed",
+        help="glibc's mmap threshold in every process: fixed at 1 MiB as the heatformer "
+        "command fixes it (default), or glibc's dynamic default",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args)))
         return
     print_machine()
     print(f"heat(t=1) on causal window[w={args.w},global={args.g}], B=1, H={args.heads}, "
-          f"C={args.c}, float32, fwd+bwd, 1 thread per process")  # fmt: skip
+          f"C={args.c}, float32, fwd+bwd, 1 thread per process, a warm-up step first, "
+          f"heap: {args.heap}")  # fmt: skip
     base = ["--n", str(args.n), "--w", str(args.w), "--g", str(args.g), "--c", str(args.c),
             "--heads", str(args.heads)]  # fmt: skip
-    single = run_child(__file__, ["--child", "single", *base], env={"OMP_NUM_THREADS": "1"})
+    single = run_child(__file__, ["--child", "single", *base], env=_child_env(args))
     split = sharded(args, args.n)
     weak = sharded(args, 2 * args.n)
     if "error" in single or any("error" in r for r in split + weak):
