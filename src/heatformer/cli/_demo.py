@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from heatformer.cli._options import OptionParser
+
+if TYPE_CHECKING:
+    from heatformer.demo import DemoResult
 
 DEMO_HELP = (
     "teaching demo: attention graphs of a small trained GPT, as pictures, a web page and an "
@@ -79,13 +83,7 @@ def run_demo(args: argparse.Namespace) -> int:
         args.out, text=args.text, steps=args.steps, seed=args.seed, layer=args.layer,
         compare=not args.no_compare, gif=not args.no_gif, progress=not args.no_progress,
     )  # fmt: skip
-    for name, (first, last) in result.losses.items():
-        print(f"{name:<26} training loss {first:.3f} -> {last:.3f} bits/byte")
-    print(f"wrote {len(result.files)} pictures in {result.seconds:.1f} s")
-    print(f"open {result.index_html.resolve()}")
-    if result.explore_html is not None:
-        print(f"play with it: {result.explore_html.resolve()} (interactive, offline)")
-    return 0
+    return _print_result(result)
 
 
 def _run_hf_demo(args: argparse.Namespace) -> int:
@@ -99,6 +97,14 @@ def _run_hf_demo(args: argparse.Namespace) -> int:
     except ImportError as err:  # transformers missing: the message names the extra
         print(f"heatformer demo: error: {err}", file=sys.stderr)
         return 2
+    return _print_result(result)
+
+
+def _print_result(result: DemoResult) -> int:
+    """Print what the demo wrote (each trained model's first and last loss, the pictures, the
+    pages); returns the exit code 0."""
+    for name, (first, last) in result.losses.items():
+        print(f"{name:<26} training loss {first:.3f} -> {last:.3f} bits/byte")
     print(f"wrote {len(result.files)} pictures in {result.seconds:.1f} s")
     print(f"open {result.index_html.resolve()}")
     if result.explore_html is not None:

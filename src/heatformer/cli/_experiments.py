@@ -10,7 +10,7 @@ folder is refused at once, with exit status 2 and a line naming the holder's pid
 A stop saves a checkpoint and prints how to resume: Ctrl-C and SIGTERM exit with status
 130, a planned stop (``--stop-at-step``) with status 0 (so ``torchrun`` does not report it
 as a failure). A run resumed with another number of processes gets a note on stderr
-(:class:`~heatformer.experiments.trainer.WorldSizeChanged`).
+(:class:`~heatformer.experiments.resume.WorldSizeChanged`).
 
 Defining the options needs only :mod:`heatformer.experiments.spec` and
 :mod:`heatformer.experiments.tasks`, which import no torch; the runner, the data and the
@@ -30,7 +30,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from heatformer._atomic import FolderLock
 from heatformer.checks import bad_value, check_positive_int, topk_and_graph
@@ -44,6 +44,10 @@ from heatformer.experiments.spec import (
     parse_seeds,
 )
 from heatformer.experiments.tasks import TASKS, options_by_name
+
+if TYPE_CHECKING:
+    from heatformer.experiments.distributed import DistContext
+    from heatformer.experiments.stop import TrainingInterrupted
 
 __all__ = [
     "add_analyze_args",
@@ -349,26 +353,7 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
                     task=task,
                 )
         except TrainingInterrupted as err:
-            if stop.reason.startswith("--stop-at-step"):  # planned: a clean exit (torchrun too)
-                if ctx.is_main:
-                    print(
-                        f"heatformer {command}: stopped at step {err.step} as requested "
-                        f"(--stop-at-step), checkpoint of run {err.run_dir.name} saved; {hint}",
-                        file=sys.stderr,
-                    )
-                return 0
-            if ctx.is_main:
-                where = (
-                    f"stopped at step {err.step}/{err.steps}, checkpoint saved"
-                    if err.step
-                    else "not started"
-                )
-                print(
-                    f"heatformer {command}: {stop.reason or 'stopped'}: run {err.run_dir.name} "
-                    f"{where}; {hint}",
-                    file=sys.stderr,
-                )
-            return 130
+            return _stopped(command, err, stop.reason, ctx, hint)
         except TrainingDiverged as err:  # main() prints a ValueError as one line, status 2
             raise ValueError(f"{err}; the runs finished before it are kept in {out}") from None
         except KeyboardInterrupt:
@@ -382,21 +367,54 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
         except RuntimeError as err:  # a collective failed: another process died or hung
             if not ctx.distributed:
                 raise
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            print(
-                f"heatformer {command}: error: process {ctx.rank} of {ctx.world_size}: a "
-                f"collective operation failed, so another process died or stopped answering "
-                f"(within --dist-timeout) ({first}); runs continue from their last checkpoint; "
-                f"{hint}",
-                file=sys.stderr,
-                flush=True,
-            )
-            return 1
+            return _collective_failed(command, err, ctx, hint)
         if ctx.is_main:
             print_report(report)
         return 0
     finally:
         ctx.close()
+
+
+def _stopped(
+    command: str, err: TrainingInterrupted, reason: str, ctx: DistContext, hint: str
+) -> int:
+    """The exit status of a command whose run stopped (``reason``: the stop's), after rank 0
+    says where on stderr: 0 for a planned stop (``--stop-at-step``: a clean exit, under
+    ``torchrun`` too), else 130."""
+    if reason.startswith("--stop-at-step"):
+        if ctx.is_main:
+            print(
+                f"heatformer {command}: stopped at step {err.step} as requested "
+                f"(--stop-at-step), checkpoint of run {err.run_dir.name} saved; {hint}",
+                file=sys.stderr,
+            )
+        return 0
+    if ctx.is_main:
+        where = (
+            f"stopped at step {err.step}/{err.steps}, checkpoint saved"
+            if err.step
+            else "not started"
+        )
+        print(
+            f"heatformer {command}: {reason or 'stopped'}: run {err.run_dir.name} {where}; {hint}",
+            file=sys.stderr,
+        )
+    return 130
+
+
+def _collective_failed(command: str, err: RuntimeError, ctx: DistContext, hint: str) -> int:
+    """Exit status 1 after this process's line on stderr: a collective operation failed (under
+    ``torchrun``), so another process died or stopped answering."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    print(
+        f"heatformer {command}: error: process {ctx.rank} of {ctx.world_size}: a "
+        f"collective operation failed, so another process died or stopped answering "
+        f"(within --dist-timeout) ({first}); runs continue from their last checkpoint; "
+        f"{hint}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
 
 
 @contextlib.contextmanager

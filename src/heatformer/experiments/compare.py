@@ -55,12 +55,7 @@ from typing import Any
 
 from heatformer._progress import Progress
 from heatformer.checks import bad_type, bad_value
-from heatformer.experiments.checkpoint import (
-    atomic_write_json,
-    hold_folder,
-    load_checkpoint,
-    read_json,
-)
+from heatformer.experiments.checkpoint import atomic_write_json, hold_folder, read_json
 from heatformer.experiments.distributed import DistContext, resolve_device
 from heatformer.experiments.folder import (
     INVOCATIONS_NAME,
@@ -84,12 +79,12 @@ from heatformer.experiments.spec import SPEC_NAME, CompareSpec
 from heatformer.experiments.sweep import baseline_heads, find_sweeps
 from heatformer.experiments.tasks import Task, resolve_task
 from heatformer.experiments.trainer import (
-    CHECKPOINT_NAME,
     RESULT_NAME,
     ModelFactory,
     StopSignal,
     TrainingDiverged,
     TrainingInterrupted,
+    analyze_run,
     is_finished,
     load_run_checkpoint,
     train_run,
@@ -502,7 +497,6 @@ def analyze(
     task = given or resolve_task(spec.task)(spec, data)
     ctx = DistContext(device=resolve_device(device))
     with hold_folder(out, ctx):  # it rewrites the run records and the report
-        factory = model_factory or (lambda t, heads: t.build_model(heads))
         records = []
         plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[-1])]
         task_of = _SettingTasks(task)
@@ -510,31 +504,15 @@ def analyze(
             raise ValueError(f"{out}: expected at least one finished run to analyze, got none")
         with Progress(len(plan), f"analyze {out.name}", unit="run", enabled=progress) as bar:
             for heads, setting, _seed, name in plan:
-                run_dir = out / "runs" / name
-                record, run_task = read_json(run_dir / RESULT_NAME), task_of(setting)
-                if "diverged" not in record:  # a diverged candidate has no final weights
-                    saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
-                    if saved is None or int(saved["step"]) != spec.steps:
-                        raise ValueError(
-                            f"{run_dir}: expected the final checkpoint of a finished run, "
-                            "found none"
-                        )
-                    model = factory(run_task, heads)
-                    model.load_state_dict(saved["model"])
-                    record["analysis"] = run_task.layer_metrics(model.to(ctx.device), ctx.device)
-                    atomic_write_json(run_dir / RESULT_NAME, record)
+                run_dir, run_task = out / "runs" / name, task_of(setting)
+                record = analyze_run(run_dir, heads, run_task, ctx.device, model_factory)
                 records.append({**record, "setting": setting} if spec.tune else record)
                 bar.update(1)
         if changed != folder_spec:  # every record read it: the folder's spec says so now
             atomic_write_json(
                 out / SPEC_NAME, {**read_json(out / SPEC_NAME), "spec": changed.to_dict()}
             )
-        previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}
-        invocations = read_invocations(out)
-        trained = previous.get("environment") or (
-            invocations[-1].get("environment") if invocations else None
-        )  # the training environment, not this one
-        wall = total_time(invocations) if invocations else float(previous.get("wall_time_s") or 0)
+        trained, wall = _trained(out)
         extra = {
             "analysis_environment": environment(1, str(ctx.device)),
             "analysis_time_s": time.perf_counter() - started,
@@ -543,3 +521,15 @@ def analyze(
             spec, task, out, records, ctx, wall_time_s=lambda: wall, environment=trained,
             extra=extra,
         )  # fmt: skip
+
+
+def _trained(out: Path) -> tuple[dict[str, Any] | None, float]:
+    """The training environment and wall time of the comparison in ``out`` (what
+    :func:`analyze` keeps of the training invocations, not its own)."""
+    previous = read_json(out / RESULTS_NAME) if (out / RESULTS_NAME).is_file() else {}
+    invocations = read_invocations(out)
+    trained = previous.get("environment") or (
+        invocations[-1].get("environment") if invocations else None
+    )
+    wall = total_time(invocations) if invocations else float(previous.get("wall_time_s") or 0)
+    return trained, wall

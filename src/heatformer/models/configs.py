@@ -199,8 +199,7 @@ class SequenceClassifierConfig(_StackConfig):
     def __post_init__(self) -> None:
         if self.pool not in ("last", "mean", "cls"):
             raise checks.bad_value("pool", f"expected 'last', 'mean' or 'cls', got {self.pool!r}")
-        if not isinstance(self.causal, bool):
-            raise checks.bad_type("causal", f"expected a bool, got {type(self.causal).__name__}")
+        checks.check_bool("causal", self.causal)
         super().__post_init__()
 
     def max_tokens(self) -> int:

@@ -342,7 +342,7 @@ class HeadRouter:
                 that are not affine; non-affine heads on a rectangular graph; with a shard,
                 attention dropout, a rectangular call or a kind that does not shard.
         """
-        b, h, n_q, _ = q.shape
+        _, h, n_q, _ = q.shape
         if h != self.num_heads:
             raise checks.bad_value(
                 "q", f"expected {self.num_heads} heads (the head spec), got {h} in {tuple(q.shape)}"
@@ -380,9 +380,16 @@ class HeadRouter:
                 symmetric_mask=group.op.reads_transpose, shard=shard,
             )  # fmt: skip
             outs.append(group.op(graph, v[:, idx]))
-        if self._in_order:  # the pieces cover the heads in order
+        return self._in_head_order(outs, v, n_q)
+
+    def _in_head_order(self, outs: list[Tensor], v: Tensor, n_q: int) -> Tensor:
+        """The outputs of :meth:`diffuse`'s pieces (fused heads first, then each group) as one
+        ``(B, H, Nq, C)`` tensor in head order (``v``: the values): concatenated when the
+        pieces cover the heads in order, else written into a new tensor."""
+        if self._in_order:
             return _cat_heads([outs[i] for i in self._order])
-        out = v.new_empty(b, h, n_q, v.shape[-1])
+        b, h, _, c = v.shape
+        out = v.new_empty(b, h, n_q, c)
         for index, y in zip(self._piece_index, outs, strict=True):
             out[:, index] = y
         return out

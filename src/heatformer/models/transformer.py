@@ -41,8 +41,22 @@ __all__ = [
 ]
 
 
-def _check_token_ids(idx: Tensor, vocab_size: int) -> None:
-    """Token ids in ``[0, vocab_size)`` (an embedding lookup outside it is an opaque error)."""
+def _check_idx(idx: Tensor, config: GPTConfig | SequenceClassifierConfig, offset: int = 0) -> None:
+    """A ``(B, N)`` LongTensor of token ids in ``[0, vocab_size)`` (an embedding lookup outside
+    it is an opaque error), ``offset + N`` of them at most ``block_size``."""
+    block_size, vocab_size = config.block_size, config.vocab_size
+    if not isinstance(idx, Tensor) or idx.dtype != torch.long or idx.dim() != 2:
+        raise checks.bad_type(
+            "idx",
+            f"expected a (B, N) LongTensor of token ids, got "
+            f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}",
+        )
+    if offset + idx.shape[1] > block_size:
+        raise checks.bad_value(
+            "idx",
+            f"expected at most block_size = {block_size} tokens, got a sequence of "
+            f"{offset + idx.shape[1]}",
+        )
     if idx.numel() == 0:
         return
     lo, hi = int(idx.min()), int(idx.max())
@@ -80,6 +94,15 @@ class _ConfigModel(nn.Module):
     #: ``forward`` takes ``shard=`` (a sequence split over processes, sequence parallelism)
     shards: ClassVar[bool] = False
 
+    def __init__(self, config: Any) -> None:
+        """Keep ``config``, a ``config_class`` (else ``TypeError`` naming ``config``)."""
+        super().__init__()
+        if not isinstance(config, self.config_class):
+            raise checks.bad_type(
+                "config", f"expected {self.config_class.__name__}, got {type(config).__name__}"
+            )
+        self.config = config
+
     @classmethod
     def from_config(cls, config: Any) -> _ConfigModel:
         """Build the model from its config."""
@@ -108,13 +131,11 @@ class GPT(_ConfigModel):
     """
 
     config_class = GPTConfig
+    config: GPTConfig
     shards = True
 
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        if not isinstance(config, GPTConfig):
-            raise checks.bad_type("config", f"expected GPTConfig, got {type(config).__name__}")
-        self.config = config
+        super().__init__(config)
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
@@ -122,21 +143,6 @@ class GPT(_ConfigModel):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         _init_weights(self, config.n_layer)
-
-    def _check_idx(self, idx: Tensor, offset: int = 0) -> None:
-        if not isinstance(idx, Tensor) or idx.dtype != torch.long or idx.dim() != 2:
-            raise checks.bad_type(
-                "idx",
-                f"expected a (B, N) LongTensor of token ids, got "
-                f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}",
-            )
-        if offset + idx.shape[1] > self.config.block_size:
-            raise checks.bad_value(
-                "idx",
-                f"expected at most block_size = {self.config.block_size} tokens, got a "
-                f"sequence of {offset + idx.shape[1]}",
-            )
-        _check_token_ids(idx, self.config.vocab_size)
 
     def forward(
         self,
@@ -189,7 +195,7 @@ class GPT(_ConfigModel):
                 "caches", f"expected one KVCache per layer ({len(self.blocks)}), got {len(caches)}"
             )
         offset = caches[0].position if caches else shard.start if shard is not None else 0
-        self._check_idx(idx, offset)
+        _check_idx(idx, self.config, offset)
         checks.check_bool("return_graphs", return_graphs)
         if return_graphs and caches:
             raise checks.bad_value(
@@ -254,7 +260,7 @@ class GPT(_ConfigModel):
             raise checks.bad_value("temperature", f"expected > 0, got {temperature}")
         if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
             raise checks.bad_value("top_k", f"expected 1..{self.config.vocab_size}, got {top_k}")
-        self._check_idx(idx[:, -self.config.block_size :])
+        _check_idx(idx[:, -self.config.block_size :], self.config)
         cached = (
             use_cache
             and self.supports_cache
@@ -306,12 +312,10 @@ class ViT(_ConfigModel):
     """
 
     config_class = ViTConfig
+    config: ViTConfig
 
     def __init__(self, config: ViTConfig) -> None:
-        super().__init__()
-        if not isinstance(config, ViTConfig):
-            raise checks.bad_type("config", f"expected ViTConfig, got {type(config).__name__}")
-        self.config = config
+        super().__init__(config)
         num_patches = (config.image_size // config.patch_size) ** 2
         self.patch = nn.Conv2d(
             config.in_channels, config.n_embd, config.patch_size, stride=config.patch_size
@@ -367,14 +371,10 @@ class SequenceClassifier(_ConfigModel):
     """
 
     config_class = SequenceClassifierConfig
+    config: SequenceClassifierConfig
 
     def __init__(self, config: SequenceClassifierConfig) -> None:
-        super().__init__()
-        if not isinstance(config, SequenceClassifierConfig):
-            raise checks.bad_type(
-                "config", f"expected SequenceClassifierConfig, got {type(config).__name__}"
-            )
-        self.config = config
+        super().__init__(config)
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         extra = 1 if config.pool == "cls" else 0
         self.pos_emb = nn.Embedding(config.block_size + extra, config.n_embd)
@@ -392,15 +392,7 @@ class SequenceClassifier(_ConfigModel):
         graph (batch ``(B, H)``, the cls token included, padded keys masked):
         ``(logits, graphs)``."""
         checks.check_bool("return_graphs", return_graphs)
-        if not isinstance(idx, Tensor) or idx.dtype != torch.long or idx.dim() != 2:
-            raise checks.bad_type("idx", "expected a (B, N) LongTensor of token ids")
-        if idx.shape[1] > self.config.block_size:
-            raise checks.bad_value(
-                "idx",
-                f"expected at most block_size = {self.config.block_size} tokens, got a "
-                f"sequence of {idx.shape[1]}",
-            )
-        _check_token_ids(idx, self.config.vocab_size)
+        _check_idx(idx, self.config)
         x = self.tok_emb(idx)  # (B, N, D)
         cls_last = self.config.causal  # a causal cls token must come last to see the sequence
         if self.cls is not None:  # the cls token is always a real token
