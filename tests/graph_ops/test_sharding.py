@@ -278,11 +278,17 @@ def _launch(world: int, tmp_path: Path) -> list[dict[str, object]]:
     return [json.loads(out.read_text()) for out in outs]
 
 
-#: torch 2.5: two of four full-suite runs beside another suite (2 cores) hung here past the bound
-#: (once with 4 processes, once with 2), while alone it passes in 15-23 s; not yet understood
+#: torch 2.5: two of four full-suite runs beside another suite and a benchmark (2 cores) ran past
+#: the bound here (once with 4 processes at 180 s, once with 2 at 420 s), while alone a launch
+#: takes 14 s. Six later launches on torch 2.5 beside six busy loops and three agents' tests
+#: (load 10-13) all finished, in 50-212 s: no hang reproduced, the launches are slow under load
+#: (every rank computes the single-process reference too). Skipped there until a loaded run on
+#: torch 2.5 is shown to stay inside the bound; torch 2.13 runs them in every suite, and the
+#: GPT and training launches (the same halo exchange) run on both.
 _HANGS_ON_OLD_TORCH = pytest.mark.skipif(
     tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 6),
-    reason="torch < 2.6: the multi-process launch hung intermittently under load (under study)",
+    reason="torch < 2.6: two loaded full runs passed the time bound here (no hang reproduced in "
+    "six loaded reruns, 50-212 s); torch 2.13 runs them",
 )
 
 
