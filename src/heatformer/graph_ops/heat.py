@@ -159,12 +159,7 @@ def _as_tensor(t: Tensor | float, like: Tensor, dtype: torch.dtype | None = None
 
 
 def _series(
-    graph: Graph,
-    x: Tensor,
-    t: Tensor | float,
-    normalization: str,
-    tol: float,
-    t_max: float | None = None,
+    graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float, t_max: float | None
 ) -> Tensor:
     gen = GraphLaplacian(graph, normalization)
     tau = _tau(gen, t)
@@ -255,12 +250,7 @@ def propagation_step(
 
 
 def _series_dense(
-    graph: Graph,
-    x: Tensor,
-    t: Tensor | float,
-    normalization: str,
-    tol: float,
-    t_max: float | None = None,
+    graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float, t_max: float | None
 ) -> Tensor:
     return _series(graph.materialized(), x, t, normalization, tol, t_max)
 
@@ -299,12 +289,7 @@ def _series_refuse(
 
 
 def _exact(
-    graph: Graph,
-    x: Tensor,
-    t: Tensor | float,
-    normalization: str,
-    tol: float,
-    t_max: float | None = None,
+    graph: Graph, x: Tensor, t: Tensor | float, normalization: str, tol: float, t_max: float | None
 ) -> Tensor:
     # float64 whatever the input: the graph itself is recomputed in float64 (see DENSE_DTYPE)
     with full_precision(x.device.type):

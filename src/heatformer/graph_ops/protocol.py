@@ -312,6 +312,11 @@ class Graph(ABC):
         keys (here a row of :meth:`weight_rows`: ``N``); top-k sizes its blocks by it."""
         return self.num_nodes
 
+    def _default_row_block(self) -> int | None:
+        """Query rows per block of the blockwise methods when a call names none (None: slabs
+        of about ``slab_elements`` entries); a kind built with a ``row_block`` returns it."""
+        return None
+
     def _blocks(
         self,
         row_block: int | None,
@@ -319,6 +324,8 @@ class Graph(ABC):
         row_entries: int | None = None,
         slab_elements: int = SLAB_ELEMENTS,
     ) -> list[tuple[int, int]]:
+        if row_block is None:
+            row_block = self._default_row_block()
         if row_block is None:  # a (Bf, rows, row_entries) slab near slab_elements entries
             per_row = self.num_nodes if row_entries is None else row_entries
             slab_row = max(1, _numel(self.batch_shape) * per_row)

@@ -14,7 +14,6 @@ from torch.utils.checkpoint import checkpoint
 from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import (
-    SLAB_ELEMENTS,
     UNIFORM_DIM,
     Graph,
     _fold,
@@ -115,15 +114,8 @@ class SoftmaxGraph(Graph):
         self.rows_nonempty = mask is None  # a causal row keeps its diagonal
         self._flat_qk: dict[bool, tuple[Tensor, Tensor]] = {}
 
-    def _blocks(
-        self,
-        row_block: int | None,
-        *,
-        row_entries: int | None = None,
-        slab_elements: int = SLAB_ELEMENTS,
-    ) -> list[tuple[int, int]]:
-        row_block = self.row_block if row_block is None else row_block
-        return super()._blocks(row_block, row_entries=row_entries, slab_elements=slab_elements)
+    def _default_row_block(self) -> int | None:
+        return self.row_block
 
     def _kept_row_entries(self, k_top: int) -> int:
         # the kept weights gather k_top keys of E features per query (see _kept_weights), and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -403,20 +404,15 @@ class SparseGraph(Graph):
             num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
         )  # fmt: skip
 
-    def threshold(
-        self,
-        eps: float,
-        *,
-        renormalize: bool = False,
-        row_block: int | None = None,
-    ) -> SparseGraph:
-        eps = V.check_threshold(eps)
-        keep = (self.weight.detach() >= eps).nonzero(as_tuple=True)[0]
-        graph = SparseGraph._trusted(
-            self._struct.rows()[keep], self._struct.col[keep], self.weight[keep],
+    def _kept_entries(self, keep: Callable[[Tensor], Tensor]) -> SparseGraph:
+        """The stored entries ``w`` with ``keep(w)``, in their order (what
+        :func:`~heatformer.graph_ops.sparsify.select_edges` keeps of a sparse graph: no dense
+        rows are formed)."""
+        kept = keep(self.weight.detach()).nonzero(as_tuple=True)[0]
+        return SparseGraph._trusted(
+            self._struct.rows()[kept], self._struct.col[kept], self.weight[kept],
             num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
         )  # fmt: skip
-        return graph.row_normalize() if renormalize else graph
 
     def to_sparse(self) -> SparseGraph:
         return self

@@ -60,7 +60,10 @@ def to_sparse(graph: Graph) -> SparseGraph:
 def select_edges(
     graph: Graph, keep: Callable[[Tensor], Tensor], row_block: int | None = None
 ) -> SparseGraph:
-    """The entries ``w`` with ``keep(w)``, gathered differentiably block by block."""
+    """The entries ``w`` with ``keep(w)``, gathered differentiably block by block (a
+    :class:`SparseGraph`: its stored entries, without blocks)."""
+    if isinstance(graph, SparseGraph):
+        return graph._kept_entries(keep)
     n = graph.num_nodes
     rows, cols, vals = [], [], []
     for s, e in graph._blocks(row_block):
