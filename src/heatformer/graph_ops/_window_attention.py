@@ -146,6 +146,16 @@ def _fused(q: Tensor, x: Tensor) -> bool:
     return FUSED_CPU and q.device.type == "cpu" and x.shape[-1] == q.shape[-1]
 
 
+def _like_rows(x: Tensor, nb: int, b: int) -> Tensor:
+    """An empty ``(Bf, nb, b, C)`` output for ``x`` ``(Bf, N, C)``, token-major (``(nb, b, Bf,
+    C)`` in memory) when ``x`` is, as the heads of a fused projection are: a layer then merges
+    the heads of the result by a view instead of a copy."""
+    bf, c = x.shape[0], x.shape[-1]
+    if bf > 1 and x.stride(0) < x.stride(1):
+        return x.new_empty(nb, b, bf, c).permute(2, 0, 1, 3)
+    return x.new_empty(bf, nb, b, c)
+
+
 class GradSink:
     """The gradients in ``q`` and ``k`` of every :class:`WindowAttention` of one graph, summed
     in place per backward pass (one buffer each, instead of one per propagation plus autograd's
@@ -295,7 +305,7 @@ class WindowAttention(torch.autograd.Function):
         go there."""
         fused = _fused(q, x)
         nb, b = layout.num_blocks, layout.row_block
-        out = x.new_empty(x.shape[0], nb, b, x.shape[-1])  # (Bf, nb, b, C), filled per run
+        out = _like_rows(x, nb, b)  # (Bf, nb, b, C), filled per run
         lse: Tensor | None = None  # (Bf, nb, b), in the kernel's dtype, made at the first run
         for blocks in layout.chunks(q.shape[0]):
             qb = layout.block_rows(q, blocks)
