@@ -44,7 +44,9 @@ global token, causal, H = 4, Dh = 64, N = 65536, fwd + bwd, one thread): 0.87 of
 the code before :mod:`~heatformer.graph_ops._window_layout` (dense global row, slab copies);
 CPU time per token 51-55 us at 65k and 262k, 62 us at 1M (peak RSS 10.2 GB). With the global
 keys as one product per run and no copies before the fused backward: 0.80 of the CPU time of
-that code (``--clock cpu``, 2 rounds on the loaded machine; docs/benchmarks.md).
+that code (``--clock cpu``, 2 rounds on the loaded machine; docs/benchmarks.md); with the
+layer's head split and merge copying less and a token-major output (:func:`_like_rows`):
+0.76-0.77.
 
 Measured earlier (``benchmarks/bench_long.py``, window(128) layer of heat heads, t = 1, tol 1e-6,
 H = 4, Dh = 64, N = 262144, fwd + bwd): peak 3.94 GB, against 5.07 GB with whole padded copies,
@@ -146,6 +148,16 @@ def _fused(q: Tensor, x: Tensor) -> bool:
     return FUSED_CPU and q.device.type == "cpu" and x.shape[-1] == q.shape[-1]
 
 
+def _like_rows(x: Tensor, nb: int, b: int) -> Tensor:
+    """An empty ``(Bf, nb, b, C)`` output for ``x`` ``(Bf, N, C)``, token-major (``(nb, b, Bf,
+    C)`` in memory) when ``x`` is, as the heads of a fused projection are: a layer then merges
+    the heads of the result by a view instead of a copy."""
+    bf, c = x.shape[0], x.shape[-1]
+    if bf > 1 and x.stride(0) < x.stride(1):
+        return x.new_empty(nb, b, bf, c).permute(2, 0, 1, 3)
+    return x.new_empty(bf, nb, b, c)
+
+
 class GradSink:
     """The gradients in ``q`` and ``k`` of every :class:`WindowAttention` of one graph, summed
     in place per backward pass (one buffer each, instead of one per propagation plus autograd's
@@ -221,26 +233,31 @@ def _global_scores(layout: WindowLayout, rows: Tensor, k: Tensor, dtype: torch.d
 
 
 def _interior_forward(
-    layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, blocks: slice
-) -> tuple[Tensor, Tensor]:
-    """``(out, lse)`` of an interior run by the fused kernel on the slab views of ``k``, ``x``
-    (no copies: the kernel takes their strides), merged with the ``g`` global keys by the
-    log-sum-exp (``lse = log(e^{lse_slab} + sum_j e^{s_j})``), which every interior row
-    attends."""
+    layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, blocks: slice, out: Tensor
+) -> Tensor:
+    """The log-sum-exp ``(Bf, nb', b)`` of an interior run, its output written into ``out``
+    ``(Bf, nb', b, C)``: by the fused kernel on the slab views of ``k``, ``x`` (no copies: the
+    kernel takes their strides), merged with the ``g`` global keys by the log-sum-exp
+    (``lse = log(e^{lse_slab} + sum_j e^{s_j})``), which every interior row attends."""
     g, qb = layout.num_global, layout.block_rows(q, blocks)
     y, lse = _torch_compat.flash_attention_cpu(
         qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False),
         layout.sdpa_mask(blocks, q.dtype)[..., g:], layout.scale,
     )  # fmt: skip
     if not g:
-        return y, lse
+        out.copy_(y)
+        return lse
     bf, dt = q.shape[0], lse.dtype
     sg = _global_scores(layout, qb.flatten(1, 2), k, dt)  # (Bf, R, g), R = nb' b rows
     total = torch.logaddexp(lse, sg.logsumexp(-1).view_as(lse))  # (Bf, nb', b)
-    merged = y.to(dt).mul_((lse - total).exp().unsqueeze(-1)).reshape(bf, -1, y.shape[-1])
+    factor = (lse - total).exp().unsqueeze(-1)  # (Bf, nb', b, 1): the slab keys' share
+    # in out's own rows when it has the working dtype (no run-sized copy into it)
+    merged = torch.mul(y, factor, out=out) if out.dtype == dt else y.to(dt).mul_(factor)
     pg = (sg - total.reshape(bf, -1, 1)).exp_()  # (Bf, R, g): the global keys' weights
-    merged.baddbmm_(pg, x[:, :g].to(dt))  # (Bf, R, C)
-    return merged.view(y.shape).to(y.dtype), total
+    merged.view(bf, -1, y.shape[-1]).baddbmm_(pg, x[:, :g].to(dt))  # (Bf, R, C)
+    if merged is not out:
+        out.copy_(merged)
+    return total
 
 
 def _interior_backward(
@@ -295,28 +312,29 @@ class WindowAttention(torch.autograd.Function):
         go there."""
         fused = _fused(q, x)
         nb, b = layout.num_blocks, layout.row_block
-        out = x.new_empty(x.shape[0], nb, b, x.shape[-1])  # (Bf, nb, b, C), filled per run
+        out = _like_rows(x, nb, b)  # (Bf, nb, b, C), filled per run
         lse: Tensor | None = None  # (Bf, nb, b), in the kernel's dtype, made at the first run
         for blocks in layout.chunks(q.shape[0]):
             qb = layout.block_rows(q, blocks)
             empty = layout.run_masks(blocks)[2]
-            if fused:  # (Bf, nb', b, C) and the log-sum-exp of each row (Bf, nb', b)
-                if layout.in_interior(blocks):
-                    y, lse_b = _interior_forward(layout, q, k, x, blocks)
-                else:
+            if fused and layout.in_interior(blocks):  # written into out (no empty rows)
+                lse_b = _interior_forward(layout, q, k, x, blocks, out[:, blocks])
+            else:  # (Bf, nb', b, C), with the log-sum-exp of each row (Bf, nb', b) if fused
+                k_run, x_run = layout.keys(k, blocks), layout.keys(x, blocks)
+                if fused:
                     y, lse_b = _torch_compat.flash_attention_cpu(
-                        qb, layout.keys(k, blocks), layout.keys(x, blocks),
-                        layout.sdpa_mask(blocks, q.dtype), layout.scale,
-                    )  # fmt: skip
-                if lse is None:
-                    lse = lse_b.new_empty(q.shape[0], nb, b)
-                lse[:, blocks] = lse_b
-            else:
-                y = F.scaled_dot_product_attention(
-                    qb, layout.keys(k, blocks), layout.keys(x, blocks),
-                    attn_mask=layout.sdpa_mask(blocks), scale=layout.scale,
-                )  # fmt: skip
-            out[:, blocks] = y if empty is None else y.masked_fill_(empty, 0.0)
+                        qb, k_run, x_run, layout.sdpa_mask(blocks, q.dtype), layout.scale
+                    )
+                else:
+                    y = F.scaled_dot_product_attention(
+                        qb, k_run, x_run, attn_mask=layout.sdpa_mask(blocks), scale=layout.scale
+                    )
+                out[:, blocks] = y if empty is None else y.masked_fill_(empty, 0.0)
+                if not fused:
+                    continue
+            if lse is None:
+                lse = lse_b.new_empty(q.shape[0], nb, b)
+            lse[:, blocks] = lse_b
         ctx.spec, ctx.fused, ctx.sink = layout.spec(), fused, sink
         # the kernel's backward needs the output (the next term's input in a series)
         ctx.save_for_backward(q, k, x, key_mask, *((out, lse) if fused else ()))

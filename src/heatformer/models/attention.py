@@ -221,7 +221,10 @@ class DiffusionAttention(nn.Module):
             )
         b, n, _ = x.shape
         qkv = self.in_proj(x).view(b, n, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, Dh)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, Dh) each
+        # unbound along the projection's own dim, then transposed: autograd stacks the three
+        # gradients straight into the (B, N, 3, H, Dh) layout (unbinding a permuted view
+        # stacks them as (3, B, H, N, Dh) and copies that back: two fresh (B, N, 3D) tensors)
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, N, Dh) each
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
