@@ -1,0 +1,79 @@
+"""The committed study results regenerate the tables that ``docs/reproducing.md`` shows.
+
+A study under ``docs/study/<study>/`` holds what ``heatformer compare`` wrote (``results.json``
+without each run's per-step history, ``results.csv``, ``spec.json``, ``invocations.json``).
+From the runs' final and per-layer values alone, the summary, the paired differences and the
+primary endpoints (Holm over the family, equivalence bounds) are computed again and printed
+as the command prints them; the text must be the block in the docs, and the recomputed
+summary the committed one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from heatformer.experiments.report import (
+    add_paired,
+    aggregate,
+    format_endpoints,
+    format_paired_table,
+    format_table,
+    primary_endpoints,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "reproducing.md"
+STUDIES = ["digits-controls"]
+
+
+def regenerate(results: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The summary and the report text of a study, from its runs only."""
+    metrics, analysis = results["metrics"], results["analysis_metrics"]
+    summary = aggregate(results["runs"], results["spec"]["heads"], metrics, analysis)
+    add_paired(summary, results["baseline"], metrics, analysis)
+    primary = primary_endpoints(summary, results["baseline"], results["spec"]["primary"], [])
+    text = "\n\n".join(
+        [
+            format_table(summary, metrics),
+            format_paired_table(summary, metrics),
+            format_endpoints(primary),
+        ]
+    )
+    return summary, text
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-12, abs_tol=0)
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_committed_results_regenerate_the_docs_tables(study: str) -> None:
+    folder = ROOT / "docs" / "study" / study
+    results = json.loads((folder / "results.json").read_text())
+    summary, text = regenerate(results)
+    assert _close(summary, results["summary"])
+    block = f"<!-- study {study}: generated from docs/study/{study}/results.json -->\n```text\n"
+    doc = DOC.read_text()
+    assert block in doc, f"docs/reproducing.md has no block for {study}"
+    shown = doc.split(block, 1)[1].split("\n```", 1)[0]
+    assert shown.strip("\n") == text.strip("\n")
+    # the CSV holds the same per-seed values as the runs
+    with (folder / "results.csv").open() as f:
+        rows = {(r["heads"], int(r["seed"])): r for r in csv.DictReader(f)}
+    assert len(rows) == len(results["runs"])
+    for run in results["runs"]:
+        row = rows[(run["heads"], run["seed"])]
+        for name in results["metrics"]:
+            assert math.isclose(float(row[name]), run["final"][name], rel_tol=1e-12)
