@@ -42,6 +42,7 @@ class SequenceShard:
             not part of equality.
 
     Example:
+        >>> import torch
         >>> shard = SequenceShard(num_nodes=10, rank=1, world_size=3)
         >>> shard.start, shard.stop, shard.local_nodes
         (4, 7, 3)
