@@ -181,6 +181,9 @@ def run_case(case: Case, rank: int, world: int, check: Checker, refusals: list[s
 
     # the messages of one product: (w - 1) C values to the next rank(s) causal, w each way
     graph = local(shard.take(q), shard.take(k))
+    check.checks += 1  # the extended block's graph holds this block's queries, not a padded copy
+    if graph.ext.q.shape[-2] != shard.local_nodes or graph.ext.q.data_ptr() != graph.q.data_ptr():
+        check.failures.append(f"{case}: extended queries {tuple(graph.ext.q.shape)}")
     shard.comm.reset()
     graph.propagate(shard.take(x))
     sent = shard.comm.by_kind.get("values", 0)

@@ -465,3 +465,52 @@ def test_large_logits_in_half_precision_agree_with_the_dense_graph_in_float64(
             if actual.dtype != dtype or not err <= bound:
                 wrong.append(f"{name}: {what} ({actual.dtype}) off by {err:.3g} > {bound:.3g}")
     assert not wrong, "; ".join(wrong)
+
+
+@pytest.mark.parametrize(
+    ("causal", "g", "masked", "fused"),
+    [(c, g, m, f) for c, g, m, f in itertools.product([True, False], [0, 2], [False, True],
+                                                      [True, False]) if not (m and f)],
+)  # fmt: skip
+@pytest.mark.parametrize(("offset", "rows"), [(0, 20), (5, 15), (7, 9), (0, 13), (20, 0)])
+def test_queries_at_an_offset_equal_the_zero_padded_queries(
+    monkeypatch, causal, g, masked, fused, offset, rows
+) -> None:
+    """``q_offset`` (how a sharded graph's extended block avoids a padded copy of ``q``): a
+    graph whose ``q`` holds only rows ``offset ... offset + R - 1`` equals the graph of the
+    zero-padded queries -- products both ways, degrees, dense rows, top-k, ``U x``, a heat
+    series and the gradients in ``q`` (those rows of the padded one's), ``k`` and ``x`` --
+    on the fused and the generic path, runs that straddle the offset (row_block 4, lowered
+    SLAB_ELEMENTS), and a ``q`` with no rows."""
+    from heatformer.graph_ops import _window_attention, _window_layout
+
+    monkeypatch.setattr(_window_attention, "FUSED_CPU", fused)
+    monkeypatch.setattr(_window_layout, "SLAB_ELEMENTS", 300)
+    n, w = 20, 3
+    gen = torch.Generator().manual_seed(11)
+    q_full, k, x = (torch.randn(2, n, 3, generator=gen, dtype=F64) for _ in range(3))
+    q_full[:, :offset] = 0.0
+    q_full[:, offset + rows :] = 0.0
+    key_mask = None
+    if masked:
+        key_mask = torch.ones(2, n, dtype=torch.bool)
+        key_mask[1, 6:9] = False
+    kw = {"window": w, "causal": causal, "num_global": g, "key_mask": key_mask,
+          "drop_masked_queries": False, "row_block": 4}  # fmt: skip
+    outs = []
+    for shifted in (False, True):
+        qq = (q_full[:, offset : offset + rows] if shifted else q_full).clone().requires_grad_()
+        kk, xx = k.clone().requires_grad_(), x.clone().requires_grad_()
+        graph = WindowGraph._trusted(qq, kk, q_offset=offset if shifted else 0, **kw)
+        assert graph.num_nodes == n
+        y = (graph.propagate(xx), graph.propagate_transpose(xx), graph.uniform(xx),
+             HeatKernel(t=1.0, tol=1e-12)(graph, xx), Laplacian("sym")(graph, xx))  # fmt: skip
+        loss = sum((t * torch.linspace(-1, 1, t.numel(), dtype=F64).view_as(t)).sum() for t in y)
+        loss.backward()
+        dq = qq.grad if shifted else qq.grad[:, offset : offset + rows]
+        with torch.no_grad():
+            views = (graph.out_degree(), graph.in_degree(), graph.to_dense(),
+                     graph.topk(2).to_dense())  # fmt: skip
+        outs.append((*[t.detach() for t in y], dq, kk.grad, xx.grad, *views))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

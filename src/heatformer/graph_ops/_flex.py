@@ -446,7 +446,8 @@ def window_propagate(graph: WindowGraph, x: Tensor) -> Tensor:
     """
     _require_flex()
     xf, unfold = _fold(graph._check_x(x), graph.batch_shape)  # (Bf, N, C)
-    q, k = graph._flat()  # (Bf, N, E)
+    q, k = graph._flat()  # (Bf, R, E), (Bf, N, E)
+    q = graph.layout.query_rows(q, 0, graph.num_nodes)  # (Bf, N, E): a view unless q_offset
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or xf.requires_grad)
     if not grad:  # FlexAttention refuses CPU inputs that require grad, even without grad mode
         q, k, xf = q.detach(), k.detach(), xf.detach()

@@ -85,7 +85,7 @@ class _Slabs:
 
     def queries(self, blocks: slice) -> Tensor:
         """``(Bf, nb', b, E)``, contiguous."""
-        return self.layout.block_rows(self.q, blocks).contiguous()
+        return self.layout.block_queries(self.q, blocks).contiguous()
 
     def keys(self, blocks: slice) -> Tensor:
         """``(Bf, nb', g + L, E)``, contiguous (a product with the overlapping view would copy
@@ -166,12 +166,13 @@ class GradSink:
     them. Keyed by the backward pass (:func:`heatformer._torch_compat.graph_task_id`), so that a
     pass that does not reach ``q`` and ``k`` cannot leak into a later one."""
 
-    def __init__(self, layout: WindowLayout) -> None:
+    def __init__(self, layout: WindowLayout, q_rows: int) -> None:
         # the geometry only: a reference to the graph would make a cycle (the graph keeps the
         # sink), and the graph, with its q and k, would outlive the step until the next gc
         b, nb = layout.row_block, layout.num_blocks
         self._rows = (nb * b, (nb - 1 + -(-layout.slab // b)) * b)  # dq, dk (>= P) rows
         self._n, self._before = layout.n, layout.before
+        self._q = (layout.q_offset, q_rows)  # the graph rows q holds
         self._by_pass: dict[int, tuple[Tensor, Tensor]] = {}
 
     def buffers(self, q: Tensor, k: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -188,12 +189,13 @@ class GradSink:
         return self._by_pass[task]
 
     def pop(self) -> tuple[Tensor, Tensor] | None:
-        """The current pass's ``(dq, dk)`` as ``(Bf, N, E)`` (None if nothing was added)."""
+        """The current pass's ``(dq (Bf, R, E), dk (Bf, N, E))``, ``R`` the rows of ``q`` (None
+        if nothing was added)."""
         found = self._by_pass.pop(_torch_compat.graph_task_id(), None)
         if found is None:
             return None
-        n, before = self._n, self._before
-        return found[0][:, :n], found[1][:, before : before + n]
+        n, before, (off, rows) = self._n, self._before, self._q
+        return found[0][:, off : off + rows], found[1][:, before : before + n]
 
 
 class _Shared(torch.autograd.Function):
@@ -219,7 +221,7 @@ class _Shared(torch.autograd.Function):
 def shared(layout: WindowLayout, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, GradSink]:
     """``q``, ``k`` for every product of a graph of ``layout`` in one forward pass, and the sink
     their :class:`WindowAttention` gradients are summed in."""
-    sink = GradSink(layout)
+    sink = GradSink(layout, q.shape[1])
     qs, ks = _Shared.apply(sink, q, k)
     return qs, ks, sink
 
@@ -239,7 +241,7 @@ def _interior_forward(
     ``(Bf, nb', b, C)``: by the fused kernel on the slab views of ``k``, ``x`` (no copies: the
     kernel takes their strides), merged with the ``g`` global keys by the log-sum-exp
     (``lse = log(e^{lse_slab} + sum_j e^{s_j})``), which every interior row attends."""
-    g, qb = layout.num_global, layout.block_rows(q, blocks)
+    g, qb = layout.num_global, layout.block_queries(q, blocks)
     y, lse = _torch_compat.flash_attention_cpu(
         qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False),
         layout.sdpa_mask(blocks, q.dtype)[..., g:], layout.scale,
@@ -270,7 +272,7 @@ def _interior_backward(
     ``dS_g = P_g (dy x_g^T - D)`` the global keys' (``(Bf, g, E)``, ``(Bf, g, C)``); their
     part of ``dq``, ``dS_g k_g``, is added into the run's rows of ``dq_rows`` ``(Bf, nb b, E)``
     here (the kernel's part, the returned ``dq``, is the caller's to add)."""
-    g, qb = layout.num_global, layout.block_rows(q, blocks)
+    g, qb = layout.num_global, layout.block_queries(q, blocks)
     dq, dk, dx = _torch_compat.flash_attention_cpu_backward(
         dy, qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False), out,
         lse, layout.sdpa_mask(blocks, q.dtype)[..., g:], layout.scale,
@@ -315,7 +317,7 @@ class WindowAttention(torch.autograd.Function):
         out = _like_rows(x, nb, b)  # (Bf, nb, b, C), filled per run
         lse: Tensor | None = None  # (Bf, nb, b), in the kernel's dtype, made at the first run
         for blocks in layout.chunks(q.shape[0]):
-            qb = layout.block_rows(q, blocks)
+            qb = layout.block_queries(q, blocks)
             empty = layout.run_masks(blocks)[2]
             if fused and layout.in_interior(blocks):  # written into out (no empty rows)
                 lse_b = _interior_forward(layout, q, k, x, blocks, out[:, blocks])
@@ -358,7 +360,7 @@ class WindowAttention(torch.autograd.Function):
         b, nb = layout.row_block, layout.num_blocks
         acc = torch.float32 if q.dtype in _HALF else q.dtype  # sums of blocks in float32
         sink: GradSink | None = ctx.sink
-        dq_rows, dk_pad = (sink or GradSink(layout)).buffers(q, k, acc)  # summed in place
+        dq_rows, dk_pad = (sink or GradSink(layout, q.shape[1])).buffers(q, k, acc)  # in place
         dq = dq_rows.view(bf, nb, b, -1)  # (Bf, nb, b, E)
         dx_pad = q.new_zeros(bf, dk_pad.shape[1], x.shape[-1], dtype=acc)
         for blocks in layout.chunks(bf):
@@ -394,7 +396,9 @@ class WindowAttention(torch.autograd.Function):
         dx = dx_pad[:, before : before + n].to(x.dtype)
         if sink is not None:  # q and k get theirs once, through shared()
             return None, None, None, None, dx, None
-        dq_out, dk_out = dq_rows[:, :n].to(q.dtype), dk_pad[:, before : before + n].to(k.dtype)
+        off = layout.q_offset  # q's rows are graph rows off ... off + R - 1
+        dq_out = dq_rows[:, off : off + q.shape[1]].to(q.dtype)
+        dk_out = dk_pad[:, before : before + n].to(k.dtype)
         return None, None, dq_out, dk_out, dx, None
 
 

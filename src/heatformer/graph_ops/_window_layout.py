@@ -53,9 +53,20 @@ def window_allowed(
     return (gap.abs() <= window) | glob
 
 
+def _padded_rows(t: Tensor, lo: int, hi: int) -> Tensor:
+    """Rows ``lo ... hi - 1`` of ``t`` ``(Bf, R, ...)``, zeros where they fall outside
+    ``[0, R)``: ``(Bf, hi - lo, ...)``, a view unless some do."""
+    rows = t[:, max(lo, 0) : max(hi, 0)]
+    front = min(max(-lo, 0), hi - lo)
+    back = (hi - lo) - front - rows.shape[1]
+    if front or back:
+        rows = F.pad(rows, [0, 0] * (t.dim() - 2) + [front, back])
+    return rows
+
+
 #: The ints of a layout, in :class:`WindowLayout`'s field order (what a backward rebuilds it
 #: from, with the key mask).
-Spec = tuple[int, int, bool, int, int, bool, float]
+Spec = tuple[int, int, bool, int, int, bool, float, int]
 
 
 @dataclasses.dataclass(eq=False)
@@ -71,6 +82,11 @@ class WindowLayout:
         row_block: ``b`` query rows per block.
         drop_masked_queries: padded queries have no out-edges.
         scale: the logit scale.
+        q_offset: graph rows before the first row of the queries ``q``: the queries of
+            those rows (and of the rows past ``q``'s end) are never read but taken as zeros,
+            so that a graph whose first rows are not its own (the halo of a
+            :class:`~heatformer.graph_ops.sharding.ShardedWindowGraph`) needs no padded copy
+            of ``q``. Their outputs are computed (uniform rows) and meant to be discarded.
         device: where the masks are made.
         key_mask: bool ``(Bf, N)`` or None.
     """
@@ -82,6 +98,7 @@ class WindowLayout:
     row_block: int
     drop_masked_queries: bool
     scale: float
+    q_offset: int
     device: torch.device
     key_mask: Tensor | None = None
     _masks: dict[object, object] = dataclasses.field(default_factory=dict, init=False, repr=False)
@@ -90,7 +107,7 @@ class WindowLayout:
         """The ints (and scale) of the layout: ``WindowLayout(*spec, device, key_mask)`` is the
         same layout."""
         return (self.n, self.window, self.causal, self.num_global, self.row_block,
-                self.drop_masked_queries, self.scale)  # fmt: skip
+                self.drop_masked_queries, self.scale, self.q_offset)  # fmt: skip
 
     @property
     def before(self) -> int:
@@ -157,16 +174,25 @@ class WindowLayout:
 
     # ---- rows and slabs ------------------------------------------------------------------
 
-    def block_rows(self, t: Tensor, blocks: slice) -> Tensor:
-        """Query rows of the blocks ``blocks`` of ``t`` ``(Bf, N, ...)``: ``(Bf, nb', b, ...)``,
-        zero-padded past ``N`` (a view unless the run reaches past ``N``)."""
+    def block_rows(self, t: Tensor, blocks: slice, offset: int = 0) -> Tensor:
+        """Query rows of the blocks ``blocks`` of ``t`` ``(Bf, R, ...)``, whose row ``i`` is
+        graph row ``offset + i``: ``(Bf, nb', b, ...)``, zero-padded where the run reaches
+        before ``offset`` or past ``t``'s last row (a view unless it does)."""
         start, stop, _ = blocks.indices(self.num_blocks)
         b = self.row_block
-        rows = t[:, start * b : stop * b]
-        short = (stop - start) * b - rows.shape[1]
-        if short:
-            rows = F.pad(rows, [0, 0] * (t.dim() - 2) + [0, short])
+        rows = _padded_rows(t, start * b - offset, stop * b - offset)  # (Bf, nb' b, ...)
         return rows.reshape(t.shape[0], stop - start, b, *t.shape[2:])
+
+    def block_queries(self, q: Tensor, blocks: slice) -> Tensor:
+        """The queries ``(Bf, nb', b, E)`` of the blocks ``blocks`` (:meth:`block_rows` of
+        ``q`` ``(Bf, R, E)`` at :attr:`q_offset`)."""
+        return self.block_rows(q, blocks, self.q_offset)
+
+    def query_rows(self, q: Tensor, start: int, stop: int) -> Tensor:
+        """The queries of graph rows ``start ... stop - 1``: ``(Bf, stop - start, E)`` from
+        ``q`` ``(Bf, R, E)`` at :attr:`q_offset`, zeros outside ``q`` (a view of ``q`` when it
+        holds those rows)."""
+        return _padded_rows(q, start - self.q_offset, stop - self.q_offset)
 
     def keys(self, t: Tensor, blocks: slice, glob: bool = True) -> Tensor:
         """``(Bf, N, D)`` -> the keys (or values) of each block of the run ``blocks``:

@@ -303,29 +303,29 @@ class ShardedWindowGraph(Graph):
         layout = _Layout(
             shard, halo, glob, w, causal, num_global, drop, s, row_block, batch, ext_mask, q_mask
         )
-        q_ext = qf  # (Bf, n_ext, E): the halo's queries are never read (zeros)
-        if halo.ext_nodes != n:
-            q_ext = F.pad(qf, [0, 0, halo.offset, halo.ext_nodes - halo.offset - n])
         q_glob = glob.gather(qf, "queries") if dense else None  # (Bf, g, E)
-        self._init(layout, q_ext, k_ext, q_glob)
+        self._init(layout, qf, k_ext, q_glob)
 
-    def _init(self, layout: _Layout, q_ext: Tensor, k_ext: Tensor, q_glob: Tensor | None) -> None:
+    def _init(self, layout: _Layout, q: Tensor, k_ext: Tensor, q_glob: Tensor | None) -> None:
+        """The graph of ``layout`` on this rank's queries ``q`` ``(Bf, n, E)``, the extended
+        block's keys ``k_ext`` ``(Bf, n_ext, E)`` and the global rows' queries ``q_glob``."""
         self.layout = layout
         self.shard = layout.shard
         #: what this rank sent (the shard's counter, shared by every graph built on it)
         self.comm = layout.shard.comm
         self.window, self.causal, self.num_global = layout.window, layout.causal, layout.num_global
-        self.q_ext, self.k_ext, self.q_glob = q_ext, k_ext, q_glob
-        self._tensor = q_ext
+        self.q, self.k_ext, self.q_glob = q, k_ext, q_glob
+        self._tensor = q
         self.rows_nonempty = layout.ext_mask is None  # a row always keeps its own key
         halo = layout.halo
-        #: the window graph of the extended block (its rows offset ... offset + n_local - 1
-        #: are this rank's)
-        self.ext = WindowGraph(
-            q_ext, k_ext, window=layout.window, causal=layout.causal,
+        #: the window graph of the extended block: its rows offset ... offset + n_local - 1 are
+        #: this rank's, whose queries are q; the other rows' (the halo's) are never read, so q
+        #: is not copied into an extended block (their outputs are dropped)
+        self.ext = WindowGraph._trusted(
+            q, k_ext, window=layout.window, causal=layout.causal,
             num_global=min(layout.num_global, halo.ext_nodes), key_mask=layout.ext_mask,
             drop_masked_queries=layout.drop_masked_queries, scale=layout.scale,
-            row_block=layout.row_block,
+            row_block=layout.row_block, q_offset=halo.offset,
         )  # fmt: skip
         self._dense: tuple[bool, Tensor, Tensor] | None = None  # (grad mode, weights, has)
 
@@ -372,11 +372,11 @@ class ShardedWindowGraph(Graph):
         inv = torch.where(has, 1.0 / torch.where(has, total, torch.ones_like(total)), 0.0)
         return (e * inv.unsqueeze(-1)).to(q_glob.dtype), has.detach()
 
-    def _with_qk(self, q_ext: Tensor, k_ext: Tensor, q_glob: Tensor | None) -> ShardedWindowGraph:
-        """The same layout (plans, masks) on other extended queries and keys (no message but
+    def _with_qk(self, q: Tensor, k_ext: Tensor, q_glob: Tensor | None) -> ShardedWindowGraph:
+        """The same layout (plans, masks) on other queries and extended keys (no message but
         the global rows' sums)."""
         graph = ShardedWindowGraph.__new__(ShardedWindowGraph)
-        graph._init(self.layout, q_ext, k_ext, q_glob)
+        graph._init(self.layout, q, k_ext, q_glob)
         return graph
 
     # ---- protocol ------------------------------------------------------------------------
@@ -394,14 +394,15 @@ class ShardedWindowGraph(Graph):
         if dtype == self.dtype:
             return self
         q_glob = None if self.q_glob is None else self.q_glob.to(dtype)
-        return self._with_qk(self.q_ext.to(dtype), self.k_ext.to(dtype), q_glob)
+        return self._with_qk(self.q.to(dtype), self.k_ext.to(dtype), q_glob)
 
     def uniform(self, x: Tensor) -> Tensor:
         """``U x`` (see :meth:`Graph.uniform <heatformer.graph_ops.Graph.uniform>`): the
         graph of constant queries and keys, every row uniform over its allowed keys."""
-        z = self.q_ext.new_zeros(*self.q_ext.shape[:-1], UNIFORM_DIM)  # (Bf, n_ext, 8)
+        z = self.k_ext.new_zeros(*self.k_ext.shape[:-1], UNIFORM_DIM)  # (Bf, n_ext, 8)
+        zq = z[:, : self.q.shape[1]]  # (Bf, n, 8)
         zg = None if self.q_glob is None else self.q_glob.new_zeros(*self.q_glob.shape[:-1], 8)
-        return self._with_qk(z, z, zg).propagate(x)
+        return self._with_qk(zq, z, zg).propagate(x)
 
     def propagate(self, x: Tensor) -> Tensor:
         xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)

@@ -187,14 +187,21 @@ class WindowGraph(Graph):
         key_mask: Tensor | None,
         drop_masked_queries: bool,
         row_block: int | None,
+        scale: float | None = None,
+        q_offset: int = 0,
     ) -> WindowGraph:
         """The graph of arguments its caller checked (:class:`~heatformer.graph_ops.
         WindowBuilder`: the window and ``num_global <= N`` when it was made, ``q``, ``k``, the key
         mask and the flags by :func:`check_qk` and its own checks in ``build``): the public
-        constructor's checks are not made again on every forward."""
+        constructor's checks are not made again on every forward.
+
+        ``q_offset`` (a :class:`~heatformer.graph_ops.sharding.ShardedWindowGraph`'s extended
+        block): ``q`` ``(..., R, E)`` holds the queries of graph rows ``q_offset ... q_offset +
+        R - 1`` of the ``N = k.shape[-2]`` rows, the others' are zeros (never read; see
+        :class:`~heatformer.graph_ops._window_layout.WindowLayout`)."""
         graph = cls.__new__(cls)
         drop = drop_masked_queries
-        graph._setup(q, k, window, causal, num_global, key_mask, drop, None, row_block)
+        graph._setup(q, k, window, causal, num_global, key_mask, drop, scale, row_block, q_offset)
         return graph
 
     def _setup(
@@ -208,10 +215,11 @@ class WindowGraph(Graph):
         drop: bool,
         scale: float | None,
         row_block: int | None,
+        q_offset: int = 0,
     ) -> None:
         """The layout of checked arguments, and the graph on it."""
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        n = int(q.shape[-2])
+        n = int(k.shape[-2])
         # a window of N or more keys already holds every key: the same graph as w = N, whose
         # slabs stay O(N) (the given w would size them: 3-4 GB for w = 10^6 on 16 tokens)
         w = min(window, max(n, 1))
@@ -222,11 +230,13 @@ class WindowGraph(Graph):
             flat_mask = view.expand(*batch, n).reshape(_numel(batch), n)  # (Bf, N)
         b = row_block if row_block is not None else min(256, max(w, 32))
         s = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        layout = WindowLayout(n, w, causal, num_global, b, drop, s, q.device, flat_mask)
-        self._init(q.expand(*batch, n, q.shape[-1]), k.expand(*batch, n, k.shape[-1]), layout)
+        layout = WindowLayout(n, w, causal, num_global, b, drop, s, q_offset, q.device, flat_mask)
+        q = q.expand(*batch, *q.shape[-2:])  # (..., R, E): R = N unless q_offset says otherwise
+        self._init(q, k.expand(*batch, n, k.shape[-1]), layout)
 
     def _init(self, q: Tensor, k: Tensor, layout: WindowLayout) -> None:
-        """The graph of ``layout`` on ``q``, ``k`` ``(..., N, E)`` of one batch shape."""
+        """The graph of ``layout`` on ``q`` ``(..., R, E)`` (``R = N`` unless the layout's
+        ``q_offset`` says otherwise), ``k`` ``(..., N, E)`` of one batch shape."""
         self.q = self._tensor = q
         self.k = k
         #: The edges and blocks (:class:`~heatformer.graph_ops._window_layout.WindowLayout`),
@@ -241,7 +251,7 @@ class WindowGraph(Graph):
 
     @property
     def num_nodes(self) -> int:
-        return int(self.q.shape[-2])
+        return self.layout.n
 
     @property
     def batch_shape(self) -> torch.Size:
@@ -265,7 +275,7 @@ class WindowGraph(Graph):
         uniform over its window, global tokens and real keys; the same products as
         :meth:`propagate`."""
         z = self.q.new_zeros(*self.batch_shape, self.num_nodes, UNIFORM_DIM)  # (..., N, 8)
-        return self._with_qk(z, z).propagate(x)
+        return self._with_qk(z[..., : self.q.shape[-2], :], z).propagate(x)
 
     def _flat(self) -> tuple[Tensor, Tensor]:
         """``q``, ``k`` as ``(Bf, N, E)``: made once per grad mode (a copy when ``q`` is a
@@ -275,9 +285,9 @@ class WindowGraph(Graph):
         propagation adds its gradient in ``q``, ``k`` into one buffer each (:attr:`_sink`)."""
         grad = torch.is_grad_enabled()
         if self._flat_qk is None or self._flat_qk[0] != grad:
-            n, e = self.q.shape[-2:]
             bf = _numel(self.batch_shape)  # not -1: N may be 0
-            q, k = self.q.reshape(bf, n, e), self.k.reshape(bf, n, e)
+            q = self.q.reshape(bf, *self.q.shape[-2:])  # (Bf, R, E)
+            k = self.k.reshape(bf, *self.k.shape[-2:])  # (Bf, N, E)
             sink = None
             if grad and (q.requires_grad or k.requires_grad) and not _tracing():
                 q, k, sink = shared(self.layout, q, k)
@@ -298,7 +308,7 @@ class WindowGraph(Graph):
         and softmax in float32 for half inputs (:func:`attention_scores`; the caller rounds
         them to the graph's dtype)."""
         lay = self.layout
-        s = attention_scores(lay.block_rows(q, blocks), lay.keys(k, blocks), lay.scale)
+        s = attention_scores(lay.block_queries(q, blocks), lay.keys(k, blocks), lay.scale)
         p = _masked_softmax(s, lay.block_allowed(blocks))
         if lay.dense_rows:  # computed apart
             p = p.masked_fill((lay.block_query_rows(blocks) < lay.dense_rows)[..., None], 0.0)
@@ -308,7 +318,7 @@ class WindowGraph(Graph):
         """Dense rows ``(Bf, g, N)`` of the global tokens (in float32 for half inputs, as
         :meth:`_block_weights`)."""
         g = self.layout.dense_rows
-        s = attention_scores(q[:, :g], k, self.scale)
+        s = attention_scores(self.layout.query_rows(q, 0, g), k, self.scale)
         return _masked_softmax(s, self.layout.dense_allowed(0, g))
 
     # ---- protocol ------------------------------------------------------------------------
@@ -329,9 +339,8 @@ class WindowGraph(Graph):
         if g:  # bidirectional global rows: dense rows over all N keys
             ga = self.layout.dense_allowed(0, g)
             g_has = ga.any(-1, keepdim=True)
-            yg = F.scaled_dot_product_attention(
-                q[:, :g], k, xf, attn_mask=ga | ~g_has, scale=self.scale
-            )  # (Bf, g, C)
+            qg = self.layout.query_rows(q, 0, g)  # (Bf, g, E)
+            yg = F.scaled_dot_product_attention(qg, k, xf, attn_mask=ga | ~g_has, scale=self.scale)
             y = torch.cat([yg * g_has, y[:, g:]], dim=1)
         return unfold(y)
 
@@ -344,7 +353,7 @@ class WindowGraph(Graph):
         Memory: autograd keeps each run's inputs, ``O(N (w + g) / b)`` slabs."""
         lay, outs = self.layout, []
         for blocks in lay.chunks(q.shape[0]):
-            qb, kb, xb = lay.block_rows(q, blocks), lay.keys(k, blocks), lay.keys(x, blocks)
+            qb, kb, xb = lay.block_queries(q, blocks), lay.keys(k, blocks), lay.keys(x, blocks)
             empty = lay.run_masks(blocks)[2]
             y = F.scaled_dot_product_attention(
                 qb, kb, xb, attn_mask=lay.sdpa_mask(blocks), scale=self.scale
@@ -422,7 +431,8 @@ class WindowGraph(Graph):
         """Dense rows ``(Bf, rows, N)`` (for to_dense and generic conversions: ``O(rows N)``),
         scores and softmax in float32 for half inputs, rounded to the graph's dtype once."""
         q, k = self._flat()
-        s = attention_scores(q[:, start:stop], k, self.scale)  # float32 for half inputs
+        qs = self.layout.query_rows(q, start, stop)  # (Bf, rows, E)
+        s = attention_scores(qs, k, self.scale)  # float32 for half inputs
         return _masked_softmax(s, self.layout.dense_allowed(start, stop)).to(q.dtype)
 
     # ---- top-k inside the window: O(N (w + g)) -------------------------------------------
@@ -443,7 +453,7 @@ class WindowGraph(Graph):
         idx_parts, w_parts = [], []
         for blocks in lay.chunks(q.shape[0]):
             with torch.no_grad():  # ranked on the scores the weights are made of (float32)
-                s = attention_scores(lay.block_rows(q, blocks), lay.keys(k, blocks), self.scale)
+                s = attention_scores(lay.block_queries(q, blocks), lay.keys(k, blocks), self.scale)
                 s = s.masked_fill(~lay.block_allowed(blocks), float("-inf"))
                 slot = _stable_topk(s, k_top)  # (Bf, nb', b, K) slots, ascending
             idx_parts.append(self._slot_columns(slot, blocks))
@@ -453,7 +463,7 @@ class WindowGraph(Graph):
         if g:  # the dense global rows rank all N keys
             dense = self._global_weights(q, k)
             with torch.no_grad():
-                ranks = attention_scores(q[:, :g], k, self.scale).masked_fill(
+                ranks = attention_scores(lay.query_rows(q, 0, g), k, self.scale).masked_fill(
                     ~lay.dense_allowed(0, g), float("-inf")
                 )
                 gidx = _stable_topk(ranks, k_top)  # (Bf, g, K)
