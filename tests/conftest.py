@@ -54,3 +54,15 @@ def timm() -> Any:
     from heatformer.integrations.timm import import_timm
 
     return import_timm()
+
+
+@pytest.fixture(scope="module")
+def gloo_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """``get(world)``: a pooled gloo group of ``world`` CPU processes on the loopback interface
+    (``sequence_parallel_helpers.GroupPool``), started at a module's first call, kept for its
+    tests, and stopped after them; the functions it calls live in this folder."""
+    import sequence_parallel_helpers as sp
+
+    paths = [str(Path(__file__).resolve().parent)]
+    with sp.group_pools(tmp_path_factory.mktemp("groups"), paths) as get:
+        yield get

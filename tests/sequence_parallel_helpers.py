@@ -1,4 +1,4 @@
-"""Launch helpers of the sequence-parallel tests: spawned process groups, ``torchrun`` commands,
+"""Launch helpers of the sequence-parallel tests: pooled process groups, ``torchrun`` commands,
 and a process that dies.
 
 Run as a script under ``torchrun`` (``python -m torch.distributed.run ... THIS_FILE ARGS``), this
@@ -10,58 +10,146 @@ over the ranks); with ``HEATFORMER_TEST_HANG=1`` it stops answering there instea
 
 from __future__ import annotations
 
-import datetime
+import contextlib
+import json
 import os
+import selectors
 import signal
-import socket
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-#: seconds a spawned group may take before the test fails (and kills it)
-GROUP_DEADLINE_S = 240.0
+#: seconds one call of a pooled group may take before the test fails (and the pool is killed):
+#: a call runs one case in a second or two alone, but the suite may run beside other jobs
+CALL_DEADLINE_S = 300.0
+_WORKER = Path(__file__).with_name("_group_worker.py")
 
 
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+class GroupPool:
+    """``world`` processes joined in a gloo group on the loopback interface (a file store),
+    started once and kept for many calls (``tests/_group_worker.py``), so that a test pays
+    for its own case only, not for importing torch and joining a group in every process.
+
+    :meth:`call` runs ``module.function(rank, world, *args)`` on every rank and returns the
+    ranks' results. A call that fails on any rank, or runs past :data:`CALL_DEADLINE_S`, kills
+    the pool (its group may be left inside a collective) and raises with every rank's error
+    and the end of its stderr; :attr:`broken` then tells the fixture to start a new one.
+    """
+
+    def __init__(self, world: int, folder: Path, paths: list[str]) -> None:
+        self.world, self.folder, self.calls, self.broken = world, folder, 0, False
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        src = str(Path(__file__).resolve().parents[1] / "src")
+        env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+        self.logs = [folder / f"rank{r}.stderr" for r in range(world)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for r, log in enumerate(self.logs):
+            command = [sys.executable, str(_WORKER), str(r), str(world), str(folder / "store")]
+            with log.open("w") as err:  # the child keeps its own descriptor
+                self.procs.append(subprocess.Popen(
+                    [*command, os.pathsep.join(paths)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
+                ))  # fmt: skip
+        self._replies("joining the group", CALL_DEADLINE_S)
+
+    def call(self, fn: str, *args: Any, timeout: float = CALL_DEADLINE_S) -> list[Any]:
+        """``fn`` (``"module:function"``) on every rank; the ranks' results in rank order
+        (``timeout``: seconds before the pool is killed and the call fails)."""
+        import torch
+
+        out = self.folder / f"call{self.calls}"
+        self.calls += 1
+        line = json.dumps({"fn": fn, "args": list(args), "out": str(out)}) + "\n"
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(line.encode())
+            proc.stdin.flush()
+        self._replies(fn, timeout)
+        return [torch.load(f"{out}.{r}", weights_only=True) for r in range(self.world)]
+
+    def _replies(self, what: str, timeout: float) -> None:
+        """Wait for one reply line from every rank; on an error or past ``timeout`` seconds,
+        kill the pool and raise."""
+        deadline = time.monotonic() + timeout
+        replies: dict[int, dict[str, Any]] = {}
+        pending = [b""] * self.world  # bytes read past the last whole line, per rank
+        with selectors.DefaultSelector() as sel:
+            for r, proc in enumerate(self.procs):
+                assert proc.stdout is not None
+                sel.register(proc.stdout.fileno(), selectors.EVENT_READ, r)
+            while len(replies) < self.world and time.monotonic() < deadline:
+                for key, _ in sel.select(timeout=1.0):
+                    r, chunk = key.data, os.read(key.fd, 65536)
+                    if not chunk:  # the process exited
+                        replies[r] = {"ok": False, "error": "the process exited"}
+                        sel.unregister(key.fd)
+                        continue
+                    *lines, pending[r] = (pending[r] + chunk).split(b"\n")
+                    for text in lines:  # a reply is one JSON line; anything else is not ours
+                        if text.startswith(b"{") and r not in replies:
+                            replies[r] = json.loads(text)
+                            sel.unregister(key.fd)
+        if len(replies) == self.world and all(r["ok"] for r in replies.values()):
+            return
+        self.close()
+        report = []
+        for r in range(self.world):
+            reply = replies.get(r, {"ok": False, "error": f"no reply in {timeout:g} s"})
+            said = "finished" if reply["ok"] else reply["error"]
+            report.append(f"rank {r}: {said}\n{self.logs[r].read_text()[-2000:]}")
+        raise AssertionError(f"{what} on {self.world} processes failed:\n" + "\n".join(report))
+
+    def close(self) -> None:
+        """Stop the processes (a clean exit when they are idle, a kill otherwise)."""
+        self.broken = True
+        for proc in self.procs:
+            if proc.stdin is not None and not proc.stdin.closed:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
-def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, args: tuple[Any, ...]) -> None:
+@contextlib.contextmanager
+def group_pools(folder: Path, paths: list[str]) -> Iterator[Callable[[int], GroupPool]]:
+    """``get(world)``: a :class:`GroupPool` of ``world`` processes, started at the first call
+    and again after one broke; all stopped on exit."""
+    pools: dict[int, GroupPool] = {}
+
+    def get(world: int) -> GroupPool:
+        pool = pools.get(world)
+        if pool is None or pool.broken:
+            sub = folder / f"group{world}-{len(pools)}-{time.monotonic_ns()}"
+            sub.mkdir(parents=True)
+            pool = pools[world] = GroupPool(world, sub, paths)
+        return pool
+
+    try:
+        yield get
+    finally:
+        for pool in pools.values():
+            if not pool.broken:
+                pool.close()
+
+
+def pool_probe(rank: int, world: int, mode: str) -> int:
+    """For the pool's own test: ``"rank"`` returns the rank; ``"raise"`` raises on the last
+    rank; ``"stuck"``: rank 0 waits in a collective the others never join."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
-    try:
-        fn(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn_group(fn: Callable[..., Any], world: int, *args: Any) -> None:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes joined in a gloo group on
-    the loopback interface; fail (killing them) after :data:`GROUP_DEADLINE_S` seconds."""
-    import torch.multiprocessing as mp
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    context = mp.start_processes(
-        _entry, args=(fn, world, free_port(), args), nprocs=world, join=False,
-        start_method="spawn",
-    )  # fmt: skip
-    deadline = time.monotonic() + GROUP_DEADLINE_S
-    while not context.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            raise TimeoutError(f"the {world} spawned processes ran past {GROUP_DEADLINE_S} s")
+    if mode == "raise" and rank == world - 1:
+        raise ValueError(f"probe failure on rank {rank}")
+    if mode == "stuck" and rank == 0:
+        dist.all_reduce(torch.zeros(1))
+    return rank
 
 
 #: GPT cases of the equality test: (config fields, sequence length N)
@@ -97,25 +185,22 @@ def gpt_case(case: int) -> tuple[Any, Any, Any]:
     return model, idx, weights
 
 
-def sharded_gpt_worker(rank: int, world: int, out: str) -> None:
-    """Every case on this process's block of the sequence; rank 0 saves, per case, the gathered
-    logits and the parameter gradients summed over the group (``out``)."""
+def sharded_gpt_case(rank: int, world: int, case: int) -> tuple[Any, Any] | None:
+    """GPT case ``case`` on this process's block of the sequence (in a group of ``world``):
+    on rank 0, the gathered logits and the parameter gradients summed over the group."""
     import torch
     import torch.distributed as dist
 
     from heatformer.graph_ops import SequenceShard
 
-    results = []
-    for case in range(len(GPT_CASES)):
-        model, idx, weights = gpt_case(case)
-        shard = SequenceShard.current(idx.shape[1])
-        logits = model(shard.take(idx, 1), shard=shard)  # (2, n_local, V)
-        (logits * shard.take(weights, 1)).sum().backward()
-        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        dist.all_reduce(grads)
-        results.append((shard.gather(logits.detach(), 1), grads))
-    if rank == 0:
-        torch.save(results, out)
+    model, idx, weights = gpt_case(case)
+    shard = SequenceShard.current(idx.shape[1])
+    logits = model(shard.take(idx, 1), shard=shard)  # (2, n_local, V)
+    (logits * shard.take(weights, 1)).sum().backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    dist.all_reduce(grads)
+    full = shard.gather(logits.detach(), 1)
+    return (full, grads) if rank == 0 else None
 
 
 def torchrun(nproc: int, *args: str, script: Path | None = None) -> list[str]:

@@ -1,22 +1,16 @@
 """A sequence split over processes (:mod:`heatformer.graph_ops.sharding`) equals one process.
 
-The equality tests launch 2 and 4 CPU processes (gloo, a file store in ``tmp_path``: loopback
-only) that run every case of ``_sharding_worker.py`` -- window graphs causal and not, with
+The equality tests run on pooled groups of 2 and 4 CPU processes (gloo, a file store in a
+temporary folder: loopback only; ``sequence_parallel_helpers.GroupPool``, started once per
+module), one test per case of ``tests/sharding_cases.py`` -- window graphs causal and not, with
 global tokens (held by one rank or two), key padding at the blocks' boundaries, blocks shorter
 than the window, uneven blocks and an empty one -- and compare the outputs and the gradients in
 ``q``, ``k``, ``x`` (and the operators' parameters) of every registered operator with the
-single-process :class:`~heatformer.graph_ops.WindowGraph` in float64. One launch per world
-size; the ranks write their reports to files.
-"""
+single-process :class:`~heatformer.graph_ops.WindowGraph` in float64."""
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +18,7 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
+import sharding_cases as _worker
 from heatformer.checks import ArgumentTypeError, ArgumentValueError
 from heatformer.graph_ops import (
     GRAPHS,
@@ -37,11 +32,6 @@ from heatformer.graph_ops import (
 from heatformer.graph_ops._spec import format_entry
 from heatformer.graph_ops.builders import WindowBuilder
 from heatformer.graph_ops.sharding import ShardedWindowBuilder, ShardedWindowGraph
-
-WORKER = Path(__file__).with_name("_sharding_worker.py")
-#: a launch of 4 processes takes 23 s alone and 42 s beside two more on 2 cores (torch 2.5),
-#: but one full-suite run beside another suite and a benchmark passed 180 s: a generous bound
-TIMEOUT_S = 420
 
 needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -249,58 +239,63 @@ def test_a_product_keeps_the_block_and_the_halo_rows_not_the_extended_copy(
 # ---- 2 and 4 processes --------------------------------------------------------------------------
 
 
-def _launch(world: int, tmp_path: Path) -> list[dict[str, object]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
-    store, outs = tmp_path / "store", [tmp_path / f"rank{r}.json" for r in range(world)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), str(world), str(store), str(outs[r])],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=TIMEOUT_S)[0])
-    finally:
-        for proc in procs:  # a hung rank must not outlive the test
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for r, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {r} exited with {proc.returncode}:\n{logs[r][-3000:]}"
-    return [json.loads(out.read_text()) for out in outs]
-
-
-#: torch 2.5: two of four full-suite runs beside another suite and a benchmark (2 cores) ran past
-#: the bound here (once with 4 processes at 180 s, once with 2 at 420 s), while alone a launch
-#: takes 14 s. Six later launches on torch 2.5 beside six busy loops and three agents' tests
-#: (load 10-13) all finished, in 50-212 s: no hang reproduced, the launches are slow under load
-#: (every rank computes the single-process reference too). Skipped there until a loaded run on
-#: torch 2.5 is shown to stay inside the bound; torch 2.13 runs them in every suite, and the
-#: GPT and training launches (the same halo exchange) run on both.
-_HANGS_ON_OLD_TORCH = pytest.mark.skipif(
-    tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 6),
-    reason="torch < 2.6: two loaded full runs passed the time bound here (no hang reproduced in "
-    "six loaded reruns, 50-212 s); torch 2.13 runs them",
-)
+#: the cases of the worker, per world size (the last index: the checkpointed series)
+_CASES = {world: len(list(_worker.cases(world))) + 1 for world in (2, 4)}
 
 
 @needs_gloo
-@_HANGS_ON_OLD_TORCH
-@pytest.mark.parametrize("world", [2, 4])
-def test_sharded_window_graphs_equal_one_process(world: int, tmp_path: Path) -> None:
-    reports = _launch(world, tmp_path)
+@pytest.mark.parametrize(
+    ("world", "index"), [(w, i) for w, n in _CASES.items() for i in range(n)]
+)  # fmt: skip
+def test_sharded_window_graphs_equal_one_process(world: int, index: int, gloo_groups) -> None:
+    """One case of ``tests/sharding_cases.py`` on a pooled group of ``world`` processes: every
+    rank's outputs and gradients equal its rows of the single-process graph's."""
+    reports = gloo_groups(world).call("sharding_cases:run", index)
     for rank, report in enumerate(reports):
-        assert report["failures"] == [], f"rank {rank}: " + "\n".join(report["failures"])  # type: ignore[arg-type]
-        assert report["checks"] >= (325 if world == 2 else 208)  # every case ran
+        assert report["failures"] == [], f"rank {rank}, {report['case']}: " + "\n".join(
+            report["failures"]
+        )
+        assert report["checks"] >= 3  # outputs, gradients, messages (every case ran)
         # the dense methods that the exact examples pick are refused on a split sequence
-        refused = ["heat{'t': 10000.0}", "ppr{'alpha': 1e-06}"] if world == 2 else []
+        refused = ["heat{'t': 10000.0}", "ppr{'alpha': 1e-06}"] if report["operators"] == 2 else []
         assert report["refusals"] == refused
-        assert report["gather"] is True
+
+
+def test_the_cases_cover_what_the_issue_names() -> None:
+    """Uneven blocks, blocks shorter than the window, an empty block and global rows held by
+    two ranks (4 processes), key padding, causal and not, every operator's every example on 2
+    processes."""
+    for world in (2, 4):
+        cases = list(_worker.cases(world))
+        blocks = {c: [b - a for a, b in (SequenceShard.bounds_of(c.n, world, r)
+                                          for r in range(world))] for c in cases}  # fmt: skip
+        assert any(len(set(sizes)) > 1 for sizes in blocks.values())  # uneven
+        assert any(min(sizes) < c.w for c, sizes in blocks.items())  # shorter than w
+        assert any(0 in sizes for sizes in blocks.values()) == (world == 4)  # an empty block
+        assert any(c.g > blocks[c][0] for c in cases) == (world == 4)  # globals on two ranks
+        assert {(c.causal, c.mask, c.drop) for c in cases} >= {
+            (causal, mask, drop) for causal in (False, True)
+            for mask, drop in ((False, False), (True, False), (True, True))
+        }  # fmt: skip
+        assert any(c.operators for c in cases)
+    assert any(c.operators == 2 for c in _worker.cases(2))
+
+
+@needs_gloo
+def test_a_failed_or_stuck_call_of_a_pooled_group_fails_clearly_and_a_new_group_follows(
+    gloo_groups,
+) -> None:
+    """The pool the equality tests run on: a rank's exception reaches the test with the rank
+    and its traceback; a rank stuck in a collective fails the call at its timeout instead of
+    hanging; either kills the pool, and the next call gets a fresh one."""
+    pool = gloo_groups(2)
+    assert pool.call("sequence_parallel_helpers:pool_probe", "rank") == [0, 1]
+    with pytest.raises(AssertionError, match=r"(?s)rank 1: .*ValueError: probe failure on rank 1"):
+        pool.call("sequence_parallel_helpers:pool_probe", "raise")
+    assert pool.broken and all(proc.poll() is not None for proc in pool.procs)
+    pool = gloo_groups(2)
+    assert not pool.broken
+    with pytest.raises(AssertionError, match=r"rank 0: no reply in 3 s"):
+        pool.call("sequence_parallel_helpers:pool_probe", "stuck", timeout=3.0)
+    assert all(proc.poll() is not None for proc in pool.procs)
+    assert gloo_groups(2).call("sequence_parallel_helpers:pool_probe", "rank") == [0, 1]

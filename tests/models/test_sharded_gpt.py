@@ -1,6 +1,6 @@
 """A GPT on a sequence split over processes (``shard=``) equals the one-process model.
 
-Spawned gloo groups of 2 and 4 processes on the loopback interface (bounded in time) run window
+Pooled gloo groups of 2 and 4 processes on the loopback interface (bounded in time) run window
 graphs with attention, Laplacian and heat heads, global tokens, uneven ``N / P`` and shards
 shorter than the window, an empty block (3 tokens on 4 processes), one with activation
 checkpointing; the gathered logits and the parameter gradients summed over the group equal the
@@ -9,8 +9,6 @@ dropout) need no process group.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,26 +27,27 @@ needs_gloo = pytest.mark.skipif(
 
 
 @needs_gloo
+@pytest.mark.parametrize("case", range(len(sp.GPT_CASES)))
 @pytest.mark.parametrize("world", [2, 4])
-def test_sharded_gpt_equals_one_process(world: int, tmp_path: Path) -> None:
-    out = tmp_path / "sharded.pt"
-    sp.spawn_group(sp.sharded_gpt_worker, world, str(out))
-    results = torch.load(out, weights_only=True)
-    assert len(results) == len(sp.GPT_CASES)
+def test_sharded_gpt_equals_one_process(world: int, case: int, gloo_groups) -> None:
+    logits, grads = gloo_groups(world).call("sequence_parallel_helpers:sharded_gpt_case", case)[0]
+    model, idx, weights = sp.gpt_case(case)
+    assert idx.shape[1] % world  # uneven blocks
+    expected = model(idx)
+    (expected * weights).sum().backward()
+    expected_grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    torch.testing.assert_close(logits, expected.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads, expected_grads, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_gpt_cases_include_a_shard_shorter_than_the_window(world: int) -> None:
     shortest = [  # (shortest block, window) of every case
         (min(b - a for a, b in (SequenceShard.bounds_of(n, world, r) for r in range(world))),
          resolve_graph(fields["graph"]).params["w"])
         for fields, n in sp.GPT_CASES
     ]  # fmt: skip
-    assert any(block < w for block, w in shortest)  # a shard shorter than the window
-    for case, (logits, grads) in enumerate(results):
-        model, idx, weights = sp.gpt_case(case)
-        assert idx.shape[1] % world  # uneven blocks
-        expected = model(idx)
-        (expected * weights).sum().backward()
-        expected_grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-        torch.testing.assert_close(logits, expected.detach(), rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(grads, expected_grads, rtol=1e-9, atol=1e-12)
+    assert any(block < w for block, w in shortest)
 
 
 def _gpt(graph: str = "window[w=2]") -> GPT:

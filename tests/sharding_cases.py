@@ -1,19 +1,16 @@
-"""One rank of the sharded-graph equality tests (launched by ``test_sharding.py``).
+"""One rank of the sharded-graph equality tests (called by ``graph_ops/test_sharding.py`` in a
+pooled gloo group, ``sequence_parallel_helpers.GroupPool``).
 
-``python _sharding_worker.py RANK WORLD_SIZE STORE_FILE OUT_FILE``: joins a gloo group through a
-file store, runs every case of :func:`cases` on its block of the sequence and on the whole
-sequence (the single-process :class:`~heatformer.graph_ops.WindowGraph`), and writes a JSON
-report ``{"checks": n, "failures": [...], "refusals": [...], "comm": {...}}`` to ``OUT_FILE``.
-Every rank computes the single-process reference itself (same seed), so no result travels
-but the sharded graph's own messages.
+:func:`run` runs one case of :func:`cases` on this rank's block of the sequence and on the
+whole sequence (the single-process :class:`~heatformer.graph_ops.WindowGraph`) and returns a
+report ``{"case": ..., "checks": n, "failures": [...], "refusals": [...]}``. Every rank
+computes the single-process reference itself (same seed), so no result travels but the
+sharded graph's own messages.
 """
 
 from __future__ import annotations
 
 import copy
-import datetime
-import json
-import sys
 import traceback
 import zlib
 from collections.abc import Callable, Iterator
@@ -241,23 +238,14 @@ def run_case(case: Case, rank: int, world: int, check: Checker, refusals: list[s
                     raise
 
 
-def main() -> None:
-    rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
-    check, refusals = Checker(), []
-    report: dict[str, Any] = {}
+def checkpointed_series(rank: int, world: int, check: Checker) -> None:
+    """Series whose steps are recomputed in backward (messages inside checkpoints), at a
+    threshold between the blocks' sizes: every rank must decide alike
+    (Graph.signal_elements), or the ranks' messages no longer match."""
+    largest = SequenceShard.bounds_of(13, world, 0)
+    saved = heat.CHECKPOINT_ELEMENTS
+    heat.CHECKPOINT_ELEMENTS = B * H * C * (largest[1] - largest[0])
     try:
-        for case in cases(world):
-            run_case(case, rank, world, check, refusals)
-        # series whose steps are recomputed in backward (messages inside checkpoints), at a
-        # threshold between the blocks' sizes: every rank must decide alike
-        # (Graph.signal_elements), or the ranks' messages no longer match
-        largest = SequenceShard.bounds_of(13, world, 0)
-        heat.CHECKPOINT_ELEMENTS = B * H * C * (largest[1] - largest[0])
         case = Case(13, 3, 2, False, True, False, 0)
         shard = SequenceShard(13, rank, world)
         gen = torch.Generator().manual_seed(3)
@@ -273,14 +261,30 @@ def main() -> None:
                     q, k, key_mask=shard.take(mask, dim=-1)), x),
                 q, k, x,
             )  # fmt: skip
-        report["gather"] = bool(torch.equal(shard.gather(shard.take(x)), x))
+        check.checks += 1
+        if not torch.equal(shard.gather(shard.take(x)), x):
+            check.failures.append("gather: the blocks put together are not the sequence")
+    finally:
+        heat.CHECKPOINT_ELEMENTS = saved
+
+
+def run(rank: int, world: int, index: int) -> dict[str, Any]:
+    """Case ``index`` of :func:`cases` (``len(cases)``: :func:`checkpointed_series`) on this
+    rank of a joined group of ``world`` processes; its report ``{"case": str, "operators":
+    int, "checks": n, "failures": [...], "refusals": [...]}`` (a failure is a mismatch or a
+    traceback: a rank that raised has still taken part in every message before it)."""
+    check, refusals = Checker(), []
+    all_cases = list(cases(world))
+    case = all_cases[index] if index < len(all_cases) else None
+    try:
+        if case is None:
+            checkpointed_series(rank, world, check)
+        else:
+            run_case(case, rank, world, check, refusals)
     except Exception:
         check.failures.append(traceback.format_exc())
-    report.update(checks=check.checks, failures=check.failures, refusals=sorted(set(refusals)))
-    with open(out, "w") as f:
-        json.dump(report, f)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    return {
+        "case": str(case) if case is not None else "checkpointed series",
+        "operators": case.operators if case is not None else 0,
+        "checks": check.checks, "failures": check.failures, "refusals": sorted(set(refusals)),
+    }  # fmt: skip
