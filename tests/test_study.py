@@ -26,6 +26,10 @@ from heatformer.experiments.report import (
     format_table,
     primary_endpoints,
 )
+from heatformer.experiments.spec import CompareSpec
+from heatformer.experiments.sweep import find_sweeps
+from heatformer.experiments.tasks import resolve_task
+from heatformer.experiments.tuning import format_selection, select
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reproducing.md"
@@ -33,19 +37,24 @@ STUDIES = ["digits-controls"]
 
 
 def regenerate(results: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    """The summary and the report text of a study, from its runs only."""
+    """The summary and the report text of a study, from its runs only: with a selection
+    (``--select-by``), each configuration's setting is chosen again from the runs' validation
+    values and the report is the chosen runs' test values; with a sweep in k, the trend tests."""
+    spec = CompareSpec.from_dict(results["spec"])
     metrics, analysis = results["metrics"], results["analysis_metrics"]
-    summary = aggregate(results["runs"], results["spec"]["heads"], metrics, analysis)
+    runs, blocks = results["runs"], []
+    if results.get("selection"):
+        task = resolve_task(spec.task)
+        higher = task.higher_is_better[task.metric_names.index(spec.select_by)]
+        runs, selection = select(runs, spec.heads, spec.select_by, higher)
+        blocks.append(format_selection(selection))
+    summary = aggregate(runs, spec.heads, metrics, analysis)
     add_paired(summary, results["baseline"], metrics, analysis)
-    primary = primary_endpoints(summary, results["baseline"], results["spec"]["primary"], [])
-    text = "\n\n".join(
-        [
-            format_table(summary, metrics),
-            format_paired_table(summary, metrics),
-            format_endpoints(primary),
-        ]
-    )
-    return summary, text
+    sweeps = find_sweeps(spec.heads, n_layer=spec.n_layer, n_head=spec.heads_per_layer)
+    primary = primary_endpoints(summary, results["baseline"], spec.primary, sweeps)
+    blocks.append(format_endpoints(primary))
+    text = "\n\n".join([format_table(summary, metrics), format_paired_table(summary, metrics)])
+    return summary, "\n\n".join([text, *blocks])
 
 
 def _close(a: Any, b: Any) -> bool:
