@@ -8,7 +8,8 @@ B = 1, H heads of width C, float32, forward + backward, one thread per process:
 - ``2 processes, 2N``: twice the sequence on 2 ranks (weak scaling: the issue's target is
   at most 1.25x the time of one process at N).
 
-For each: the time (the slowest rank, between barriers), the peak RSS growth of each fresh
+For each: the time (the slowest rank, between barriers; with ``--repeat R`` the fastest of R
+steps, as ``timeit`` reports), the peak RSS growth of each fresh
 process (its own block of the sequence only; target at fixed N: at most 0.55x of one
 process), and the bytes each rank sent per heat term (per ``propagate``, forward and backward)
 against the formula ``(w - 1 + g) C H itemsize`` (causal: the ``w - 1`` rows before a block and
@@ -21,7 +22,7 @@ every process pays once whatever its share of the sequence. Every process runs w
 ``heatformer.cli._heap``; with the dynamic threshold the peak of the same run varied by tens of
 MB with the heap's history); ``--heap dynamic`` leaves glibc's default.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_sharded.py --n 65536 --w 128 --c 64
+    OMP_NUM_THREADS=1 python benchmarks/bench_sharded.py --n 65536 --w 128 --c 64 --repeat 3
 """
 
 from __future__ import annotations
@@ -58,11 +59,17 @@ def child(args: argparse.Namespace) -> dict[str, object]:
         q, k, v = _inputs(4 * args.w, args.heads, args.c, 0)  # warm-up
         op(kind.build(q, k, causal=True), v).sum().backward()
         q, k, v = _inputs(args.n, args.heads, args.c, 0)
-        with PeakRSS() as peak:
-            start = time.perf_counter()
-            op(kind.build(q, k, causal=True), v).sum().backward()
-            elapsed = time.perf_counter() - start
-        return {"time": elapsed, "peak": peak.extra}
+        times = []
+        for i in range(args.repeat):
+            with PeakRSS() as peak:
+                start = time.perf_counter()
+                op(kind.build(q, k, causal=True), v).sum().backward()
+                times.append(time.perf_counter() - start)
+            if i == 0:
+                first_peak = peak.extra
+            for t in (q, k, v):
+                t.grad = None
+        return {"time": min(times), "times": times, "peak": first_peak}
     import torch.distributed as dist
 
     dist.init_process_group(
@@ -81,18 +88,25 @@ def child(args: argparse.Namespace) -> dict[str, object]:
         return plain(self, x)
 
     ShardedWindowGraph.propagate = counted  # type: ignore[method-assign]
-    dist.barrier()
-    with PeakRSS() as peak:
-        start = time.perf_counter()
-        op(shard_graph(kind, shard).build(q, k, causal=True), v).sum().backward()
+    times = []
+    for i in range(args.repeat):
         dist.barrier()
-        elapsed = time.perf_counter() - start
+        with PeakRSS() as peak:
+            start = time.perf_counter()
+            op(shard_graph(kind, shard).build(q, k, causal=True), v).sum().backward()
+            dist.barrier()
+            times.append(time.perf_counter() - start)
+        if i == 0:  # the first step's peak, messages and products
+            first_peak, by_kind, propagates = peak.extra, dict(shard.comm.by_kind), calls[0]
+        for t in (q, k, v):
+            t.grad = None
     dist.destroy_process_group()
     return {
-        "time": elapsed,
-        "peak": peak.extra,
-        "propagates": calls[0],
-        "by_kind": shard.comm.by_kind,
+        "time": min(times),
+        "times": times,
+        "peak": first_peak,
+        "propagates": propagates,
+        "by_kind": by_kind,
         "rank": args.rank,
     }
 
@@ -107,7 +121,8 @@ def _child_env(args: argparse.Namespace) -> dict[str, str]:
 def sharded(args: argparse.Namespace, n: int) -> list[dict[str, object]]:
     store = Path(tempfile.mkdtemp()) / "store"
     common = ["--n", str(n), "--w", str(args.w), "--g", str(args.g), "--c", str(args.c),
-              "--heads", str(args.heads), "--store", str(store), "--world", "2"]  # fmt: skip
+              "--heads", str(args.heads), "--store", str(store), "--world", "2",
+              "--repeat", str(args.repeat)]  # fmt: skip
     env = {**os.environ, **_child_env(args)}
     procs = [
         subprocess.Popen(
@@ -139,6 +154,11 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--store", default="")
     parser.add_argument(
+        "--repeat", type=int, default=1,
+        help="steps timed per process after the warm-up; the time of a run is the fastest "
+        "(the peak and the bytes are the first step's)",
+    )  # fmt: skip
+    parser.add_argument(
         "--heap", choices=["fixed", "dynamic"], default="fixed",
         help="glibc's mmap threshold in every process: fixed at 1 MiB as the heatformer "
         "command fixes it (default), or glibc's dynamic default",
@@ -150,9 +170,9 @@ def main() -> None:
     print_machine()
     print(f"heat(t=1) on causal window[w={args.w},global={args.g}], B=1, H={args.heads}, "
           f"C={args.c}, float32, fwd+bwd, 1 thread per process, a warm-up step first, "
-          f"heap: {args.heap}")  # fmt: skip
+          f"heap: {args.heap}, time: the fastest of {args.repeat} step(s)")  # fmt: skip
     base = ["--n", str(args.n), "--w", str(args.w), "--g", str(args.g), "--c", str(args.c),
-            "--heads", str(args.heads)]  # fmt: skip
+            "--heads", str(args.heads), "--repeat", str(args.repeat)]  # fmt: skip
     single = run_child(__file__, ["--child", "single", *base], env=_child_env(args))
     split = sharded(args, args.n)
     weak = sharded(args, 2 * args.n)
