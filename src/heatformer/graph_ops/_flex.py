@@ -354,7 +354,7 @@ def window_block_mask(
         RuntimeError: FlexAttention is not available in this torch (:func:`flex_available`).
     """
     n = V.check_positive_int("num_nodes", num_nodes)
-    check_window(n, window, num_global, causal=causal, drop_masked_queries=drop_masked_queries)
+    check_window(n, window, num_global, causal, drop_masked_queries, None)  # no row blocks
     w = min(window, n)
     bs = V.check_positive_int("block_size", block_size)
     _require_flex()

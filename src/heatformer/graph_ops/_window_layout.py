@@ -45,14 +45,15 @@ def check_window(
     num_nodes: int,
     window: object,
     num_global: object,
-    *,
-    causal: object = False,
-    drop_masked_queries: object = False,
-    row_block: object = None,
+    causal: object,
+    drop: object,
+    row_block: object,
 ) -> None:
     """The arguments of a window graph of ``num_nodes`` nodes besides ``q``, ``k`` and the key
     mask, checked (by :class:`~heatformer.graph_ops.WindowGraph`,
-    :class:`~heatformer.graph_ops.sharding.ShardedWindowGraph` and the FlexAttention block mask).
+    :class:`~heatformer.graph_ops.sharding.ShardedWindowGraph` and the FlexAttention block mask):
+    ``window``, ``num_global``, ``causal``, ``drop`` (``drop_masked_queries``) and ``row_block``
+    (None passes).
 
     Raises:
         TypeError: a window, ``num_global`` or ``row_block`` that is not an int, flags that
@@ -67,7 +68,7 @@ def check_window(
     if num_global > num_nodes:
         raise V.bad_value("num_global", f"expected at most N = {num_nodes}, got {num_global}")
     V.check_bool("causal", causal)
-    V.check_bool("drop_masked_queries", drop_masked_queries)
+    V.check_bool("drop_masked_queries", drop)
     V.check_positive_int("row_block", row_block, optional=True)
 
 

@@ -257,10 +257,7 @@ class ShardedWindowGraph(Graph):
                 f"expected this rank's {shard.local_nodes} rows (positions {shard.start} to "
                 f"{shard.stop} of {total}) in dim -2, got shape {tuple(q.shape)}",
             )
-        check_window(
-            total, window, num_global, causal=causal, drop_masked_queries=drop_masked_queries,
-            row_block=row_block,
-        )  # fmt: skip
+        check_window(total, window, num_global, causal, drop_masked_queries, row_block)
         w, drop = min(window, max(total, 1)), drop_masked_queries
         if key_mask is not None:
             _check_key_mask(key_mask, batch, n)

@@ -160,10 +160,7 @@ class WindowGraph(Graph):
     ) -> None:
         batch = check_qk(q, k)
         n = int(q.shape[-2])
-        check_window(
-            n, window, num_global, causal=causal, drop_masked_queries=drop_masked_queries,
-            row_block=row_block,
-        )  # fmt: skip
+        check_window(n, window, num_global, causal, drop_masked_queries, row_block)
         if key_mask is not None:
             _check_key_mask(key_mask, batch, n)
         drop = drop_masked_queries
