@@ -144,6 +144,36 @@ def test_a_block_of_the_wrong_length_is_refused_before_any_message() -> None:
     assert info.value.argument == "q"
 
 
+def test_the_sharded_graph_refuses_what_the_window_graph_refuses() -> None:
+    """Both constructors (and the FlexAttention block mask) check their window arguments with
+    one function: the same error, kind and message for the same bad argument."""
+    from heatformer.graph_ops import WindowGraph, _flex
+
+    shard = SequenceShard(8, 0, 1)  # the whole sequence: the checks come before any message
+    q = torch.zeros(1, 8, 2)
+    bad = [
+        {"window": 0},
+        {"window": 2, "num_global": "1"},
+        {"window": 2, "num_global": -1},
+        {"window": 2, "num_global": 9},
+        {"window": 2, "causal": 1},
+        {"window": 2, "drop_masked_queries": None},
+        {"window": 2, "row_block": 0},
+    ]
+    for kwargs in bad:
+        calls = [(WindowGraph, (q, q), {}), (ShardedWindowGraph, (q, q), {"shard": shard})]
+        if "row_block" not in kwargs:  # a block mask has no row blocks
+            calls.append((_flex.window_block_mask, (8,), {}))
+        errors = set()
+        for make, args, extra in calls:
+            with pytest.raises((ArgumentTypeError, ArgumentValueError)) as info:
+                make(*args, **extra, **kwargs)
+            errors.add((type(info.value), str(info.value)))
+        assert len(errors) == 1, (kwargs, errors)
+    with pytest.raises(ArgumentValueError, match=r"^k: expected batch dims"):
+        ShardedWindowGraph(q.expand(2, 8, 2), q.expand(3, 8, 2), shard=shard, window=2)
+
+
 # ---- one process: the sharded graph with no messages --------------------------------------------
 
 

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
-from heatformer.graph_ops._window_layout import window_allowed
+from heatformer.graph_ops._window_layout import check_window, window_allowed
 from heatformer.graph_ops.protocol import _fold
 
 if TYPE_CHECKING:
@@ -354,12 +354,9 @@ def window_block_mask(
         RuntimeError: FlexAttention is not available in this torch (:func:`flex_available`).
     """
     n = V.check_positive_int("num_nodes", num_nodes)
-    w = min(V.check_positive_int("window", window), n)
+    check_window(n, window, num_global, causal, drop_masked_queries, None)  # no row blocks
+    w = min(window, n)
     bs = V.check_positive_int("block_size", block_size)
-    if isinstance(num_global, bool) or not isinstance(num_global, int):
-        raise V.bad_type("num_global", f"expected an int >= 0, got {type(num_global).__name__}")
-    if not 0 <= num_global <= n:
-        raise V.bad_value("num_global", f"expected an int in [0, N = {n}], got {num_global}")
     _require_flex()
     from torch.nn.attention.flex_attention import BlockMask
 

@@ -35,9 +35,51 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from heatformer.graph_ops.protocol import SLAB_ELEMENTS
+from heatformer import checks as V
+from heatformer.graph_ops.protocol import SLAB_ELEMENTS, _numel
 
-__all__ = ["WindowLayout", "window_allowed"]
+__all__ = ["WindowLayout", "check_window", "flat_key_mask", "window_allowed"]
+
+
+def check_window(
+    num_nodes: int,
+    window: object,
+    num_global: object,
+    causal: object,
+    drop: object,
+    row_block: object,
+) -> None:
+    """The arguments of a window graph of ``num_nodes`` nodes besides ``q``, ``k`` and the key
+    mask, checked (by :class:`~heatformer.graph_ops.WindowGraph`,
+    :class:`~heatformer.graph_ops.sharding.ShardedWindowGraph` and the FlexAttention block mask):
+    ``window``, ``num_global``, ``causal``, ``drop`` (``drop_masked_queries``) and ``row_block``
+    (None passes).
+
+    Raises:
+        TypeError: a window, ``num_global`` or ``row_block`` that is not an int, flags that
+            are not bools.
+        ValueError: ``window < 1``, ``num_global`` outside ``[0, num_nodes]``, ``row_block < 1``.
+    """
+    V.check_positive_int("window", window)
+    if isinstance(num_global, bool) or not isinstance(num_global, int):
+        raise V.bad_type("num_global", f"expected an int >= 0, got {type(num_global).__name__}")
+    if num_global < 0:
+        raise V.bad_value("num_global", f"expected an int >= 0, got {num_global}")
+    if num_global > num_nodes:
+        raise V.bad_value("num_global", f"expected at most N = {num_nodes}, got {num_global}")
+    V.check_bool("causal", causal)
+    V.check_bool("drop_masked_queries", drop)
+    V.check_positive_int("row_block", row_block, optional=True)
+
+
+def flat_key_mask(key_mask: Tensor | None, batch: torch.Size, num_nodes: int) -> Tensor | None:
+    """A checked key mask ``(B, N)`` (leading batch dims of ``batch``) broadcast over the
+    graph's batch ``batch`` and flattened: ``(Bf, N)``, ``Bf`` the batch's size; None passes."""
+    if key_mask is None:
+        return None
+    lead = key_mask.shape[:-1]
+    view = key_mask.reshape(*lead, *([1] * (len(batch) - len(lead))), num_nodes)
+    return view.expand(*batch, num_nodes).reshape(_numel(batch), num_nodes)  # (Bf, N)
 
 
 def window_allowed(

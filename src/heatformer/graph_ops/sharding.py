@@ -74,11 +74,11 @@ from heatformer.graph_ops._halo import (
     saved_as_parts,
 )
 from heatformer.graph_ops._precision import attention_scores
-from heatformer.graph_ops._window_layout import window_allowed
+from heatformer.graph_ops._window_layout import check_window, flat_key_mask, window_allowed
 from heatformer.graph_ops.builders import GraphBuilder, WindowBuilder, resolve_graph
 from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph, _check_key_mask, _fold, _numel
 from heatformer.graph_ops.sequence_shard import SequenceShard
-from heatformer.graph_ops.window import WindowGraph
+from heatformer.graph_ops.window import WindowGraph, check_qk
 
 __all__ = [
     "CommStats",
@@ -249,14 +249,7 @@ class ShardedWindowGraph(Graph):
         row_block: int | None = None,
     ) -> None:
         shard = _check_shard(shard)
-        q = V.check_float_tensor("q", q, min_dim=2)
-        k = V.check_float_tensor("k", k, min_dim=2)
-        if q.dtype != k.dtype:
-            raise V.bad_type("k", f"expected the dtype of q ({q.dtype}), got {k.dtype}")
-        if q.shape[-2:] != k.shape[-2:]:
-            raise V.bad_value(
-                "k", f"expected shape (..., {q.shape[-2]}, {q.shape[-1]}), got {tuple(k.shape)}"
-            )
+        batch = check_qk(q, k)
         n, total = int(q.shape[-2]), shard.num_nodes
         if n != shard.local_nodes:
             raise V.bad_value(
@@ -264,22 +257,12 @@ class ShardedWindowGraph(Graph):
                 f"expected this rank's {shard.local_nodes} rows (positions {shard.start} to "
                 f"{shard.stop} of {total}) in dim -2, got shape {tuple(q.shape)}",
             )
-        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        w = min(V.check_positive_int("window", window), max(total, 1))
-        if isinstance(num_global, bool) or not isinstance(num_global, int) or num_global < 0:
-            raise V.bad_value("num_global", f"expected an int >= 0, got {num_global!r}")
-        if num_global > total:
-            raise V.bad_value("num_global", f"expected at most N = {total}, got {num_global}")
-        causal = V.check_bool("causal", causal)
-        drop = V.check_bool("drop_masked_queries", drop_masked_queries)
-        if row_block is not None:
-            V.check_positive_int("row_block", row_block)
-        bf, e = _numel(batch), q.shape[-1]
-        flat_mask: Tensor | None = None
+        check_window(total, window, num_global, causal, drop_masked_queries, row_block)
+        w, drop = min(window, max(total, 1)), drop_masked_queries
         if key_mask is not None:
-            lead = _check_key_mask(key_mask, batch, n).shape[:-1]
-            view = key_mask.reshape(*lead, *([1] * (len(batch) - len(lead))), n)
-            flat_mask = view.expand(*batch, n).reshape(bf, n)  # (Bf, n)
+            _check_key_mask(key_mask, batch, n)
+        bf, e = _numel(batch), q.shape[-1]
+        flat_mask = flat_key_mask(key_mask, batch, n)  # (Bf, n)
         s = float(scale) if scale is not None else 1.0 / math.sqrt(e)
         halo = HaloPlan(
             total, shard.world_size, shard.rank, shard.group,

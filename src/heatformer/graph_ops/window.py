@@ -43,7 +43,7 @@ from heatformer import checks as V
 from heatformer.graph_ops import _flex
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._window_attention import GradSink, shared, window_attention
-from heatformer.graph_ops._window_layout import WindowLayout
+from heatformer.graph_ops._window_layout import WindowLayout, check_window, flat_key_mask
 from heatformer.graph_ops.protocol import (
     UNIFORM_DIM,
     Graph,
@@ -160,18 +160,9 @@ class WindowGraph(Graph):
     ) -> None:
         batch = check_qk(q, k)
         n = int(q.shape[-2])
-        V.check_positive_int("window", window)
-        if isinstance(num_global, bool) or not isinstance(num_global, int):
-            raise V.bad_type("num_global", f"expected an int >= 0, got {type(num_global).__name__}")
-        if num_global < 0:
-            raise V.bad_value("num_global", f"expected an int >= 0, got {num_global}")
-        if num_global > n:
-            raise V.bad_value("num_global", f"expected at most N = {n}, got {num_global}")
-        V.check_bool("causal", causal)
-        V.check_bool("drop_masked_queries", drop_masked_queries)
+        check_window(n, window, num_global, causal, drop_masked_queries, row_block)
         if key_mask is not None:
             _check_key_mask(key_mask, batch, n)
-        V.check_positive_int("row_block", row_block, optional=True)
         drop = drop_masked_queries
         self._setup(q, k, window, causal, num_global, key_mask, drop, scale, row_block)
 
@@ -223,11 +214,7 @@ class WindowGraph(Graph):
         # a window of N or more keys already holds every key: the same graph as w = N, whose
         # slabs stay O(N) (the given w would size them: 3-4 GB for w = 10^6 on 16 tokens)
         w = min(window, max(n, 1))
-        flat_mask: Tensor | None = None
-        if key_mask is not None:
-            lead = key_mask.shape[:-1]
-            view = key_mask.reshape(*lead, *([1] * (len(batch) - len(lead))), n)
-            flat_mask = view.expand(*batch, n).reshape(_numel(batch), n)  # (Bf, N)
+        flat_mask = flat_key_mask(key_mask, batch, n)  # (Bf, N)
         b = row_block if row_block is not None else min(256, max(w, 32))
         s = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         layout = WindowLayout(n, w, causal, num_global, b, drop, s, q_offset, q.device, flat_mask)
