@@ -43,9 +43,14 @@ typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy src/heatformer
 
 # The run ends with what it skipped, one line per reason (conftest.py: CUDA tests without a GPU,
-# the browser test without Chromium, ...).
+# the browser test without Chromium, ...). The tests run in parallel (pytest-xdist): one worker
+# per core, at most 4, each on one torch thread (tests/conftest.py); the tests that launch a
+# group of 2-4 processes take turns (tests/conftest.py: one_launch_at_a_time).
+# PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --maxprocesses 4
 pytest: $(VENV)/.installed-dev browser-notice
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_PARALLEL)
 
 # Headless Chromium renders the teaching demo's interactive page in tests/viz/test_demo_browser.py,
 # which skips without it: `make test` says so, and `make chromium` installs Debian's package
@@ -95,7 +100,7 @@ $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml $(OLDEST_PINS)
 	touch $@
 
 test-oldest: $(OLDEST_VENV)/.installed browser-notice
-	$(OLDEST_PY) -m pytest -q -m "not slow"
+	$(OLDEST_PY) -m pytest -q -m "not slow" $(PYTEST_PARALLEL)
 
 bench: $(VENV)/.installed-dev
 	$(PY) benchmarks/bench_graph_ops.py

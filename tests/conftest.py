@@ -4,6 +4,7 @@ timm (skipped where it is not installed)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,30 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def one_launch_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Hold a lock shared by the workers of this pytest run while the test launches a group of
+    2-4 processes or calls a pooled one (``gloo_groups``: DDP, sequence parallelism, sharded
+    graphs and GPT): one group at work at a time, so that a 4-process group never runs beside
+    another one on a 2-core machine, which their time bounds and ``--dist-timeout`` values
+    assume. Without pytest-xdist the lock is this run's own and never waits; without ``fcntl``
+    (Windows) nothing is locked.
+
+    (xdist's ``--dist loadgroup`` would keep them on one worker, but with pytest 9.2 it
+    silently stops grouping: pytest-xdist issue 1386.)
+    """
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()  # under xdist: this run's folder / popen-gwN
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with open(folder / "process-launches.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 @pytest.fixture(params=DEVICES)

@@ -16,6 +16,7 @@ from heatformer.experiments.compare import run_compare
 from heatformer.experiments.spec import CompareSpec
 
 pytestmark = [
+    pytest.mark.usefixtures("one_launch_at_a_time"),
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo"),
 ]
 

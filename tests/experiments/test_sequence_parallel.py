@@ -80,6 +80,7 @@ def _assert_same_numbers(run: dict[str, Any], single: dict[str, Any]) -> None:
 
 
 @needs_gloo
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.parametrize("nproc", [2, 4], ids=["sequence2", "sequence2x-data2"])
 def test_sequence_parallel_training_equals_one_process(
     nproc: int, corpus: Path, tmp_path: Path, single: dict[str, Any]
@@ -97,6 +98,7 @@ def test_sequence_parallel_training_equals_one_process(
 
 
 @needs_gloo
+@pytest.mark.usefixtures("one_launch_at_a_time")
 def test_a_process_that_dies_mid_step_stops_the_others_and_the_run_resumes(
     corpus: Path, tmp_path: Path, single: dict[str, Any]
 ) -> None:
@@ -128,6 +130,7 @@ def test_a_process_that_dies_mid_step_stops_the_others_and_the_run_resumes(
 
 
 @needs_gloo
+@pytest.mark.usefixtures("one_launch_at_a_time")
 def test_a_process_that_stops_answering_is_given_up_after_the_timeout(
     corpus: Path, tmp_path: Path
 ) -> None:

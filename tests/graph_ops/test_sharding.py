@@ -274,6 +274,7 @@ _CASES = {world: len(list(_worker.cases(world))) + 1 for world in (2, 4)}
 
 
 @needs_gloo
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.parametrize(
     ("world", "index"), [(w, i) for w, n in _CASES.items() for i in range(n)]
 )  # fmt: skip
@@ -312,6 +313,7 @@ def test_the_cases_cover_what_the_issue_names() -> None:
 
 
 @needs_gloo
+@pytest.mark.usefixtures("one_launch_at_a_time")
 def test_a_failed_or_stuck_call_of_a_pooled_group_fails_clearly_and_a_new_group_follows(
     gloo_groups,
 ) -> None:

@@ -27,6 +27,7 @@ needs_gloo = pytest.mark.skipif(
 
 
 @needs_gloo
+@pytest.mark.usefixtures("one_launch_at_a_time")
 @pytest.mark.parametrize("case", range(len(sp.GPT_CASES)))
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_gpt_equals_one_process(world: int, case: int, gloo_groups) -> None:
