@@ -29,11 +29,11 @@ from heatformer.experiments.report import (
 from heatformer.experiments.spec import CompareSpec
 from heatformer.experiments.sweep import find_sweeps
 from heatformer.experiments.tasks import resolve_task
-from heatformer.experiments.tuning import format_selection, select
+from heatformer.experiments.tuning import format_selection, select, setting_label
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reproducing.md"
-STUDIES = ["digits-controls"]
+STUDIES = ["digits-controls", "chars-lr"]
 
 
 def regenerate(results: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -80,9 +80,9 @@ def test_committed_results_regenerate_the_docs_tables(study: str) -> None:
     assert shown.strip("\n") == text.strip("\n")
     # the CSV holds the same per-seed values as the runs
     with (folder / "results.csv").open() as f:
-        rows = {(r["heads"], int(r["seed"])): r for r in csv.DictReader(f)}
+        rows = {(r["heads"], r.get("setting", ""), int(r["seed"])): r for r in csv.DictReader(f)}
     assert len(rows) == len(results["runs"])
     for run in results["runs"]:
-        row = rows[(run["heads"], run["seed"])]
+        row = rows[(run["heads"], setting_label(run.get("setting") or {}), run["seed"])]
         for name in results["metrics"]:
             assert math.isclose(float(row[name]), run["final"][name], rel_tol=1e-12)
