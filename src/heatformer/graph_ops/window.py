@@ -265,7 +265,8 @@ class WindowGraph(Graph):
         return self._with_qk(z[..., : self.q.shape[-2], :], z).propagate(x)
 
     def _flat(self) -> tuple[Tensor, Tensor]:
-        """``q``, ``k`` as ``(Bf, N, E)``: made once per grad mode (a copy when ``q`` is a
+        """``q`` ``(Bf, R, E)`` and ``k`` ``(Bf, N, E)`` (``R = N`` unless the layout's
+        ``q_offset`` says otherwise): made once per grad mode (a copy when ``q`` is a
         strided view, e.g. of a fused projection) and shared by every product, so that a heat
         series keeps one copy for its backward, not one per term. With gradients they pass
         through :func:`~heatformer.graph_ops._window_attention.shared`, so that every
