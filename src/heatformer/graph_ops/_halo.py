@@ -291,6 +291,8 @@ class HaloPlan:
         remote = torch.cat([y[:, :at], y[:, at + n :]], dim=1)  # (Bf, R, F), by source rank
         messages = dataclasses.replace(self.messages.reversed(), kind=kind)
         back = messages.run(remote)  # (Bf, sum of sends, F), by destination
+        if not back.shape[1]:  # nothing sent, nothing comes back: the block's rows, no copy
+            return y[:, at : at + n]
         return y[:, at : at + n].index_add(1, self.send_index, back)
 
     def gather(self, x: Tensor, kind: str) -> Tensor:

@@ -304,14 +304,17 @@ class WindowAttention(torch.autograd.Function):
         ctx: Any,
         layout: WindowLayout,
         sink: GradSink | None,
+        rows: tuple[int, int],
         q: Tensor,
         k: Tensor,
         x: Tensor,
         key_mask: Tensor | None,
     ) -> Tensor:
         """``q``, ``k`` ``(Bf, N, E)``, ``x`` ``(Bf, N, C)``, ``key_mask`` the layout's ->
-        ``(Bf, nb, b, C)``; with a ``sink`` (``q``, ``k`` from :func:`shared`), their gradients
-        go there."""
+        the graph rows ``rows = (lo, hi)`` of ``P x``, ``(Bf, hi - lo, C)``: a view of the
+        ``(Bf, nb b, C)`` output of the blocks, so that no caller slices it (a slice's backward
+        would fill a zero copy of the whole output); with a ``sink`` (``q``, ``k`` from
+        :func:`shared`), their gradients go there."""
         fused = _fused(q, x)
         nb, b = layout.num_blocks, layout.row_block
         out = _like_rows(x, nb, b)  # (Bf, nb, b, C), filled per run
@@ -337,15 +340,15 @@ class WindowAttention(torch.autograd.Function):
             if lse is None:
                 lse = lse_b.new_empty(q.shape[0], nb, b)
             lse[:, blocks] = lse_b
-        ctx.spec, ctx.fused, ctx.sink = layout.spec(), fused, sink
+        ctx.spec, ctx.fused, ctx.sink, ctx.rows = layout.spec(), fused, sink, rows
         # the kernel's backward needs the output (the next term's input in a series)
         ctx.save_for_backward(q, k, x, key_mask, *((out, lse) if fused else ()))
-        return out
+        return out.flatten(1, 2)[:, rows[0] : rows[1]]  # (Bf, hi - lo, C), a view
 
     @staticmethod
     def backward(
         ctx: Any, dy: Tensor
-    ) -> tuple[None, None, Tensor | None, Tensor | None, Tensor | None, None]:
+    ) -> tuple[None, None, None, Tensor | None, Tensor | None, Tensor | None, None]:
         saved = ctx.saved_tensors  # unpacked once (a checkpointed caller allows no more)
         q, k, x, key_mask = saved[:4]
         spec: Spec = ctx.spec
@@ -364,7 +367,7 @@ class WindowAttention(torch.autograd.Function):
         dq = dq_rows.view(bf, nb, b, -1)  # (Bf, nb, b, E)
         dx_pad = q.new_zeros(bf, dk_pad.shape[1], x.shape[-1], dtype=acc)
         for blocks in layout.chunks(bf):
-            dyb = dy[:, blocks]  # (Bf, nb', b, C)
+            dyb = layout.block_rows(dy, blocks, ctx.rows[0])  # (Bf, nb', b, C), 0 past rows
             empty = layout.run_masks(blocks)[2]
             if empty is not None:  # rows set to 0 in the forward pass pass no gradient
                 dyb = dyb.masked_fill(empty, 0.0)
@@ -395,17 +398,24 @@ class WindowAttention(torch.autograd.Function):
             _add_blocks(dq, dk_pad, dx_pad, layout, blocks, parts)
         dx = dx_pad[:, before : before + n].to(x.dtype)
         if sink is not None:  # q and k get theirs once, through shared()
-            return None, None, None, None, dx, None
+            return None, None, None, None, None, dx, None
         off = layout.q_offset  # q's rows are graph rows off ... off + R - 1
         dq_out = dq_rows[:, off : off + q.shape[1]].to(q.dtype)
         dk_out = dk_pad[:, before : before + n].to(k.dtype)
-        return None, None, dq_out, dk_out, dx, None
+        return None, None, None, dq_out, dk_out, dx, None
 
 
 def window_attention(
-    layout: WindowLayout, q: Tensor, k: Tensor, x: Tensor, sink: GradSink | None = None
+    layout: WindowLayout,
+    q: Tensor,
+    k: Tensor,
+    x: Tensor,
+    sink: GradSink | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> Tensor:
     """``P x`` of the window graph of ``layout`` by :class:`WindowAttention`: ``(Bf, N, ...)``
-    -> ``(Bf, nb, b, C)`` (``sink``: ``q``, ``k`` came from :func:`shared`)."""
-    out: Tensor = WindowAttention.apply(layout, sink, q, k, x, layout.key_mask)
+    -> the graph rows ``rows = (lo, hi)`` (default all ``N``), ``(Bf, hi - lo, C)`` (``sink``:
+    ``q``, ``k`` came from :func:`shared`)."""
+    lo, hi = rows if rows is not None else (0, layout.n)  # 0 <= lo <= hi <= nb b
+    out: Tensor = WindowAttention.apply(layout, sink, (lo, hi), q, k, x, layout.key_mask)
     return out

@@ -392,9 +392,7 @@ class ShardedWindowGraph(Graph):
         halo, glob = self.layout.halo, self.layout.glob
         x_ext = halo.gather(xf, "values")  # (Bf, n_ext, C): a copy, unless no halo
         with saved_as_parts(x_ext, xf, halo.offset):  # the kernels keep xf, not the copy
-            y = self.ext.propagate(x_ext)  # (Bf, n_ext, C)
-        if y.shape[1] != xf.shape[1]:  # a slice's backward fills a zero copy: only if needed
-            y = y[:, halo.offset : halo.offset + xf.shape[1]]  # (Bf, n, C)
+            y = self.ext._propagate_rows(x_ext)  # (Bf, n, C): this rank's rows only
         dense = self._dense_weights()
         if dense is not None:  # the global rows: sums over every rank's keys
             rows = glob.scatter(dense[0] @ xf, "global")  # (Bf, own global rows, C)

@@ -319,11 +319,9 @@ class WindowGraph(Graph):
         n, g = self.num_nodes, self.layout.dense_rows
         if _tracing():  # the same products, differentiated by autograd (see _traced_products)
             y = self._traced_products(q, k, xf)
-        else:  # (Bf, nb, b, C); rows without edges: 0
+            y = y.reshape(q.shape[0], -1, xf.shape[-1])[:, :n]  # (Bf, N, C)
+        else:  # (Bf, N, C); rows without edges: 0
             y = window_attention(self.layout, q, k, xf, self._sink)
-        y = y.reshape(q.shape[0], -1, xf.shape[-1])  # (Bf, nb b, C)
-        if y.shape[1] != n:  # a slice's backward writes into a zero-filled copy: only if needed
-            y = y[:, :n]  # (Bf, N, C)
         if g:  # bidirectional global rows: dense rows over all N keys
             ga = self.layout.dense_allowed(0, g)
             g_has = ga.any(-1, keepdim=True)
@@ -331,6 +329,17 @@ class WindowGraph(Graph):
             yg = F.scaled_dot_product_attention(qg, k, xf, attn_mask=ga | ~g_has, scale=self.scale)
             y = torch.cat([yg * g_has, y[:, g:]], dim=1)
         return unfold(y)
+
+    def _propagate_rows(self, x: Tensor) -> Tensor:
+        """The rows of :meth:`propagate` that ``q`` holds (``q_offset ... q_offset + R - 1``),
+        ``(Bf, R, C)`` for ``x`` ``(Bf, N, C)``: without the slice of the whole output (whose
+        backward fills a zero copy of it), where no dense global row or other engine is
+        involved (:class:`~heatformer.graph_ops.sharding.ShardedWindowGraph`'s products)."""
+        off, r = self.layout.q_offset, int(self.q.shape[-2])
+        if _flex.use_flex(self, BACKEND) or _tracing() or self.layout.dense_rows:
+            return self.propagate(x)[:, off : off + r]
+        q, k = self._flat()
+        return window_attention(self.layout, q, k, x, self._sink, rows=(off, off + r))
 
     def _traced_products(self, q: Tensor, k: Tensor, x: Tensor) -> Tensor:
         """``P x`` block by block, ``(Bf, nb, b, C)``, as :class:`~heatformer.graph_ops.
