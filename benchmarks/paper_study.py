@@ -1,6 +1,6 @@
-"""Zhang & Papyan's study at small scale: kL sweeps with 95 % intervals and per-claim verdicts.
+"""Zhang & Papyan's study at small scale: declared endpoints, corrected verdicts, raw results.
 
-Four comparisons, each one ``heatformer compare`` (printed before it runs; a finished one is
+Six comparisons, each one ``heatformer compare`` (printed before it runs; a finished one is
 read back, an interrupted one resumed), 5 seeds each:
 
 - ``stdlib``: which standard-library package a 128-byte snippet comes from (8 classes),
@@ -10,18 +10,25 @@ read back, an interrupted one resumed), 5 seeds each:
   and control;
 - ``digits-layers``: the per-layer schedule sweep ``--sweep laplacian=2@each`` (2 Laplacian
   heads in one layer at a time) on the same ViT;
-- ``chars``: byte-level language modelling with a 2-layer GPT, ``--sweep laplacian=0..4``.
+- ``chars``: byte-level language modelling with a 2-layer GPT, ``--sweep laplacian=0..4``;
+- ``chars-deep``: the same GPT with 6 layers, k = 0 and 2, each at its own best learning
+  rate of {2e-3, 4e-3} (``--select-by val_loss``);
+- ``masked``: masked-byte modelling (the self-supervised task), a bidirectional 2-layer
+  encoder, ``--sweep laplacian=0..2``.
 
-Then, from the ``results.json`` files, the tables of docs/reproducing.md: every metric of
-every configuration as mean [95 % Student-t interval], the paired difference against k = 0 on
-the same seeds, and for each of the paper's claims a verdict: ``reproduces`` when the paired
-interval excludes 0 on the claimed side, ``opposite`` when it excludes 0 on the other side,
-``noise`` when it contains 0. With ``--figures DIR`` the sweep figures (each metric against
-k, per layer; each study's ``plots/sweep_*.png``) are copied to ``DIR/<study>/``; the ones
-docs/reproducing.md shows are committed under ``docs/study/<study>/`` (``--figures
-docs/study``; ``docs/figures/`` is git-ignored, for generated figures only).
+Each declares its primary endpoints (``--primary``): one per claim of the paper at the last
+layer (:data:`SUPERVISED_ENDPOINTS`, :data:`LM_ENDPOINTS`). From each ``results.json`` the
+markdown of docs/reproducing.md: first the endpoints, every configuration against k = 0
+paired by seed with the p-value Holm-adjusted over the study's family and the verdict
+(:func:`verdict`): "supported after correction", "the other way", "no effect larger than X"
+(TOST at the design's detectable effect) or "undetermined"; then, descriptive and not
+corrected, every metric's mean [95 % interval] and the paired differences. ``--commit
+docs/study`` copies each study's results (``results.json`` without the per-step history,
+``results.csv``, ``spec.json``, ``invocations.json``) to ``docs/study/<study>/``, from which
+tests/test_study.py computes the tables again; ``--figures docs/study`` copies the sweep
+figures (``plots/sweep_*.png``) beside them.
 
-    python benchmarks/paper_study.py --out runs/study --figures docs/study
+    python benchmarks/paper_study.py --out runs/study --figures docs/study --commit docs/study
     python benchmarks/paper_study.py --out runs/study --only chars       # one study
 """
 
@@ -38,28 +45,51 @@ from pathlib import Path
 from typing import Any
 
 from heatformer.experiments.report import paired_difference
+from heatformer.experiments.report.inference import holm
 
 SUPERVISED = [
     "--sweep", "laplacian=0..4", "--heads", "attention:2,mean:2", "--seeds", "5",
     "--eval-every", "100",
 ]  # fmt: skip
+#: The declared primary endpoints: one per claim of the paper, at the last layer (Holm over
+#: every comparison of every endpoint of a study; see heatformer.experiments.report.endpoints).
+SUPERVISED_ENDPOINTS = [
+    "--primary", "test_acc", "--primary", "within_seq_frac@last", "--primary", "nc1@last",
+    "--primary", "nc2@last", "--primary", "decay_rate@last",
+]  # fmt: skip
+LM_ENDPOINTS = [
+    "--primary", "bpc", "--primary", "probe_acc@last", "--primary", "decay_rate@last",
+]  # fmt: skip
 STUDIES: dict[str, list[str]] = {
     "stdlib": [
         "--task", "stdlib", "--num-classes", "8", "--seq-len", "128", *SUPERVISED,
         "--steps", "500", "--layers", "2", "--embd", "64", "--batch-size", "32", "--lr", "3e-3",
+        *SUPERVISED_ENDPOINTS,
     ],
     "digits": [
         "--task", "digits", "--recipe", "deit3", *SUPERVISED,
         "--steps", "500", "--layers", "4", "--embd", "64", "--batch-size", "64",
+        *SUPERVISED_ENDPOINTS,
     ],
     "digits-layers": [
         "--task", "digits", "--recipe", "deit3", "--sweep", "laplacian=2@each", "--seeds", "5",
         "--eval-every", "100", "--steps", "500", "--layers", "4", "--embd", "64",
-        "--batch-size", "64",
+        "--batch-size", "64", "--primary", "test_acc", "--primary", "within_seq_frac@last",
     ],
     "chars": [
         "--preset", "demo", "--sweep", "laplacian=0..4", "--seeds", "5", "--steps", "1000",
-        "--batch-size", "32", "--eval-every", "100",
+        "--batch-size", "32", "--eval-every", "100", *LM_ENDPOINTS,
+    ],
+    "chars-deep": [
+        "--preset", "demo", "--layers", "6", "--heads", "attention:4",
+        "--heads", "attention:2,laplacian:2", "--sweep", "lr=2e-3,4e-3", "--select-by",
+        "val_loss", "--seeds", "5", "--steps", "1000", "--batch-size", "32", "--eval-every",
+        "100", "--eval-size", "128", *LM_ENDPOINTS,
+    ],
+    "masked": [
+        "--task", "masked", "--sweep", "laplacian=0..2", "--seq-len", "32", "--lr", "4e-3",
+        "--steps", "1500", "--layers", "2", "--embd", "64", "--seeds", "5", "--eval-every",
+        "100", *LM_ENDPOINTS,
     ],
 }  # fmt: skip
 
@@ -82,8 +112,13 @@ CLAIMS: dict[str, list[tuple[str, int, str]]] = {
         ("effective_rank", -1, "... (effective rank)"),
     ],
 }
+CLAIMS["ssl"] = [
+    ("val_bpc", -1, "Laplacian heads improve self-supervised learning (bits per hidden byte)"),
+    ("probe_acc", +1, "hidden positions' states separate by the byte they hide (probe accuracy)"),
+    *CLAIMS["lm"][2:],
+]
 KIND = {"stdlib": "supervised", "digits": "supervised", "digits-layers": "supervised",
-        "chars": "lm"}  # fmt: skip
+        "chars": "lm", "chars-deep": "lm", "masked": "ssl"}  # fmt: skip
 
 
 def run(name: str, out: Path, threads: int) -> dict[str, Any]:
@@ -114,16 +149,6 @@ def interval(mean: float, half: float, signed: bool = False) -> str:
     return f"{sign}{fmt(mean, digits)} [{fmt(mean - half, digits)}, {fmt(mean + half, digits)}]"
 
 
-def verdict(mean: float, half: float, direction: int) -> str:
-    if not (math.isfinite(mean) and math.isfinite(half)):
-        return "n/a"
-    if mean - half > 0:
-        return "reproduces" if direction > 0 else "opposite"
-    if mean + half < 0:
-        return "reproduces" if direction < 0 else "opposite"
-    return "noise"
-
-
 def stats_of(row: dict[str, Any], metric: str, layer: int) -> tuple[float, float] | None:
     """(mean, ci95) of a final metric, or of an analysis metric at ``layer``."""
     if metric in row["final"]:
@@ -146,8 +171,72 @@ def paired_of(row: dict[str, Any], metric: str, layer: int) -> tuple[float, floa
     return stats["mean"][layer], stats["ci95"][layer]
 
 
+def claim_of(name: str, endpoint: str) -> tuple[int, str]:
+    """The paper's claimed direction (+1 Laplacian heads raise the metric, -1 lower it) and
+    the claim's words, for a declared endpoint ``metric`` or ``metric@layer``."""
+    metric = endpoint.split("@")[0]
+    metric = "val_bpc" if metric == "bpc" else metric
+    return next((d, what) for m, d, what in CLAIMS[KIND[name]] if m == metric)
+
+
+def verdict(row: dict[str, Any], direction: int, laplacian: bool) -> str:
+    """A corrected verdict on one comparison of a primary endpoint: "supported after
+    correction" / "the other way" (Holm-adjusted p < 0.05, the claimed side / the other),
+    "no effect larger than X" (TOST at the design's detectable effect), else "undetermined".
+    A control (no Laplacian heads) gets "higher" / "lower" instead of the claim's words."""
+    if row["significant"]:
+        up = row["mean"] > 0
+        if not laplacian:
+            return "higher after correction" if up else "lower after correction"
+        return "supported after correction" if up == (direction > 0) else "the other way"
+    if row.get("equivalence"):
+        return str(row["equivalence"])
+    return f"undetermined (detectable: {fmt(row['detectable'], 2)})"
+
+
+def trend_verdict(trend: dict[str, Any], direction: int) -> str:
+    if trend["p_adjusted"] >= 0.05:
+        return "undetermined"
+    return "supported after correction" if (trend["slope"] > 0) == (direction > 0) else (
+        "the other way")  # fmt: skip
+
+
+def endpoints_table(name: str, results: dict[str, Any]) -> list[str]:
+    """The declared endpoints (``--primary``) with Holm-corrected verdicts, as markdown."""
+    primary = results.get("primary") or []
+    if not primary:
+        return []
+    m = primary[0]["family_size"]
+    trends = sum(len(item["trends"]) for item in primary)
+    lines = [f"Declared endpoints, each configuration against `{results['baseline']}` paired by "
+             f"seed: Δ with its simultaneous 95 % interval and the p-value Holm-adjusted over "
+             f"the {m} comparisons" + (f" (trends across k: over the {trends} trend tests)"
+             if trends else "") + "; `d_z` is the effect in seed-SD units:", "",
+             "| endpoint | claim | heads | Δ [simultaneous 95 %] | p (Holm) | d_z | verdict |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for item in primary:
+        direction, what = claim_of(name, item["endpoint"])
+        sign = "higher" if direction > 0 else "lower"
+        claim = f"{what}; paper: {sign}"
+        for i, (heads, row) in enumerate(item["comparisons"].items()):
+            laplacian = "laplacian" in heads
+            first = (f"`{item['endpoint']}`", claim) if i == 0 else ("", "")  # once per endpoint
+            cells = [*first, f"`{heads}`",
+                     interval(row["mean"], row["ci_simultaneous"], signed=True),
+                     fmt(row["p_adjusted"], 2), f"{row['effect']['d']:+.2f}",
+                     verdict(row, direction, laplacian)]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+        for trend in item["trends"]:
+            cells = ["", "", f"trend over k = {trend['ks']}",
+                     f"{interval(trend['slope'], trend['ci95'], signed=True)} per k",
+                     fmt(trend["p_adjusted"], 2), "", trend_verdict(trend, direction)]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def report(name: str, results: dict[str, Any]) -> str:
-    """The markdown of one study: metrics with intervals, paired differences, verdicts."""
+    """The markdown of one study: the declared endpoints with corrected verdicts, then every
+    metric with its 95 % interval and the (uncorrected, descriptive) paired differences."""
     claims = CLAIMS[KIND[name]]
     summary = results["summary"]
     layers = max(len(v["mean"]) for row in summary for v in row["analysis"].values())
@@ -156,53 +245,33 @@ def report(name: str, results: dict[str, Any]) -> str:
     lines = [f"#### `{name}`: {len(summary)} configurations x {len(results['seeds'])} seeds, "
              f"{results['wall_time_s'] / 60:.0f} min ({results['environment']['cpu_count']} "
              f"CPU cores, torch {results['environment']['torch']})", ""]  # fmt: skip
-    lines.append("Mean [95 % interval] over seeds; analysis metrics at the last layer "
-                 f"(L{last}):")  # fmt: skip
+    if results.get("selection"):
+        chosen = [f"`{row['heads']}` {row['chosen_label']}"
+                  for row in results["selection"]["configurations"]]  # fmt: skip
+        lines += ["Setting chosen per configuration on the validation half (reported on the "
+                  "test half): " + ", ".join(chosen), ""]  # fmt: skip
+    table = endpoints_table(name, results)
+    lines += [*table, ""] if table else []
+    lines.append("Descriptive, not corrected: mean [95 % interval] over seeds; analysis metrics "
+                 f"at the last layer (L{last}):")  # fmt: skip
     lines.append("")
     lines.append("| heads | " + " | ".join(metrics) + " |")
     lines.append("|---|" + "---|" * len(metrics))
     for row in summary:
         cells = [interval(*s) if (s := stats_of(row, m, last)) else "-" for m in metrics]
         lines.append(f"| `{row['heads']}` | " + " | ".join(cells) + " |")
-    lines += ["", f"Paired differences against `{results['baseline']}` (same seeds) and the "
-              "verdict on the claimed direction:", ""]  # fmt: skip
+    lines += ["", f"Paired differences against `{results['baseline']}` (same seeds; 95 % "
+              "intervals, each on its own):", ""]  # fmt: skip
     lines.append("| heads | " + " | ".join(metrics) + " |")
     lines.append("|---|" + "---|" * len(metrics))
     for row in summary:
         if not row.get("paired"):
             continue
         cells = []
-        for metric, direction, _ in claims:
-            if metric not in metrics:
-                continue
+        for metric in metrics:
             diff = paired_of(row, metric, last)
-            cells.append("-" if diff is None else
-                         f"{interval(*diff, signed=True)} {verdict(*diff, direction)}")  # fmt: skip
+            cells.append("-" if diff is None else interval(*diff, signed=True))
         lines.append(f"| `{row['heads']}` | " + " | ".join(cells) + " |")
-    lines.append("")
-    swept = [row for row in summary if row.get("paired") and "laplacian" in row["heads"]]
-    lines.append(f"Per layer, for each claim: of the {len(swept)} Laplacian configurations, "
-                 "how many have a paired interval that reproduces the claim / goes the other "
-                 "way:")  # fmt: skip
-    lines.append("")
-    lines.append("| claim | metric | " + " | ".join(f"L{i}" for i in range(layers)) + " |")
-    lines.append("|---|---|" + "---|" * layers)
-    for metric, direction, what in claims:
-        if metric not in metrics or metric in summary[0]["final"]:
-            continue
-        cells = []
-        for layer in range(layers):
-            ups = downs = total = 0
-            for row in swept:
-                diff = paired_of(row, metric, layer)
-                if diff is None:
-                    continue
-                total += 1
-                word = verdict(*diff, direction)
-                ups += word == "reproduces"
-                downs += word == "opposite"
-            cells.append(f"{ups}/{downs} of {total}")
-        lines.append(f"| {what} | {metric} | " + " | ".join(cells) + " |")
     control = next((row for row in summary if "mean" in row["heads"].replace("laplacian", "")),
                    None)  # fmt: skip
     twin = control and next(
@@ -210,19 +279,22 @@ def report(name: str, results: dict[str, Any]) -> str:
         None,
     )
     if control and twin:
-        lines += ["", f"The mean-pooling control: `{twin['heads']}` against `{control['heads']}` "
-                  "(paired over seeds; negative = lower with Laplacian heads):", ""]  # fmt: skip
-        lines.append("| metric | Δ (Laplacian − mean) [95 % interval] | p |")
-        lines.append("|---|---|---|")
+        rows = []
         for metric in metrics:
             for layer_name, layer in ([("", last)] if metric in summary[0]["final"] else
                                       [(f" L{i}", i) for i in range(layers)]):  # fmt: skip
                 a, b = values_of(twin, metric, layer), values_of(control, metric, layer)
-                if a is None or b is None:
-                    continue
-                d = paired_difference(a, b)
-                lines.append(f"| {metric}{layer_name} | {interval(d['mean'], d['ci95'], True)} "
-                             f"| {d['p']:.3f} |")  # fmt: skip
+                if a is not None and b is not None:
+                    rows.append((f"{metric}{layer_name}", paired_difference(a, b)))
+        adjusted = holm([d["p"] for _, d in rows]) if rows else []
+        lines += ["", f"The mean-pooling control: `{twin['heads']}` against `{control['heads']}` "
+                  f"(paired over seeds; negative = lower with Laplacian heads; Holm over these "
+                  f"{len(rows)} rows):", ""]  # fmt: skip
+        lines.append("| metric | Δ (Laplacian − mean) [95 % interval] | p | p (Holm) |")
+        lines.append("|---|---|---|---|")
+        for (label, d), p_holm in zip(rows, adjusted, strict=True):
+            lines.append(f"| {label} | {interval(d['mean'], d['ci95'], True)} | {d['p']:.3f} "
+                         f"| {p_holm:.3f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -234,17 +306,42 @@ def values_of(row: dict[str, Any], metric: str, layer: int) -> list[float] | Non
     return None if not stats else [v[layer] for v in stats["values"]]
 
 
+NOTE = (
+    "committed copy: each run's per-step train_loss and evaluation history dropped (they are "
+    "in the run folders of the command); everything else as written by heatformer compare"
+)
+
+
+def commit(name: str, out: Path, target: Path) -> None:
+    """Copy what ``heatformer compare`` wrote for one study into ``target/<name>/``:
+    ``results.json`` without each run's per-step history (``train_loss``, ``evals``),
+    ``results.csv``, ``spec.json`` and ``invocations.json`` (what tests/test_study.py reads)."""
+    source, folder = out / name, target / name
+    folder.mkdir(parents=True, exist_ok=True)
+    results = json.loads((source / "results.json").read_text())
+    for record in results["runs"]:
+        record.pop("train_loss", None)
+        record.pop("evals", None)
+    results["note"] = NOTE
+    (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    for file in ("results.csv", "spec.json", "invocations.json"):
+        shutil.copy2(source / file, folder / file)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/study"))
     parser.add_argument("--only", choices=sorted(STUDIES), action="append")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--figures", type=Path, help="copy each study's plots/ here")
+    parser.add_argument("--commit", type=Path, help="copy each study's results here (see commit)")
     args = parser.parse_args()
     sections = []
     for name in args.only or list(STUDIES):
         results = run(name, args.out, args.threads)
         sections.append(report(name, results))
+        if args.commit:
+            commit(name, args.out, args.commit)
         if args.figures:
             target = args.figures / name
             target.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ summary the committed one.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -33,13 +34,25 @@ from heatformer.experiments.tuning import format_selection, select, setting_labe
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reproducing.md"
-STUDIES = ["digits-controls", "chars-lr"]
+#: The studies of benchmarks/paper_study.py (committed with its --commit): the docs show its
+#: markdown; then the others, whose docs show what ``heatformer compare`` printed.
+PAPER_STUDIES = ["stdlib", "digits", "digits-layers", "chars", "chars-deep", "masked"]
+COMPARE_STUDIES = ["digits-controls", "chars-lr"]
+STUDIES = [*PAPER_STUDIES, *COMPARE_STUDIES]
+
+_spec = importlib.util.spec_from_file_location(
+    "paper_study", ROOT / "benchmarks" / "paper_study.py"
+)
+assert _spec is not None and _spec.loader is not None
+paper_study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(paper_study)
 
 
-def regenerate(results: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    """The summary and the report text of a study, from its runs only: with a selection
-    (``--select-by``), each configuration's setting is chosen again from the runs' validation
-    values and the report is the chosen runs' test values; with a sweep in k, the trend tests."""
+def regenerate(results: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The summary, the primary endpoints and the report text of a study, from its runs only:
+    with a selection (``--select-by``), each configuration's setting is chosen again from the
+    runs' validation values and the report is the chosen runs' test values; with a sweep in
+    k, the trend tests."""
     spec = CompareSpec.from_dict(results["spec"])
     metrics, analysis = results["metrics"], results["analysis_metrics"]
     runs, blocks = results["runs"], []
@@ -54,7 +67,7 @@ def regenerate(results: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
     primary = primary_endpoints(summary, results["baseline"], spec.primary, sweeps)
     blocks.append(format_endpoints(primary))
     text = "\n\n".join([format_table(summary, metrics), format_paired_table(summary, metrics)])
-    return summary, "\n\n".join([text, *blocks])
+    return {"summary": summary, "primary": primary}, "\n\n".join([text, *blocks])
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -62,6 +75,8 @@ def _close(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and math.isnan(a) and b is None:  # results.json writes NaN as null
+        return True
     if isinstance(a, float) and isinstance(b, float):
         # 1e-8, not round-off: scipy's Student-t quantile differs between releases by about
         # 3e-10 relative (scipy 1.10 in the oldest venv against 1.17, which wrote the figures).
@@ -70,17 +85,14 @@ def _close(a: Any, b: Any) -> bool:
 
 
 @pytest.mark.parametrize("study", STUDIES)
-def test_committed_results_regenerate_the_docs_tables(study: str) -> None:
+def test_committed_results_are_regenerated_from_the_runs(study: str) -> None:
+    """The summary and the primary endpoints (Holm, equivalence bounds, trends) computed again
+    from the committed runs are the committed ones, and the CSV holds the runs' values."""
     folder = ROOT / "docs" / "study" / study
     results = json.loads((folder / "results.json").read_text())
-    summary, text = regenerate(results)
-    assert _close(summary, results["summary"])
-    block = f"<!-- study {study}: generated from docs/study/{study}/results.json -->\n```text\n"
-    doc = DOC.read_text()
-    assert block in doc, f"docs/reproducing.md has no block for {study}"
-    shown = doc.split(block, 1)[1].split("\n```", 1)[0]
-    assert shown.strip("\n") == text.strip("\n")
-    # the CSV holds the same per-seed values as the runs
+    again, _ = regenerate(results)
+    assert _close(again["summary"], results["summary"])
+    assert _close(again["primary"], results["primary"])
     with (folder / "results.csv").open() as f:
         rows = {(r["heads"], r.get("setting", ""), int(r["seed"])): r for r in csv.DictReader(f)}
     assert len(rows) == len(results["runs"])
@@ -88,3 +100,48 @@ def test_committed_results_regenerate_the_docs_tables(study: str) -> None:
         row = rows[(run["heads"], setting_label(run.get("setting") or {}), run["seed"])]
         for name in results["metrics"]:
             assert math.isclose(float(row[name]), run["final"][name], rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("study", COMPARE_STUDIES)
+def test_the_compare_tables_in_the_docs_are_regenerated(study: str) -> None:
+    """The text ``heatformer compare`` prints, made again from the committed runs, is the
+    block in docs/reproducing.md."""
+    results = json.loads((ROOT / "docs" / "study" / study / "results.json").read_text())
+    _, text = regenerate(results)
+    block = f"<!-- study {study}: generated from docs/study/{study}/results.json -->\n```text\n"
+    doc = DOC.read_text()
+    assert block in doc, f"docs/reproducing.md has no block for {study}"
+    shown = doc.split(block, 1)[1].split("\n```", 1)[0]
+    assert shown.strip("\n") == text.strip("\n")
+
+
+@pytest.mark.parametrize("study", PAPER_STUDIES)
+def test_the_paper_study_tables_are_regenerated(study: str) -> None:
+    """The markdown of ``benchmarks/paper_study.py`` (the declared endpoints with their
+    corrected verdicts, the descriptive tables) computed from the regenerated statistics is
+    the section of docs/reproducing.md."""
+    results = json.loads((ROOT / "docs" / "study" / study / "results.json").read_text())
+    again, _ = regenerate(results)
+    text = paper_study.report(study, {**results, **again})
+    begin = f"<!-- paper_study {study}: generated from docs/study/{study}/results.json -->\n"
+    doc = DOC.read_text()
+    assert begin in doc, f"docs/reproducing.md has no paper_study section for {study}"
+    shown = doc.split(begin, 1)[1].split("<!-- /paper_study -->", 1)[0]
+    assert shown.strip("\n") == text.strip("\n")
+
+
+def test_a_verdict_follows_the_corrected_test() -> None:
+    """paper_study's words: significance after Holm decides "supported" / "the other way"
+    by the claimed direction; otherwise TOST's statement, else "undetermined"."""
+    row = {"significant": True, "mean": -0.1, "equivalence": None, "detectable": 0.05}
+    assert paper_study.verdict(row, -1, True) == "supported after correction"
+    assert paper_study.verdict(row, +1, True) == "the other way"
+    assert paper_study.verdict(row, +1, False) == "lower after correction"
+    row = {**row, "significant": False, "equivalence": "no effect larger than 0.031"}
+    assert paper_study.verdict(row, -1, True) == "no effect larger than 0.031"
+    row = {**row, "equivalence": None}
+    assert paper_study.verdict(row, -1, True) == "undetermined (detectable: 0.05)"
+    trend = {"p_adjusted": 0.01, "slope": 0.2}
+    assert paper_study.trend_verdict(trend, +1) == "supported after correction"
+    assert paper_study.trend_verdict(trend, -1) == "the other way"
+    assert paper_study.trend_verdict({**trend, "p_adjusted": 0.2}, -1) == "undetermined"
