@@ -128,20 +128,3 @@ def test_the_paper_study_tables_are_regenerated(study: str) -> None:
     assert begin in doc, f"docs/reproducing.md has no paper_study section for {study}"
     shown = doc.split(begin, 1)[1].split("<!-- /paper_study -->", 1)[0]
     assert shown.strip("\n") == text.strip("\n")
-
-
-def test_a_verdict_follows_the_corrected_test() -> None:
-    """paper_study's words: significance after Holm decides "supported" / "the other way"
-    by the claimed direction; otherwise TOST's statement, else "undetermined"."""
-    row = {"significant": True, "mean": -0.1, "equivalence": None, "detectable": 0.05}
-    assert paper_study.verdict(row, -1, True) == "supported after correction"
-    assert paper_study.verdict(row, +1, True) == "the other way"
-    assert paper_study.verdict(row, +1, False) == "lower after correction"
-    row = {**row, "significant": False, "equivalence": "no effect larger than 0.031"}
-    assert paper_study.verdict(row, -1, True) == "no effect larger than 0.031"
-    row = {**row, "equivalence": None}
-    assert paper_study.verdict(row, -1, True) == "undetermined (detectable: 0.05)"
-    trend = {"p_adjusted": 0.01, "slope": 0.2}
-    assert paper_study.trend_verdict(trend, +1) == "supported after correction"
-    assert paper_study.trend_verdict(trend, -1) == "the other way"
-    assert paper_study.trend_verdict({**trend, "p_adjusted": 0.2}, -1) == "undetermined"
