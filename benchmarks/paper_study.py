@@ -26,9 +26,11 @@ corrected, every metric's mean [95 % interval] and the paired differences. ``--c
 docs/study`` copies each study's results (``results.json`` without the per-step history,
 ``results.csv``, ``spec.json``, ``invocations.json``) to ``docs/study/<study>/``, from which
 tests/test_study.py computes the tables again; ``--figures docs/study`` copies the sweep
-figures (``plots/sweep_*.png``) beside them.
+figures (``plots/sweep_*.png``) beside them; ``--docs docs/reproducing.md`` writes each
+study's markdown into its section of the page.
 
-    python benchmarks/paper_study.py --out runs/study --figures docs/study --commit docs/study
+    python benchmarks/paper_study.py --out runs/study --figures docs/study --commit docs/study \
+        --docs docs/reproducing.md
     python benchmarks/paper_study.py --out runs/study --only chars       # one study
 """
 
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from heatformer.experiments.report import paired_difference
+from heatformer.experiments.report.endpoints import ALPHA
 from heatformer.experiments.report.inference import holm
 
 SUPERVISED = [
@@ -173,9 +176,9 @@ def paired_of(row: dict[str, Any], metric: str, layer: int) -> tuple[float, floa
 
 def claim_of(name: str, endpoint: str) -> tuple[int, str]:
     """The paper's claimed direction (+1 Laplacian heads raise the metric, -1 lower it) and
-    the claim's words, for a declared endpoint ``metric`` or ``metric@layer``."""
+    the claim's words, for a declared endpoint ``metric`` or ``metric@layer`` (as the spec
+    resolved it: ``bpc`` is ``val_bpc`` there)."""
     metric = endpoint.split("@")[0]
-    metric = "val_bpc" if metric == "bpc" else metric
     return next((d, what) for m, d, what in CLAIMS[KIND[name]] if m == metric)
 
 
@@ -195,7 +198,9 @@ def verdict(row: dict[str, Any], direction: int, laplacian: bool) -> str:
 
 
 def trend_verdict(trend: dict[str, Any], direction: int) -> str:
-    if trend["p_adjusted"] >= 0.05:
+    """The verdict on a trend across k (Holm over the trend tests), in :func:`verdict`'s
+    words."""
+    if trend["p_adjusted"] >= ALPHA:
         return "undetermined"
     return "supported after correction" if (trend["slope"] > 0) == (direction > 0) else (
         "the other way")  # fmt: skip
@@ -328,6 +333,21 @@ def commit(name: str, out: Path, target: Path) -> None:
         shutil.copy2(source / file, folder / file)
 
 
+def write_docs(page: Path, sections: dict[str, str]) -> None:
+    """Replace each study's section of ``page`` (between ``<!-- paper_study NAME: ... -->``
+    and ``<!-- /paper_study -->``) by its markdown; a study without a section is an error
+    (the page says where each one goes)."""
+    text = page.read_text()
+    for name, markdown in sections.items():
+        begin = f"<!-- paper_study {name}: generated from docs/study/{name}/results.json -->\n"
+        if begin not in text:
+            raise SystemExit(f"--docs: {page} has no section for {name} ({begin.strip()})")
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split("<!-- /paper_study -->", 1)
+        text = f"{head}{begin}{markdown}\n<!-- /paper_study -->{tail}"
+    page.write_text(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/study"))
@@ -335,11 +355,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--figures", type=Path, help="copy each study's plots/ here")
     parser.add_argument("--commit", type=Path, help="copy each study's results here (see commit)")
+    parser.add_argument(
+        "--docs", type=Path,
+        help="rewrite each study's section of this page (docs/reproducing.md; see write_docs)",
+    )  # fmt: skip
     args = parser.parse_args()
-    sections = []
+    sections: dict[str, str] = {}
     for name in args.only or list(STUDIES):
         results = run(name, args.out, args.threads)
-        sections.append(report(name, results))
+        sections[name] = report(name, results)
         if args.commit:
             commit(name, args.out, args.commit)
         if args.figures:
@@ -347,7 +371,9 @@ def main() -> None:
             target.mkdir(parents=True, exist_ok=True)
             for png in sorted((args.out / name / "plots").glob("sweep_*.png")):
                 shutil.copy2(png, target / png.name)
-    print("\n\n".join(sections))
+    if args.docs:
+        write_docs(args.docs, sections)
+    print("\n\n".join(sections.values()))
 
 
 if __name__ == "__main__":

@@ -99,3 +99,17 @@ def test_the_report_of_a_small_sweep_has_the_endpoints_every_configuration_and_t
     words = ("supported after correction", "the other way", "no effect larger than",
              "undetermined", "higher after correction", "lower after correction")  # fmt: skip
     assert all(any(w in row for w in words) for row in rows)
+
+
+def test_docs_sections_are_rewritten_in_place_and_a_missing_one_is_refused(
+    study: ModuleType, tmp_path: Path
+) -> None:
+    begin = "<!-- paper_study chars: generated from docs/study/chars/results.json -->\n"
+    page = tmp_path / "page.md"
+    page.write_text(f"intro\n{begin}old table\n<!-- /paper_study -->\nrest\n")
+    study.write_docs(page, {"chars": "new table"})
+    assert page.read_text() == f"intro\n{begin}new table\n<!-- /paper_study -->\nrest\n"
+    study.write_docs(page, {"chars": "new table"})  # idempotent
+    assert page.read_text() == f"intro\n{begin}new table\n<!-- /paper_study -->\nrest\n"
+    with pytest.raises(SystemExit, match="no section for masked"):
+        study.write_docs(page, {"masked": "x"})
