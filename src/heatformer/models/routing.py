@@ -287,8 +287,9 @@ class HeadRouter:
         """
         pieces = []
         # split, not slices: the backward of a split is one concatenation, where each slice's
-        # backward would fill a full-size tensor of zeros
-        parts = pv.split(self._run_sizes, dim=1)
+        # backward would fill a full-size tensor of zeros; one run is pv itself (a split of
+        # one part would copy its gradient in that concatenation)
+        parts = pv.split(self._run_sizes, dim=1) if len(self._runs) > 1 else (pv,)
         for run, piece in zip(self._runs, parts, strict=True):
             constants = run.constants
             a_is_one = constants is not None and constants[0] == 1.0
