@@ -514,3 +514,37 @@ def test_queries_at_an_offset_equal_the_zero_padded_queries(
         outs.append((*[t.detach() for t in y], dq, kk.grad, xx.grad, *views))
     for got, want in zip(outs[1], outs[0], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+# ---- products with the global keys on token-major rows ---------------------------------------
+
+
+def _rows(bf: int, r: int, x: int, token_major: bool) -> torch.Tensor:
+    """Random ``(Bf, R, X)`` rows, token-major (the heads of a ``(R, 3, Bf, X)`` projection's
+    first part, rows at stride ``3 Bf X``) or plain."""
+    if token_major:
+        return torch.randn(r, 3, bf, x, dtype=torch.float64)[:, 0].transpose(0, 1)
+    return torch.randn(bf, r, x, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("token_major", [False, True])
+@pytest.mark.parametrize(("bf", "g"), [(1, 1), (4, 1), (4, 3), (2, 8), (17, 1)])
+def test_global_key_products_equal_bmm(bf: int, g: int, token_major: bool) -> None:
+    """The block-diagonal products on token-major rows (one matrix product for all heads)
+    equal ``bmm``; other layouts, one head, or too many columns take ``bmm`` itself."""
+    from heatformer.graph_ops import _window_attention as wa
+
+    rows, dy = _rows(bf, 37, 5, token_major), _rows(bf, 37, 6, token_major)
+    mats = torch.randn(bf, 5, g, dtype=torch.float64)
+    scores = wa._rows_times(rows, mats)
+    torch.testing.assert_close(scores, torch.bmm(rows, mats), rtol=1e-13, atol=1e-13)
+    fast = token_major and bf > 1 and bf * g <= wa._TOKEN_MAJOR_COLUMNS
+    assert (wa._token_major(rows, g) is not None) == fast
+    torch.testing.assert_close(
+        wa._t_times_rows(scores, dy), torch.bmm(scores.transpose(1, 2), dy), rtol=1e-13, atol=1e-13
+    )
+    out, values = _rows(bf, 37, 6, token_major), torch.randn(bf, g, 6, dtype=torch.float64)
+    assert (wa._token_major(out, g) is not None) == fast  # added into in place
+    before = out.clone()
+    wa._add_rows_times(out, scores, values)
+    torch.testing.assert_close(out, before + torch.bmm(scores, values), rtol=1e-13, atol=1e-13)

@@ -29,7 +29,11 @@ kernel, :func:`_interior_backward`).
 The gradients in ``q`` and ``k`` of all the products of one graph (a heat series makes one per
 term) are summed in place into one buffer each (:class:`GradSink`), which autograd receives
 once, from the :func:`shared` node that every product's ``q`` and ``k`` come from: not one
-``q``-sized gradient per product plus autograd's running sums. A row with no allowed key gives
+``q``-sized gradient per product plus autograd's running sums. When ``q``, ``k`` and the
+values are the three parts of one token-major fused projection (a layer's heads, ``(N, 3, H,
+Dh)`` in memory), the three gradients are written as the parts of one buffer in that layout,
+which the layer's :func:`~heatformer.models._packed.unbind_packed` hands to the projection
+without stacking them (a copy of the projection's size). A row with no allowed key gives
 0. On the generic path the forward is one SDPA call per run of blocks in the input's dtype (for
 half-precision inputs SDPA forms the logits in float32 on the CPU from torch 2.5 on, and its
 fused CUDA kernels accumulate in float32), and the backward recomputes half-precision inputs
@@ -166,27 +170,64 @@ class GradSink:
     them. Keyed by the backward pass (:func:`heatformer._torch_compat.graph_task_id`), so that a
     pass that does not reach ``q`` and ``k`` cannot leak into a later one."""
 
-    def __init__(self, layout: WindowLayout, q_rows: int) -> None:
+    def __init__(
+        self, layout: WindowLayout, q_rows: int, packed: tuple[int, int] | None = None
+    ) -> None:
         # the geometry only: a reference to the graph would make a cycle (the graph keeps the
         # sink), and the graph, with its q and k, would outlive the step until the next gc
         b, nb = layout.row_block, layout.num_blocks
         self._rows = (nb * b, (nb - 1 + -(-layout.slab // b)) * b)  # dq, dk (>= P) rows
         self._n, self._before = layout.n, layout.before
         self._q = (layout.q_offset, q_rows)  # the graph rows q holds
-        self._by_pass: dict[int, tuple[Tensor, Tensor]] = {}
+        self._packed = packed  # q's (storage, offset) when q, k are parts 0, 1 of a projection
+        self._by_pass: dict[int, tuple[Tensor, Tensor, list[Tensor]]] = {}
 
     def buffers(self, q: Tensor, k: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(dq (Bf, nb b, E), dk (Bf, rows, E))`` of the current backward pass, zeros at
         first: ``dq`` by query row, ``dk`` by padded slab position (``rows >= P``, a multiple
-        of ``b``)."""
+        of ``b``).
+
+        When ``q`` and ``k`` are the first two parts of a fused projection (:func:`shared`
+        found them so) and ``dtype`` is theirs, both are views of one ``(rows', 3, Bf, E)``
+        buffer in the projection's layout, whose third part :meth:`values` offers to the
+        product of the values: the three gradients then reach the projection as one tensor
+        (:func:`heatformer.models._packed.unbind_packed`), with no stacking copy."""
         task = _torch_compat.graph_task_id()
         if task not in self._by_pass:
             bf, (q_rows, k_rows) = q.shape[0], self._rows
-            self._by_pass[task] = (
-                q.new_zeros(bf, q_rows, q.shape[-1], dtype=dtype),
-                q.new_zeros(bf, k_rows, k.shape[-1], dtype=dtype),
-            )
-        return self._by_pass[task]
+            if self._packed is not None and dtype == q.dtype:
+                before = self._before
+                buf = q.new_zeros(max(k_rows, before + q_rows), 3, bf, q.shape[-1])
+                dq, dk, dv = (
+                    buf[:rows, i].transpose(0, 1)
+                    for i, rows in enumerate((before + q_rows, k_rows, k_rows))
+                )  # (Bf, rows, E) each
+                self._by_pass[task] = (dq[:, before:], dk, [dv])  # dq by query row
+            else:
+                self._by_pass[task] = (
+                    q.new_zeros(bf, q_rows, q.shape[-1], dtype=dtype),
+                    q.new_zeros(bf, k_rows, k.shape[-1], dtype=dtype),
+                    [],
+                )
+        dq, dk, _ = self._by_pass[task]
+        return dq, dk
+
+    def values(self, x: Tensor, dtype: torch.dtype) -> Tensor | None:
+        """The ``(Bf, rows, C)`` gradient buffer of :meth:`buffers`' third part for the values
+        ``x`` of a product, by padded slab position, when ``x`` is that part of the projection
+        (and ``dtype`` its dtype); once per pass (a second product of the same values sums
+        into its own buffer, and autograd adds the two). None otherwise."""
+        found = self._by_pass.get(_torch_compat.graph_task_id())
+        if found is None or not found[2] or self._packed is None or x.dtype != dtype:
+            return None
+        storage, offset = self._packed
+        third = _part_offset(x, 2)
+        if (
+            third is None or x.storage_offset() != offset + third
+            or x.untyped_storage().data_ptr() != storage
+        ):  # fmt: skip
+            return None
+        return found[2].pop()
 
     def pop(self) -> tuple[Tensor, Tensor] | None:
         """The current pass's ``(dq (Bf, R, E), dk (Bf, N, E))``, ``R`` the rows of ``q`` (None
@@ -196,6 +237,29 @@ class GradSink:
             return None
         n, before, (off, rows) = self._n, self._before, self._q
         return found[0][:, off : off + rows], found[1][:, before : before + n]
+
+
+def _part_offset(t: Tensor, part: int) -> int | None:
+    """Elements from part 0 to part ``part`` of a ``(Bf, N, E)`` part of a token-major fused
+    projection, ``(N, 3, Bf, E)`` in memory (the heads of one batch element, as a
+    ``(B=1, N, 3, H, Dh)`` projection gives them), or None when ``t`` is not laid out so."""
+    bf, _, e = t.shape
+    if t.stride(1) != 3 * bf * e or t.stride(2) != 1 or (bf > 1 and t.stride(0) != e):
+        return None
+    return part * bf * e
+
+
+def _packed_parts(q: Tensor, k: Tensor) -> tuple[int, int] | None:
+    """``q``'s storage (its address) and offset when ``q`` and ``k`` ``(Bf, N, E)`` are parts 0
+    and 1 of one fused projection (:func:`_part_offset`), else None."""
+    one = _part_offset(q, 1)
+    if (
+        one is None or q.shape != k.shape or q.stride() != k.stride() or q.dtype != k.dtype
+        or k.storage_offset() != q.storage_offset() + one
+        or k.untyped_storage().data_ptr() != q.untyped_storage().data_ptr()
+    ):  # fmt: skip
+        return None
+    return q.untyped_storage().data_ptr(), int(q.storage_offset())
 
 
 class _Shared(torch.autograd.Function):
@@ -221,9 +285,59 @@ class _Shared(torch.autograd.Function):
 def shared(layout: WindowLayout, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, GradSink]:
     """``q``, ``k`` for every product of a graph of ``layout`` in one forward pass, and the sink
     their :class:`WindowAttention` gradients are summed in."""
-    sink = GradSink(layout, q.shape[1])
+    packed = _packed_parts(q, k) if layout.q_offset == 0 and q.shape[1] == layout.n else None
+    sink = GradSink(layout, q.shape[1], packed)
     qs, ks = _Shared.apply(sink, q, k)
     return qs, ks, sink
+
+
+#: At most this many ``Bf g`` columns for :func:`_token_major`'s products (each wastes a factor
+#: ``Bf`` in multiplications on the block-diagonal's zeros, small beside reading the rows).
+_TOKEN_MAJOR_COLUMNS = 16
+
+
+def _token_major(t: Tensor, small: int) -> Tensor | None:
+    """The ``(R, Bf X)`` matrix of ``t`` ``(Bf, R, X)`` when ``t`` is token-major (``(R, Bf,
+    X)`` in memory, rows at any stride: the heads of a fused projection, a token-major output)
+    and ``Bf small`` is at most :data:`_TOKEN_MAJOR_COLUMNS`, as a view; else None. A batched
+    product of such rows with ``(Bf, X, small)`` matrices is then one matrix product with their
+    block diagonal, reading each row once: ``bmm`` on them reads every batch's rows apart, with
+    the rows' stride (several times slower)."""
+    bf, r, x = t.shape
+    if bf == 1 or bf * small > _TOKEN_MAJOR_COLUMNS or t.stride(0) != x:
+        return None
+    if x > 1 and t.stride(2) != 1:
+        return None
+    return t.transpose(0, 1).view(r, bf * x)
+
+
+def _rows_times(rows: Tensor, mats: Tensor) -> Tensor:
+    """``rows @ mats``, ``(Bf, R, E) @ (Bf, E, G) -> (Bf, R, G)`` for a small ``G`` (a
+    token-major result for token-major rows, see :func:`_token_major`)."""
+    bf, r, _ = rows.shape
+    tok = _token_major(rows, mats.shape[-1])
+    if tok is None:
+        return torch.bmm(rows, mats)
+    return (tok @ torch.block_diag(*mats.unbind(0))).view(r, bf, -1).transpose(0, 1)
+
+
+def _add_rows_times(out: Tensor, a: Tensor, mats: Tensor) -> None:
+    """``out += a @ mats`` in place: ``(Bf, R, C) += (Bf, R, G) @ (Bf, G, C)``, small ``G``."""
+    tok_out, tok_a = _token_major(out, a.shape[-1]), _token_major(a, a.shape[-1])
+    if tok_out is None or tok_a is None:
+        out.baddbmm_(a, mats)
+    else:
+        tok_out.addmm_(tok_a, torch.block_diag(*mats.unbind(0)))
+
+
+def _t_times_rows(a: Tensor, rows: Tensor) -> Tensor:
+    """``a^T @ rows``: ``(Bf, R, G), (Bf, R, E) -> (Bf, G, E)``, small ``G``."""
+    (bf, _, g), e = a.shape, rows.shape[-1]
+    tok_a, tok_rows = _token_major(a, g), _token_major(rows, g)
+    if tok_a is None or tok_rows is None:
+        return torch.bmm(a.transpose(1, 2), rows)
+    every = (tok_a.T @ tok_rows).view(bf, g, bf, e)  # block (i, j): a_i^T rows_j
+    return every.diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # (Bf, G, E): the blocks (i, i)
 
 
 def _global_scores(layout: WindowLayout, rows: Tensor, k: Tensor, dtype: torch.dtype) -> Tensor:
@@ -231,7 +345,7 @@ def _global_scores(layout: WindowLayout, rows: Tensor, k: Tensor, dtype: torch.d
     product per run (a ``(Bf, nb', b, E)`` product with keys broadcast over the blocks would be
     ``Bf nb'`` tiny ones)."""
     kg = k[:, : layout.num_global].to(dtype)  # (Bf, g, E)
-    return torch.bmm(rows.to(dtype), kg.transpose(1, 2)).mul_(layout.scale)
+    return _rows_times(rows.to(dtype), kg.transpose(1, 2)).mul_(layout.scale)
 
 
 def _interior_forward(
@@ -256,7 +370,7 @@ def _interior_forward(
     # in out's own rows when it has the working dtype (no run-sized copy into it)
     merged = torch.mul(y, factor, out=out) if out.dtype == dt else y.to(dt).mul_(factor)
     pg = (sg - total.reshape(bf, -1, 1)).exp_()  # (Bf, R, g): the global keys' weights
-    merged.view(bf, -1, y.shape[-1]).baddbmm_(pg, x[:, :g].to(dt))  # (Bf, R, C)
+    _add_rows_times(merged.view(bf, -1, y.shape[-1]), pg, x[:, :g].to(dt))  # (Bf, R, C)
     if merged is not out:
         out.copy_(merged)
     return total
@@ -283,13 +397,13 @@ def _interior_backward(
     rows = qb.flatten(1, 2).to(dt)  # (Bf, R, E)
     dyw = dy.to(dt).reshape(bf, -1, dy.shape[-1])  # (Bf, R, C)
     pg = (_global_scores(layout, rows, k, dt) - lse.reshape(bf, -1, 1)).exp_()  # (Bf, R, g)
-    dsg = torch.bmm(dyw, x[:, :g].to(dt).transpose(1, 2))  # (Bf, R, g): dy x_g^T
+    dsg = _rows_times(dyw, x[:, :g].to(dt).transpose(1, 2))  # (Bf, R, g): dy x_g^T
     dsg.sub_(torch.linalg.vecdot(dyw, out.to(dt).reshape(bf, -1, out.shape[-1])).unsqueeze(-1))
     dsg.mul_(pg).mul_(layout.scale)
     start, stop, _ = blocks.indices(layout.num_blocks)
-    dq_rows[:, start * b : stop * b].baddbmm_(dsg, k[:, :g].to(dt))  # the global keys' part
-    dkg = torch.bmm(dsg.transpose(1, 2), rows)  # (Bf, g, E)
-    dxg = torch.bmm(pg.transpose(1, 2), dyw)  # (Bf, g, C)
+    _add_rows_times(dq_rows[:, start * b : stop * b], dsg, k[:, :g].to(dt))  # the global keys'
+    dkg = _t_times_rows(dsg, rows)  # (Bf, g, E)
+    dxg = _t_times_rows(pg, dyw)  # (Bf, g, C)
     return dq, dk, dx, dkg, dxg
 
 
@@ -365,7 +479,9 @@ class WindowAttention(torch.autograd.Function):
         sink: GradSink | None = ctx.sink
         dq_rows, dk_pad = (sink or GradSink(layout, q.shape[1])).buffers(q, k, acc)  # in place
         dq = dq_rows.view(bf, nb, b, -1)  # (Bf, nb, b, E)
-        dx_pad = q.new_zeros(bf, dk_pad.shape[1], x.shape[-1], dtype=acc)
+        dx_pad = sink.values(x, acc) if sink is not None else None  # x: v of a projection
+        if dx_pad is None:
+            dx_pad = q.new_zeros(bf, dk_pad.shape[1], x.shape[-1], dtype=acc)
         for blocks in layout.chunks(bf):
             dyb = layout.block_rows(dy, blocks, ctx.rows[0])  # (Bf, nb', b, C), 0 past rows
             empty = layout.run_masks(blocks)[2]

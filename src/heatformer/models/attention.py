@@ -44,6 +44,7 @@ from heatformer.graph_ops import (
     SequenceShard,
     resolve_graph,
 )
+from heatformer.models._packed import unbind_packed
 from heatformer.models.cache import KVCache
 from heatformer.models.masks import AttentionMask
 from heatformer.models.routing import HeadRouter
@@ -224,7 +225,7 @@ class DiffusionAttention(nn.Module):
         # unbound along the projection's own dim, then transposed: autograd stacks the three
         # gradients straight into the (B, N, 3, H, Dh) layout (unbinding a permuted view
         # stacks them as (3, B, H, N, Dh) and copies that back: two fresh (B, N, 3D) tensors)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, N, Dh) each
+        q, k, v = (t.transpose(1, 2) for t in unbind_packed(qkv))  # (B, H, N, Dh) each
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
