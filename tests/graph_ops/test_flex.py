@@ -43,6 +43,16 @@ def dense_allowed(n, w, causal, g, key_mask=None, drop=False):
     return allowed
 
 
+def layout(n, w, causal=False, g=0, key_mask=None, drop=False):
+    """The edges of the window graph of ``n`` nodes (its arguments checked by the graph): what
+    the block mask and the predicate are made from."""
+    q = torch.zeros(1 if key_mask is None else key_mask.shape[0], n, 1)
+    graph = WindowGraph(
+        q, q, window=w, causal=causal, num_global=g, key_mask=key_mask, drop_masked_queries=drop
+    )
+    return graph.layout
+
+
 def tiles(n, w, causal, g, bs):
     """``(any, all)`` per ``bs x bs`` tile of the dense predicate; padding past ``N`` counts
     as masked (as in ``create_block_mask``), so a tile cut by ``N`` is never all allowed."""
@@ -73,7 +83,7 @@ GEOMETRIES = [
 
 @pytest.mark.parametrize(("n", "w", "causal", "g", "bs"), GEOMETRIES)
 def test_block_mask_from_kv_blocks_equals_the_dense_predicate(n, w, causal, g, bs):
-    bm = _flex.window_block_mask(n, window=w, causal=causal, num_global=g, block_size=bs)
+    bm = _flex.window_block_mask(layout(n, w, causal, g), block_size=bs)
     assert bm.shape == (1, 1, n, n) and bm.BLOCK_SIZE == (bs, bs)
     partial, full = mask_parts(bm)
     any_, all_ = tiles(n, w, causal, g, bs)
@@ -95,9 +105,9 @@ def test_block_mask_from_kv_blocks_equals_the_dense_predicate(n, w, causal, g, b
 def test_block_mask_equals_create_block_mask(n, w, causal, g):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    mod = _flex.window_mask_mod(n, window=w, causal=causal, num_global=g)
+    mod = _flex.window_mask_mod(layout(n, w, causal, g))
     ref = create_block_mask(mod, 1, 1, n, n, device="cpu", BLOCK_SIZE=16)
-    bm = _flex.window_block_mask(n, window=w, causal=causal, num_global=g, block_size=16)
+    bm = _flex.window_block_mask(layout(n, w, causal, g), block_size=16)
     assert torch.equal(bm.to_dense(), ref.to_dense())
     assert torch.equal(mask_parts(bm)[1], mask_parts(ref)[1])
 
@@ -108,29 +118,26 @@ def test_mask_mod_is_the_predicate_with_a_key_mask(causal, drop):
     n, w, g = 23, 4, 2
     key_mask = torch.rand(3, n, generator=torch.Generator().manual_seed(0)) > 0.3
     key_mask[2] = False  # a batch row with no key at all
-    mod = _flex.window_mask_mod(
-        n, window=w, causal=causal, num_global=g, key_mask=key_mask, drop_masked_queries=drop
-    )
+    edges = layout(n, w, causal, g, key_mask, drop)
+    mod = _flex.window_mask_mod(edges)
     b = torch.arange(3)[:, None, None]
     i, j = torch.arange(n)[None, :, None], torch.arange(n)[None, None, :]
     got = mod(b, torch.zeros((), dtype=torch.long), i, j)
     assert torch.equal(got, dense_allowed(n, w, causal, g, key_mask, drop))
     # with a key mask no tile is full, and the tiles are the structural ones
-    bm = _flex.window_block_mask(
-        n, window=w, causal=causal, num_global=g, key_mask=key_mask, block_size=8
-    )
+    bm = _flex.window_block_mask(edges, block_size=8)
     partial, full = mask_parts(bm)
     assert not full.any()
     assert torch.equal(partial, tiles(n, w, causal, g, 8)[0])
 
 
 def test_block_mask_rejects_bad_sizes():
+    """The window's own arguments are the graph's to check (``test_sharding``: one function for
+    both graph constructors); the block mask refuses what no graph checks for it."""
     with pytest.raises(ValueError, match="num_nodes"):
-        _flex.window_block_mask(0, window=3)
-    with pytest.raises(ValueError, match="num_global"):
-        _flex.window_block_mask(5, window=3, num_global=6)
+        _flex.window_block_mask(layout(0, 3))
     with pytest.raises(ValueError, match="block_size"):
-        _flex.window_block_mask(5, window=3, block_size=0)
+        _flex.window_block_mask(layout(5, 3), block_size=0)
 
 
 def test_block_mask_work_is_linear_in_n():
@@ -139,7 +146,7 @@ def test_block_mask_work_is_linear_in_n():
     import time
 
     t0 = time.perf_counter()
-    bm = _flex.window_block_mask(1 << 16, window=128, causal=True, num_global=1)
+    bm = _flex.window_block_mask(layout(1 << 16, 128, causal=True, g=1))
     assert time.perf_counter() - t0 < 10.0
     nb = bm.kv_num_blocks.shape[-1]
     assert nb == 512

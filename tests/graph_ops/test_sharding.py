@@ -145,9 +145,9 @@ def test_a_block_of_the_wrong_length_is_refused_before_any_message() -> None:
 
 
 def test_the_sharded_graph_refuses_what_the_window_graph_refuses() -> None:
-    """Both constructors (and the FlexAttention block mask) check their window arguments with
-    one function: the same error, kind and message for the same bad argument."""
-    from heatformer.graph_ops import WindowGraph, _flex
+    """Both constructors check their window arguments with one function: the same error, kind
+    and message for the same bad argument."""
+    from heatformer.graph_ops import WindowGraph
 
     shard = SequenceShard(8, 0, 1)  # the whole sequence: the checks come before any message
     q = torch.zeros(1, 8, 2)
@@ -162,8 +162,6 @@ def test_the_sharded_graph_refuses_what_the_window_graph_refuses() -> None:
     ]
     for kwargs in bad:
         calls = [(WindowGraph, (q, q), {}), (ShardedWindowGraph, (q, q), {"shard": shard})]
-        if "row_block" not in kwargs:  # a block mask has no row blocks
-            calls.append((_flex.window_block_mask, (8,), {}))
         errors = set()
         for make, args, extra in calls:
             with pytest.raises((ArgumentTypeError, ArgumentValueError)) as info:

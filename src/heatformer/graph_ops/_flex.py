@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
-from heatformer.graph_ops._window_layout import check_window, window_allowed
+from heatformer.graph_ops._window_layout import WindowLayout, window_allowed
 from heatformer.graph_ops.protocol import _fold
 
 if TYPE_CHECKING:
@@ -162,38 +162,30 @@ def use_flex(graph: WindowGraph, backend: object) -> bool:
 # ---- the predicate ------------------------------------------------------------------------
 
 
-def window_mask_mod(
-    num_nodes: int,
-    *,
-    window: int,
-    causal: bool = False,
-    num_global: int = 0,
-    key_mask: Tensor | None = None,
-    drop_masked_queries: bool = False,
-    device: torch.device | str | None = None,
-) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-    """The window predicate as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool``.
+def window_mask_mod(layout: WindowLayout) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """The window predicate of ``layout`` as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) ->
+    bool``.
 
     Query ``i`` may attend key ``j`` when ``0 <= i - j < w`` (causal) or ``|i - j| <= w``, or
     when ``i < g`` or ``j < g`` (global tokens; causal order still applies), and
     ``key_mask[b, j]`` (and ``key_mask[b, i]`` with ``drop_masked_queries``).
 
     Args:
-        num_nodes: ``N``; the window is clipped to it as :class:`WindowGraph` does.
-        window: ``w >= 1``.
-        causal: the causal window.
-        num_global: ``g >= 0`` global tokens.
-        key_mask: bool ``(Bf, N)`` (``True`` = a real key), indexed by the kernel's batch index
-            ``b`` (the flattened batch of the graph); None = every key is real.
-        drop_masked_queries: padded queries lose their out-edges too.
-        device: the kernel's device (where ``w`` and ``g`` are kept, as 0-dim tensors).
+        layout: a window graph's edges (:attr:`WindowGraph.layout
+            <heatformer.graph_ops.WindowGraph.layout>`, its arguments checked by the graph): its
+            ``window`` (already clipped to ``N``), ``causal``, ``num_global``,
+            ``drop_masked_queries`` and ``key_mask`` (bool ``(Bf, N)``, indexed by the kernel's
+            batch index ``b``, the flattened batch of the graph; None = every key is real); ``w``
+            and ``g`` are kept as 0-dim tensors on its ``device`` (the kernel's).
 
     Returns:
         A function of scalar (or broadcasting) int tensors ``b, h, q_idx, kv_idx``; the head
         index is unused.
 
     Example:
-        >>> mod = window_mask_mod(5, window=2, causal=True)
+        >>> from heatformer.graph_ops import WindowGraph
+        >>> q = k = torch.zeros(1, 5, 2)
+        >>> mod = window_mask_mod(WindowGraph(q, k, window=2, causal=True).layout)
         >>> i, j = torch.arange(5)[:, None], torch.arange(5)[None]
         >>> mod(torch.tensor(0), torch.tensor(0), i, j).int()
         tensor([[1, 0, 0, 0, 0],
@@ -204,14 +196,15 @@ def window_mask_mod(
     """
     # w and g as tensors: torch.compile lifts a captured tensor into an input, where it would
     # guard on a captured int and compile the kernel again for every window and g
-    w = torch.tensor(min(window, max(num_nodes, 1)), device=device)
-    g = torch.tensor(num_global, device=device)
+    w = torch.tensor(layout.window, device=layout.device)
+    g = torch.tensor(layout.num_global, device=layout.device)
+    causal, key_mask, drop = layout.causal, layout.key_mask, layout.drop_masked_queries
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         allowed = window_allowed(q_idx, kv_idx, window=w, causal=causal, num_global=g)
         if key_mask is not None:
             allowed = allowed & key_mask[b, kv_idx]
-            if drop_masked_queries:
+            if drop:
                 allowed = allowed & key_mask[b, q_idx]
         return allowed
 
@@ -310,29 +303,16 @@ def _kv_blocks(
     return kv_num, kv_idx, full_num, full_idx
 
 
-def window_block_mask(
-    num_nodes: int,
-    *,
-    window: int,
-    causal: bool = False,
-    num_global: int = 0,
-    key_mask: Tensor | None = None,
-    drop_masked_queries: bool = False,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    device: torch.device | str | None = None,
-) -> BlockMask:
-    r"""The FlexAttention block mask of a window graph, from kv blocks, without ``N^2`` work.
+def window_block_mask(layout: WindowLayout, *, block_size: int = DEFAULT_BLOCK_SIZE) -> BlockMask:
+    r"""The FlexAttention block mask of a window graph's ``layout``, from kv blocks, without
+    ``N^2`` work.
 
     Args:
-        num_nodes: ``N >= 1``.
-        window: ``w >= 1`` (clipped to ``N``, as :class:`WindowGraph` does).
-        causal: the causal window.
-        num_global: ``0 <= g <= N`` global tokens.
-        key_mask: bool ``(Bf, N)`` or None (see :func:`window_mask_mod`). With a key mask no
-            tile is *full* (the mask decides inside the kernel); the tiles are the same.
-        drop_masked_queries: see :func:`window_mask_mod`.
+        layout: the graph's edges (:attr:`WindowGraph.layout
+            <heatformer.graph_ops.WindowGraph.layout>`, see :func:`window_mask_mod`), of
+            ``N >= 1`` nodes. With a key mask no tile is *full* (the mask decides inside the
+            kernel); the tiles are the same. The index tensors live on its ``device``.
         block_size: ``B``, rows and keys per tile.
-        device: where the index tensors live (the inputs' device).
 
     Returns:
         A ``BlockMask`` of shape ``(1, 1, N, N)`` (broadcast over batch and heads; the
@@ -344,33 +324,27 @@ def window_block_mask(
 
     Equivalent to (in ``O(N^2)`` evaluations)::
 
-        create_block_mask(window_mask_mod(N, window=w, ...), 1, 1, N, N, BLOCK_SIZE=B)
+        create_block_mask(window_mask_mod(layout), 1, 1, N, N, BLOCK_SIZE=B)
 
     (up to the key mask: ``create_block_mask`` drops tiles whose keys are all masked, this
     keeps them as partial tiles, which the kernel then masks entirely).
 
     Raises:
-        ValueError: a size out of range.
+        ValueError: a graph without nodes, or a ``block_size`` that is not a positive int.
         RuntimeError: FlexAttention is not available in this torch (:func:`flex_available`).
     """
-    n = V.check_positive_int("num_nodes", num_nodes)
-    check_window(n, window, num_global, causal, drop_masked_queries, None)  # no row blocks
-    w = min(window, n)
+    n = V.check_positive_int("num_nodes", layout.n)
     bs = V.check_positive_int("block_size", block_size)
     _require_flex()
     from torch.nn.attention.flex_attention import BlockMask
 
-    dev = torch.device(device) if device is not None else torch.device("cpu")
     kv_num, kv_idx, full_num, full_idx = _kv_blocks(
-        n, w, num_global, bs, causal=causal, no_full=key_mask is not None, device=dev
-    )
-    mask_mod = window_mask_mod(
-        n, window=w, causal=causal, num_global=num_global, key_mask=key_mask,
-        drop_masked_queries=drop_masked_queries, device=dev,
+        n, layout.window, layout.num_global, bs, causal=layout.causal,
+        no_full=layout.key_mask is not None, device=layout.device,
     )  # fmt: skip
     return BlockMask.from_kv_blocks(
         kv_num[None, None], kv_idx[None, None], full_num[None, None], full_idx[None, None],
-        BLOCK_SIZE=bs, mask_mod=mask_mod, seq_lengths=(n, n),
+        BLOCK_SIZE=bs, mask_mod=window_mask_mod(layout), seq_lengths=(n, n),
     )  # fmt: skip
 
 
@@ -404,12 +378,7 @@ def _graph_block_mask(graph: WindowGraph) -> BlockMask:
     time, as part of the traced program)."""
 
     def build() -> BlockMask:
-        return window_block_mask(
-            graph.num_nodes, window=graph.window, causal=graph.causal,
-            num_global=graph.num_global, key_mask=graph.layout.key_mask,
-            drop_masked_queries=graph.drop_masked_queries, block_size=DEFAULT_BLOCK_SIZE,
-            device=graph.device,
-        )  # fmt: skip
+        return window_block_mask(graph.layout, block_size=DEFAULT_BLOCK_SIZE)
 
     if torch.compiler.is_compiling():
         return build()

@@ -163,8 +163,11 @@ class WindowGraph(Graph):
         check_window(n, window, num_global, causal, drop_masked_queries, row_block)
         if key_mask is not None:
             _check_key_mask(key_mask, batch, n)
-        drop = drop_masked_queries
-        self._setup(q, k, window, causal, num_global, key_mask, drop, scale, row_block)
+        checked = WindowGraph._trusted(
+            q, k, window=window, causal=causal, num_global=num_global, key_mask=key_mask,
+            drop_masked_queries=drop_masked_queries, row_block=row_block, scale=scale,
+        )  # fmt: skip
+        self._init(checked.q, checked.k, checked.layout)
 
     @classmethod
     def _trusted(
@@ -189,26 +192,9 @@ class WindowGraph(Graph):
         ``q_offset`` (a :class:`~heatformer.graph_ops.sharding.ShardedWindowGraph`'s extended
         block): ``q`` ``(..., R, E)`` holds the queries of graph rows ``q_offset ... q_offset +
         R - 1`` of the ``N = k.shape[-2]`` rows, the others' are zeros (never read; see
-        :class:`~heatformer.graph_ops._window_layout.WindowLayout`)."""
-        graph = cls.__new__(cls)
-        drop = drop_masked_queries
-        graph._setup(q, k, window, causal, num_global, key_mask, drop, scale, row_block, q_offset)
-        return graph
+        :class:`~heatformer.graph_ops._window_layout.WindowLayout`).
 
-    def _setup(
-        self,
-        q: Tensor,
-        k: Tensor,
-        window: int,
-        causal: bool,
-        num_global: int,
-        key_mask: Tensor | None,
-        drop: bool,
-        scale: float | None,
-        row_block: int | None,
-        q_offset: int = 0,
-    ) -> None:
-        """The layout of checked arguments, and the graph on it."""
+        The public constructor is its checks, then this."""
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         n = int(k.shape[-2])
         # a window of N or more keys already holds every key: the same graph as w = N, whose
@@ -217,9 +203,12 @@ class WindowGraph(Graph):
         flat_mask = flat_key_mask(key_mask, batch, n)  # (Bf, N)
         b = row_block if row_block is not None else min(256, max(w, 32))
         s = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        drop = drop_masked_queries
         layout = WindowLayout(n, w, causal, num_global, b, drop, s, q_offset, q.device, flat_mask)
         q = q.expand(*batch, *q.shape[-2:])  # (..., R, E): R = N unless q_offset says otherwise
-        self._init(q, k.expand(*batch, n, k.shape[-1]), layout)
+        graph = cls.__new__(cls)
+        graph._init(q, k.expand(*batch, n, k.shape[-1]), layout)
+        return graph
 
     def _init(self, q: Tensor, k: Tensor, layout: WindowLayout) -> None:
         """The graph of ``layout`` on ``q`` ``(..., R, E)`` (``R = N`` unless the layout's
