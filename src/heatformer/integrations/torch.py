@@ -52,7 +52,7 @@ from heatformer.graph_ops._precision import attention_scores
 from heatformer.integrations._convert import Adapter
 from heatformer.integrations._heads import HeadOperators, heads_for
 from heatformer.integrations._record import RecordedHeads
-from heatformer.models.attention import check_multihead_attention
+from heatformer.models.attention import check_layer_sizes, check_multihead_attention
 from heatformer.models.masks import AttentionMask, allowed_from
 
 __all__ = ["MultiheadDiffusionAttention", "convert", "load_state_dict"]
@@ -103,20 +103,11 @@ class MultiheadDiffusionAttention(RecordedHeads):
         graph: str | GraphBuilder = "softmax",
     ) -> None:
         super().__init__()
-        checks.check_positive_int("embed_dim", embed_dim)
-        checks.check_positive_int("num_heads", num_heads)
-        if embed_dim % num_heads:
-            raise checks.bad_value(
-                "embed_dim", f"expected a multiple of num_heads ({num_heads}), got {embed_dim}"
-            )
+        check_layer_sizes(embed_dim, num_heads, dropout)
         if kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
             raise checks.bad_value("kdim", "kdim/vdim different from embed_dim are not supported")
         if add_bias_kv or add_zero_attn:
             raise checks.bad_value("add_bias_kv", "add_bias_kv and add_zero_attn are not supported")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise checks.bad_type("dropout", f"expected a float in [0, 1), got {dropout!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise checks.bad_value("dropout", f"expected a probability in [0, 1), got {dropout}")
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.kdim = self.vdim = embed_dim

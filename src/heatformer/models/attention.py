@@ -128,19 +128,8 @@ class DiffusionAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        checks.check_positive_int("embed_dim", embed_dim)
-        checks.check_positive_int("num_heads", num_heads)
-        if embed_dim % num_heads != 0:
-            raise checks.bad_value(
-                "embed_dim", f"expected a multiple of num_heads ({num_heads}), got {embed_dim}"
-            )
+        check_layer_sizes(embed_dim, num_heads, dropout)
         checks.check_positive_int("topk", topk, optional=True)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise checks.bad_type(
-                "dropout", f"expected a float in [0, 1), got {type(dropout).__name__}"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise checks.bad_value("dropout", f"expected a probability in [0, 1), got {dropout}")
         checks.check_bool("causal", causal)
         self.graph_kind = resolve_graph(checks.resolve_topk(graph, topk))
         if causal and not self.graph_kind.supports_causal:
@@ -489,6 +478,30 @@ def check_shard(shard: object, n_local: int, name: str) -> None:
             f"expected the shard's {shard.local_nodes} tokens (rows {shard.start}:{shard.stop} "
             f"of {shard.num_nodes}), got {n_local}",
         )
+
+
+def check_layer_sizes(embed_dim: object, num_heads: object, dropout: object) -> None:
+    """The checks of an attention layer's ``embed_dim``, ``num_heads`` and ``dropout``, the
+    same for :class:`DiffusionAttention` and the ``torch.nn`` adapter's layer.
+
+    Raises:
+        TypeError: naming the argument, a size that is not an int or a ``dropout`` that is not
+            a float.
+        ValueError: naming the argument, a size below 1, an ``embed_dim`` that is not a
+            multiple of ``num_heads``, a ``dropout`` outside ``[0, 1)``.
+    """
+    embed_dim = checks.check_positive_int("embed_dim", embed_dim)
+    num_heads = checks.check_positive_int("num_heads", num_heads)
+    if embed_dim % num_heads != 0:
+        raise checks.bad_value(
+            "embed_dim", f"expected a multiple of num_heads ({num_heads}), got {embed_dim}"
+        )
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise checks.bad_type(
+            "dropout", f"expected a float in [0, 1), got {type(dropout).__name__}"
+        )
+    if not 0.0 <= dropout < 1.0:
+        raise checks.bad_value("dropout", f"expected a probability in [0, 1), got {dropout}")
 
 
 def check_multihead_attention(mha: object) -> None:

@@ -52,8 +52,8 @@ class Centering(MeanPooling):
     causal layers).
 
     Args:
-        scale: a factor on the output (default 1).
-        learnable: make ``scale`` a parameter.
+        scale, learnable: as in :class:`~heatformer.graph_ops.MeanPooling`, whose constructor
+            this is.
 
     Shape:
         ``x``: ``(..., N, C)`` -> ``(..., N, C)``.
