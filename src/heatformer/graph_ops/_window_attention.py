@@ -312,32 +312,35 @@ def _token_major(t: Tensor, small: int) -> Tensor | None:
 
 
 def _rows_times(rows: Tensor, mats: Tensor) -> Tensor:
-    """``rows @ mats``, ``(Bf, R, E) @ (Bf, E, G) -> (Bf, R, G)`` for a small ``G`` (a
-    token-major result for token-major rows, see :func:`_token_major`)."""
+    """``rows @ mats``, ``(Bf, R, E) @ (Bf, E, G) -> (Bf, R, G)`` for a small ``G``: on
+    token-major rows (:func:`_token_major`) one product ``diag(mats)^T rows^T``, which reads
+    the rows in order (twice as fast as ``rows diag(mats)`` on strided rows)."""
     bf, r, _ = rows.shape
     tok = _token_major(rows, mats.shape[-1])
     if tok is None:
         return torch.bmm(rows, mats)
-    return (tok @ torch.block_diag(*mats.unbind(0))).view(r, bf, -1).transpose(0, 1)
+    cols = torch.block_diag(*mats.unbind(0)).T @ tok.T  # (Bf G, R)
+    return cols.view(bf, -1, r).transpose(1, 2)
 
 
 def _add_rows_times(out: Tensor, a: Tensor, mats: Tensor) -> None:
-    """``out += a @ mats`` in place: ``(Bf, R, C) += (Bf, R, G) @ (Bf, G, C)``, small ``G``."""
-    tok_out, tok_a = _token_major(out, a.shape[-1]), _token_major(a, a.shape[-1])
-    if tok_out is None or tok_a is None:
+    """``out += a @ mats`` in place: ``(Bf, R, C) += (Bf, R, G) @ (Bf, G, C)``, small ``G``
+    (``a`` is made ``(R, Bf G)``: a copy of a small tensor at most)."""
+    (bf, r, g), tok_out = a.shape, _token_major(out, a.shape[-1])
+    if tok_out is None:
         out.baddbmm_(a, mats)
     else:
-        tok_out.addmm_(tok_a, torch.block_diag(*mats.unbind(0)))
+        tok_out.addmm_(a.transpose(0, 1).reshape(r, bf * g), torch.block_diag(*mats.unbind(0)))
 
 
 def _t_times_rows(a: Tensor, rows: Tensor) -> Tensor:
     """``a^T @ rows``: ``(Bf, R, G), (Bf, R, E) -> (Bf, G, E)``, small ``G``."""
-    (bf, _, g), e = a.shape, rows.shape[-1]
-    tok_a, tok_rows = _token_major(a, g), _token_major(rows, g)
-    if tok_a is None or tok_rows is None:
+    (bf, r, g), e = a.shape, rows.shape[-1]
+    tok_rows = _token_major(rows, g)
+    if tok_rows is None:
         return torch.bmm(a.transpose(1, 2), rows)
-    every = (tok_a.T @ tok_rows).view(bf, g, bf, e)  # block (i, j): a_i^T rows_j
-    return every.diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # (Bf, G, E): the blocks (i, i)
+    every = (a.transpose(1, 2).reshape(bf * g, r) @ tok_rows).view(bf, g, bf, e)
+    return every.diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # (Bf, G, E): blocks (i, i)
 
 
 def _global_scores(layout: WindowLayout, rows: Tensor, k: Tensor, dtype: torch.dtype) -> Tensor:
