@@ -112,3 +112,22 @@ def test_a_buffer_laid_out_otherwise_is_stacked() -> None:
     assert _packed._as_packed(tuple(p.clone() for p in parts), shape) is None  # own storage
     other = torch.randn(1, 5, 4, 2, 4)  # a fourth part: the rows are 4 parts apart
     assert _packed._as_packed(tuple(other[:, :, i] for i in range(3)), shape) is None
+
+
+def test_torch_func_grad_through_the_unbind() -> None:
+    """``torch.func`` transforms differentiate the layer as before (the unbind declares its
+    context and vmap rule; wrapped gradients without storage are stacked)."""
+    from torch.func import functional_call, grad
+
+    layer = mh.random_layer("attention:2,laplacian:2", graph="softmax", causal=True)
+    params = dict(layer.named_parameters())
+    x = torch.randn(2, 7, layer.embed_dim, dtype=torch.float64)
+
+    def loss(p):
+        return functional_call(layer, p, (x,)).square().sum()
+
+    got = grad(loss)(params)
+    layer.zero_grad(set_to_none=True)
+    loss(params).backward()
+    for name, value in got.items():
+        torch.testing.assert_close(value, params[name].grad, rtol=1e-12, atol=1e-12)

@@ -60,7 +60,7 @@ masked SDPA call.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -224,7 +224,7 @@ class GradSink:
         third = _part_offset(x, 2)
         if (
             third is None or x.storage_offset() != offset + third
-            or x.untyped_storage().data_ptr() != storage
+            or _storage(x) != storage
         ):  # fmt: skip
             return None
         return found[2].pop()
@@ -249,6 +249,15 @@ def _part_offset(t: Tensor, part: int) -> int | None:
     return part * bf * e
 
 
+def _storage(t: Tensor) -> int | None:
+    """The address of ``t``'s storage; None for a tensor without one (a ``torch.func``
+    transform's wrapper)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def _packed_parts(q: Tensor, k: Tensor) -> tuple[int, int] | None:
     """``q``'s storage (its address) and offset when ``q`` and ``k`` ``(Bf, N, E)`` are parts 0
     and 1 of one fused projection (:func:`_part_offset`), else None."""
@@ -256,10 +265,10 @@ def _packed_parts(q: Tensor, k: Tensor) -> tuple[int, int] | None:
     if (
         one is None or q.shape != k.shape or q.stride() != k.stride() or q.dtype != k.dtype
         or k.storage_offset() != q.storage_offset() + one
-        or k.untyped_storage().data_ptr() != q.untyped_storage().data_ptr()
+        or _storage(q) is None or _storage(k) != _storage(q)
     ):  # fmt: skip
         return None
-    return q.untyped_storage().data_ptr(), int(q.storage_offset())
+    return cast(int, _storage(q)), int(q.storage_offset())
 
 
 class _Shared(torch.autograd.Function):

@@ -26,12 +26,13 @@ def _as_packed(grads: tuple[Tensor, ...], shape: torch.Size) -> Tensor | None:
     as its parts (the parts' strides, one part of ``H Dh`` elements after the other)."""
     first = grads[0]
     part = shape[3] * shape[4]
+    try:  # a tensor without storage (a torch.func transform's wrapper) is stacked
+        storages = {g.untyped_storage().data_ptr() for g in grads}
+    except (RuntimeError, NotImplementedError):
+        return None
     offsets = [g.storage_offset() - first.storage_offset() for g in grads]
-    same = all(
-        g.dtype == first.dtype
-        and g.stride() == first.stride()
-        and g.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-        for g in grads
+    same = len(storages) == 1 and all(
+        g.dtype == first.dtype and g.stride() == first.stride() for g in grads
     )
     b_stride, n_stride, h_stride, d_stride = first.stride()
     if not (same and offsets == [0, part, 2 * part] and n_stride == 3 * part):
@@ -43,11 +44,16 @@ def _as_packed(grads: tuple[Tensor, ...], shape: torch.Size) -> Tensor | None:
 
 
 class _UnbindPacked(torch.autograd.Function):
+    generate_vmap_rule = True  # torch.func transforms: the rule of unbind and stack
+
     @staticmethod
-    def forward(ctx: Any, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        ctx.shape = qkv.shape
+    def forward(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = qkv.unbind(2)
         return q, k, v
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor], output: Any) -> None:
+        ctx.shape = inputs[0].shape
 
     @staticmethod
     def backward(ctx: Any, dq: Tensor, dk: Tensor, dv: Tensor) -> Tensor:
