@@ -168,3 +168,21 @@ def test_importing_the_graphs_and_models_does_not_import_dynamo() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert out.strip() == "[]"
+
+
+#: issue 22's bounds: a module's lines, and a function's unless its docstring says why
+MODULE_LINES, FUNCTION_LINES = 550, 80
+
+
+@pytest.mark.parametrize("module", sorted(_modules()))
+def test_modules_and_functions_stay_short(module: str) -> None:
+    """No module over ``MODULE_LINES`` lines; no function over ``FUNCTION_LINES`` unless its
+    docstring gives the reason ("Over 80 lines ...")."""
+    path = _modules()[module]
+    text = path.read_text()
+    assert text.count("\n") <= MODULE_LINES, f"{module}: {text.count(chr(10))} lines"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            why = f"Over {FUNCTION_LINES} lines" in (ast.get_docstring(node) or "")
+            assert length <= FUNCTION_LINES or why, f"{module}.{node.name}: {length} lines"

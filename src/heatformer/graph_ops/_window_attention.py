@@ -43,14 +43,11 @@ Second derivatives: with ``create_graph=True`` (a gradient penalty, ``gradgradch
 backward takes the generic path whatever the forward took -- the fused kernel's backward has
 no derivative -- and autograd differentiates its plain products.
 
-Measured (``benchmarks/bench_versions.py --threads 1 --only "window layer"``: window(128) + 1
-global token, causal, H = 4, Dh = 64, N = 65536, fwd + bwd, one thread): 0.87 of the time of
-the code before :mod:`~heatformer.graph_ops._window_layout` (dense global row, slab copies);
-CPU time per token 51-55 us at 65k and 262k, 62 us at 1M (peak RSS 10.2 GB). With the global
-keys as one product per run and no copies before the fused backward: 0.80 of the CPU time of
-that code (``--clock cpu``, 2 rounds on the loaded machine; docs/benchmarks.md); with the
-layer's head split and merge copying less and a token-major output (:func:`_like_rows`):
-0.76-0.77.
+Measured (``benchmarks/bench_versions.py --threads 1 --only "window layer" --clock cpu``:
+window(128) + 1 global token, causal, H = 4, Dh = 64, N = 65536, fwd + bwd, one thread, quiet
+machine): 0.78-0.80 of the CPU time of the code before
+:mod:`~heatformer.graph_ops._window_layout` (dense global row, slab copies, a stacked
+projection gradient); each step's figures are in docs/benchmarks.md.
 
 Measured earlier (``benchmarks/bench_long.py``, window(128) layer of heat heads, t = 1, tol 1e-6,
 H = 4, Dh = 64, N = 262144, fwd + bwd): peak 3.94 GB, against 5.07 GB with whole padded copies,
