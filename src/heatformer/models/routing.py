@@ -66,6 +66,14 @@ def head_index(heads: Sequence[int]) -> slice | Tensor:
     return torch.tensor(list(heads), dtype=torch.long)
 
 
+def _heads(t: Tensor, index: slice | Tensor) -> Tensor:
+    """``t[:, index]``, or ``t`` when it takes every head (torch 2.5 copies the gradient of a
+    slice of a whole dim)."""
+    if isinstance(index, slice) and index.start == 0 and index.stop == t.shape[1]:
+        return t
+    return t[:, index]
+
+
 class _Run(NamedTuple):
     """Consecutive fused heads that share an operator: positions ``start:stop`` among the
     fused heads, and the operator's fixed coefficients (None: learnable)."""
@@ -286,9 +294,8 @@ class HeadRouter:
             ``(B, Hf, N, C)``.
         """
         pieces = []
-        # split, not slices: the backward of a split is one concatenation, where each slice's
-        # backward would fill a full-size tensor of zeros; one run is pv itself (a split of
-        # one part would copy its gradient in that concatenation)
+        # split, not slices (each slice's backward would fill a full-size tensor of zeros);
+        # one run is pv itself (the concatenation of a split's one part copies its gradient)
         parts = pv.split(self._run_sizes, dim=1) if len(self._runs) > 1 else (pv,)
         for run, piece in zip(self._runs, parts, strict=True):
             constants = run.constants
@@ -358,12 +365,12 @@ class HeadRouter:
         outs: list[Tensor] = []
         if self._fused_index is not None:
             fi = self._fused_index
-            vf, mf = v[:, fi], mask.heads(fi)
+            qf, kf, vf, mf = _heads(q, fi), _heads(k, fi), _heads(v, fi), mask.heads(fi)
             if dropout > 0.0:
-                pv, has = _sdpa(q[:, fi], k[:, fi], vf, mf, scale, dropout)
+                pv, has = _sdpa(qf, kf, vf, mf, scale, dropout)
                 ident = None if not self._uses_identity else vf if has is None else vf * has
             else:
-                graph = self.graph(q[:, fi], k[:, fi], mf, scale=scale, shard=shard)
+                graph = self.graph(qf, kf, mf, scale=scale, shard=shard)
                 walk = GraphLaplacian(graph, "rw")
                 pv = walk.adjacency(vf)  # P v for every fused head: one propagation
                 ident = walk.identity(vf) if self._uses_identity else None
