@@ -365,7 +365,7 @@ def _window_case(env: Env, n: int, budget: float) -> dict[str, Any]:
         for _ in range(3)
     )
     t0 = time.perf_counter()
-    peer_mask = _flex.window_block_mask(n, window=w, causal=True, device=env.device)
+    peer_mask = _flex.window_block_mask(WindowGraph(q, k, window=w, causal=True).layout)
     env.sync()
     mask_s = time.perf_counter() - t0
     peer_kernel = _flex._kernel()
