@@ -211,9 +211,10 @@ class DiffusionAttention(nn.Module):
             )
         b, n, _ = x.shape
         qkv = self.in_proj(x).view(b, n, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, Dh)
-        # unbound along the projection's own dim, then transposed: autograd stacks the three
-        # gradients straight into the (B, N, 3, H, Dh) layout (unbinding a permuted view
-        # stacks them as (3, B, H, N, Dh) and copies that back: two fresh (B, N, 3D) tensors)
+        # unbound along the projection's own dim, then transposed: the three gradients come
+        # back in the (B, N, 3, H, Dh) layout, stacked once, or not at all when the graph's
+        # backward wrote them as its parts (unbind_packed; unbinding a permuted view stacked
+        # them as (3, B, H, N, Dh) and copied that back: two fresh (B, N, 3D) tensors)
         q, k, v = (t.transpose(1, 2) for t in unbind_packed(qkv))  # (B, H, N, Dh) each
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)

@@ -384,10 +384,10 @@ class HeadRouter:
                 )
             idx = group.where
             graph = self.graph(
-                q[:, idx], k[:, idx], mask.heads(idx), scale=scale,
+                _heads(q, idx), _heads(k, idx), mask.heads(idx), scale=scale,
                 symmetric_mask=group.op.reads_transpose, shard=shard,
             )  # fmt: skip
-            outs.append(group.op(graph, v[:, idx]))
+            outs.append(group.op(graph, _heads(v, idx)))
         return self._in_head_order(outs, v, n_q)
 
     def _in_head_order(self, outs: list[Tensor], v: Tensor, n_q: int) -> Tensor:
