@@ -13,6 +13,9 @@ private name                                          fallback (public ops)
 ``aten._softmax_backward_data``                       ``P * (dP - rowsum(P * dP))``
 ``torch._C._current_graph_task_id``                   a per-backward-pass counter (see
                                                       :func:`graph_task_id`)
+``torch._C._functorch.peek_interpreter_stack``        none: where it is missing, no
+                                                      :mod:`torch.func` transform is seen (see
+                                                      :func:`func_transforming`)
 ====================================================  ==========================================
 
 Each is probed once per process, on first use (and, for the kernels, once per dtype): the probe
@@ -66,6 +69,7 @@ __all__ = [
     "TorchCompatWarning",
     "flash_attention_cpu",
     "flash_attention_cpu_backward",
+    "func_transforming",
     "graph_task_id",
     "native",
     "softmax_backward",
@@ -385,3 +389,21 @@ def graph_task_id() -> int:
         task: int = torch._C._current_graph_task_id()
         return task
     return _pass_counter()
+
+
+def func_transforming() -> bool:
+    """Whether a :mod:`torch.func` transform (``grad``, ``vjp``, ``jacrev``, ``jvp``, ``vmap``,
+    ...) is running the call, outside :func:`torch.compile`'s tracing.
+
+    The library's custom autograd Functions keep Python state between their forward and
+    backward (the window kernels' shared gradient buffers, keyed by the backward pass; a sparse
+    graph's cached transpose) and take storage addresses, which a transform's wrapped tensors
+    do not have; inside a transform the graphs compute with plain differentiable ops instead.
+    ``torch._C._functorch.peek_interpreter_stack()`` is not None inside one; where the name is
+    missing this says False. While :func:`torch.compile` traces, False: the tracer handles the
+    transforms it traces itself, and the name is not one it may call.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from heatformer import _torch_compat
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
 
 
@@ -151,6 +152,9 @@ def csr_matmul(
 ) -> Tensor:
     """Differentiable ``A @ x`` for the CSR matrix ``A = (struct, values)``.
 
+    Inside a :mod:`torch.func` transform (:func:`heatformer._torch_compat.func_transforming`)
+    the product is a gather and scatter-add that autograd differentiates.
+
     float16/bfloat16 operands are multiplied in float32 (``torch.sparse`` has no half
     precision CSR kernel on the CPU) and the product is rounded to ``x``'s dtype; autocast is
     off inside, so the float32 product is not cast back.
@@ -167,5 +171,16 @@ def csr_matmul(
     """
     compute = accumulation_dtype(x.dtype)
     with full_precision(x.device.type):
+        if _torch_compat.func_transforming():  # see below
+            return _gathered_matmul(values.to(compute), x.to(compute), struct).to(x.dtype)
         y = _CSRMatmul.apply(values.to(compute), x.to(compute), struct, transposed)
     return y.to(x.dtype)
+
+
+def _gathered_matmul(values: Tensor, x: Tensor, struct: CSRStructure) -> Tensor:
+    """``A @ x`` by gather and scatter-add, ``(size, C)``, differentiated by autograd: the
+    path inside a :mod:`torch.func` transform, whose wrapped tensors ``torch.sparse`` does not
+    take (and whose ``vmap`` adds a batch dimension a CSR product has no rule for). Keeps the
+    ``(E, C)`` gathered rows."""
+    msgs = values.unsqueeze(-1) * x[struct.col.long()]  # (E, C)
+    return x.new_zeros(struct.size, x.shape[-1]).index_add(0, struct.rows().long(), msgs)

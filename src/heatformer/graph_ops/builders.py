@@ -83,6 +83,10 @@ class GraphBuilder:
     takes_dense_mask: ClassVar[bool] = False
     #: the kind can split a sequence over processes (:meth:`sharded`)
     shards: ClassVar[bool] = False
+    #: its graphs run under :func:`torch.func.vmap` (per-sample gradients, ``vmap(grad(f))``);
+    #: every kind runs under the other :mod:`torch.func` transforms (``grad``, ``vjp``,
+    #: ``jacrev``; ``jvp`` in SDPA's math backend)
+    vmaps: ClassVar[bool] = True
     #: parameter sets worth testing, the defaults first (the combination matrix runs them)
     examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
 
@@ -274,6 +278,10 @@ class TopkBuilder(GraphBuilder):
 
     name = "topk"
     incremental = True
+    #: the selection writes each sequence's kept keys into one buffer, and the graph is one
+    #: CSR matrix over the batch: neither has a batching rule (PyTorch refuses, naming an
+    #: in-place write)
+    vmaps = False
     examples = ({"k": 3},)
 
     def __init__(self, k: int) -> None:

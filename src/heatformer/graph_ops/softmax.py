@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from heatformer import _torch_compat
 from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import (
@@ -214,7 +215,11 @@ class SoftmaxGraph(Graph):
         """Weights of the kept keys ``idx`` ``(Bf, N, k)``: the softmax over each row's kept
         scores, with gradients to ``q`` and ``k`` (see :class:`_KeptScores`); ``(Bf, N, k)``."""
         q, k = self._flat()
-        s = _KeptScores.apply(q, k, idx, self.scale, blocks)  # (Bf, N, kk), float32 for half
+        if _torch_compat.func_transforming():  # autograd through the gather (see _KeptScores)
+            bf = torch.arange(k.shape[0], device=k.device)[:, None, None]
+            s = attention_scores(q[:, :, None], k[bf, idx], self.scale).squeeze(-2)
+        else:
+            s = _KeptScores.apply(q, k, idx, self.scale, blocks)  # (Bf, N, kk), f32 for half
         allowed = self._kept_allowed(idx, blocks)
         # a kept entry that is not allowed (a row with fewer than k keys) stays a structural
         # zero: no gradient flows through it
@@ -342,6 +347,10 @@ class _KeptScores(torch.autograd.Function):
 
         \frac{\partial L}{\partial q_i} = \text{scale} \sum_j g_{ij}\, k_{idx_{ij}}, \qquad
         \frac{\partial L}{\partial k_m} = \text{scale} \sum_{(i, j):\, idx_{ij} = m} g_{ij}\, q_i
+
+    Inside a :mod:`torch.func` transform (whose wrapped tensors the loop's buffers cannot
+    take) the graph takes autograd through the gather instead, keeping its ``(Bf, N, k, E)``
+    keys.
 
     Shapes: ``q``, ``k`` ``(Bf, N, E)``; ``idx`` ``(Bf, N, k)`` integer; out ``(Bf, N, k)``
     in :func:`~heatformer.graph_ops._precision.accumulation_dtype` (float32 for half inputs,

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from heatformer import _torch_compat
 from heatformer import checks as V
 from heatformer.graph_ops import _flex
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
@@ -67,9 +68,11 @@ BACKEND = "auto"
 
 
 def _tracing() -> bool:
-    """Whether :func:`torch.compile` is tracing the call (the graph then takes the traceable
-    path of plain products, see :meth:`WindowGraph._traced_products`)."""
-    return torch.compiler.is_compiling()
+    """Whether :func:`torch.compile` is tracing the call or a :mod:`torch.func` transform
+    running it (:func:`~heatformer._torch_compat.func_transforming`): the graph then takes the
+    path of plain products that autograd differentiates, see
+    :meth:`WindowGraph._traced_products`."""
+    return torch.compiler.is_compiling() or _torch_compat.func_transforming()
 
 
 def _stable_topk(scores: Tensor, k: int) -> Tensor:
@@ -333,10 +336,12 @@ class WindowGraph(Graph):
     def _traced_products(self, q: Tensor, k: Tensor, x: Tensor) -> Tensor:
         """``P x`` block by block, ``(Bf, nb, b, C)``, as :class:`~heatformer.graph_ops.
         _window_attention.WindowAttention`'s forward computes it on its generic path, for
-        :func:`torch.compile`: one SDPA call per run of blocks, differentiated by autograd
-        (which a tracer derives and fuses) instead of the recomputing backward and the shared
-        gradient buffers, whose Python state (the backward pass's id) a tracer cannot follow.
-        Memory: autograd keeps each run's inputs, ``O(N (w + g) / b)`` slabs."""
+        :func:`torch.compile` and the :mod:`torch.func` transforms (:func:`_tracing`): one
+        SDPA call per run of blocks, differentiated by autograd (which a tracer derives and
+        fuses, and a transform composes) instead of the recomputing backward and the shared
+        gradient buffers, whose Python state (the backward pass's id, storage addresses) a
+        tracer cannot follow nor a transform's wrapped tensor carry. Memory: autograd keeps
+        each run's inputs, ``O(N (w + g) / b)`` slabs."""
         lay, outs = self.layout, []
         for blocks in lay.chunks(q.shape[0]):
             qb, kb, xb = lay.block_queries(q, blocks), lay.keys(k, blocks), lay.keys(x, blocks)
