@@ -18,9 +18,20 @@ Sections (all measured in one run; ratios are the point, absolute times are nois
    series (one SDPA per term) and ``"series-dense"`` (``P`` formed once), each as a fraction
    of the SDPA route's flop ceiling (9 terms of ``4 N^2 Dh`` flops per head at the matmul rate).
 
+5. ``pertoken`` (not in the default set; about 3 minutes a run) -- the layer of issue 22
+   (``attention:4`` on ``window[w=128,global=1]``, causal, D=256, B=1), forward + backward in
+   one child process, one thread: two calls at N=64k, then two at N=1M; CPU time and page
+   faults per token of each call, and the ratio 1M / 64k per token of the first calls and of
+   the second. ``--keep-heap`` runs the child with the C library's heap kept (glibc's
+   ``MALLOC_MMAP_MAX_=0``, ``MALLOC_TRIM_THRESHOLD_``: freed memory stays in the process),
+   so that the second call at each length reuses memory the process holds: where fresh pages
+   cost more at 1M than at 64k (a virtual machine whose freed memory goes back to its host),
+   the difference between the two runs is the machine's, not the layer's.
+
     python benchmarks/bench_long.py                 # everything (~20 minutes on 2 cores)
     python benchmarks/bench_long.py --quick         # small sizes (about a minute)
     python benchmarks/bench_long.py --sections rate,heat
+    python benchmarks/bench_long.py --sections pertoken [--keep-heap]
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -88,6 +100,53 @@ def child(kind: str, n: int) -> dict[str, object]:
             fwd_bwd(layer, x)()
         seconds = time.perf_counter() - start
     return {"time": seconds, "peak": peak.extra, "method": peak.method}
+
+
+#: glibc's settings that keep freed memory in the process (no ``mmap``, no trimming)
+KEEP_HEAP = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+
+
+def per_token_child(ns: list[int]) -> dict[str, object]:
+    """Two forward + backward calls of the issue-22 layer at each ``N`` of ``ns``, in this
+    process, one thread: CPU seconds and minor page faults of each call."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layer = DiffusionAttention(D, H, "attention:4", graph=f"window[w={W},global=1]", causal=True)
+    fwd_bwd(layer, torch.randn(1, 4096, D, requires_grad=True))()  # warm-up
+    calls = []
+    for n in ns:
+        run = fwd_bwd(layer, torch.randn(1, n, D, requires_grad=True))
+        for _ in range(2):
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            start = time.process_time()
+            run()
+            cpu = time.process_time() - start
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            calls.append({"n": n, "cpu": cpu, "faults": faults})
+    return {"calls": calls}
+
+
+def per_token(ns: list[int], keep_heap: bool) -> None:
+    env = KEEP_HEAP if keep_heap else None
+    res = run_child(__file__, ["--child", "pertoken", "--n", ",".join(map(str, ns))],
+                    timeout=3600, env=env)  # fmt: skip
+    heap = "heap kept (" + " ".join(f"{k}={v}" for k, v in KEEP_HEAP.items()) + ")"
+    title = (f"## per token: attention:4 on window[w={W},global=1], causal, D={D}, B=1, one "
+             f"thread, CPU time; {heap if keep_heap else 'default heap'}")  # fmt: skip
+    if "error" in res:
+        print(f"{title}\nFAIL  {res['error']}")
+        return
+    calls = res["calls"]
+    rows = [[c["n"], i % 2 + 1, fmt_time(c["cpu"]), f"{c['cpu'] / c['n'] * 1e6:.1f} us",
+             f"{c['faults'] / c['n']:.2f}"] for i, c in enumerate(calls)]  # fmt: skip
+    print_table(["N", "call", "fwd+bwd", "per token", "faults per token"], rows, title=title)
+    lo, hi = ns[0], ns[-1]
+    for call in (0, 1):
+        a, b = (next(c for j, c in enumerate(calls) if c["n"] == n and j % 2 == call)
+                for n in (lo, hi))  # fmt: skip
+        ratio = (b["cpu"] / hi) / (a["cpu"] / lo)
+        target(f"per token N={hi} / N={lo}, call {call + 1}", ratio, 1.15,
+               higher_is_better=False)  # fmt: skip
 
 
 def scaling(ns: list[int], memory_limit: float) -> None:
@@ -277,12 +336,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", type=Path, help="also write the machine info here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--n", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--keep-heap", action="store_true",
+        help="pertoken: run the child with the C heap kept (glibc; see the docstring)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.child == "pertoken":
+        print(json.dumps(per_token_child([int(n) for n in args.n.split(",")])))
+        return
     if args.child:
-        print(json.dumps(child(args.child, args.n)))
+        print(json.dumps(child(args.child, int(args.n))))
         return
     info = print_machine()
     if args.json:
@@ -297,6 +363,8 @@ def main() -> None:
         rate(16384 if args.quick else 65536, args.repeats)
     if "heat" in sections:
         heat(args.repeats)
+    if "pertoken" in sections:
+        per_token([4096, 16384] if args.quick else [65536, 1 << 20], args.keep_heap)
 
 
 if __name__ == "__main__":
