@@ -26,8 +26,10 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
+
+from heatformer._suggest import did_you_mean
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +46,7 @@ __all__ = [
     "bad_type",
     "bad_value",
     "check_bool",
+    "check_choice",
     "check_coeffs",
     "check_float_tensor",
     "check_fraction",
@@ -113,6 +116,33 @@ def bad_value(argument: str, detail: str) -> ArgumentValueError:
     return ArgumentValueError(argument, detail)
 
 
+def check_choice(argument: str, value: object, choices: Iterable[str], *, context: str = "") -> str:
+    """``value`` when it is one of ``choices``, else one :class:`ValueError` naming ``argument``.
+
+    The one lookup of a name in a registry or a fixed set (graph kinds, tasks, methods,
+    normalizations, layouts, recipes): the message lists the choices in the order given and
+    suggests the closest (:func:`~heatformer._suggest.did_you_mean`).
+
+    Args:
+        argument: the argument's name, for the error.
+        value: what was given.
+        choices: the valid names, in the order the message lists them.
+        context: text after the given value, e.g. ``" in 'windw[w=4]'"``.
+
+    Example:
+        >>> try:
+        ...     check_choice("normalization", "sim", ["rw", "sym"])
+        ... except ValueError as err:
+        ...     print(err)
+        normalization: expected one of ['rw', 'sym'], got 'sim' (did you mean 'sym'?)
+    """
+    listed = list(choices)
+    if isinstance(value, str) and value in listed:
+        return value
+    hint = did_you_mean(value, listed) if isinstance(value, str) else ""
+    raise bad_value(argument, f"expected one of {listed}, got {value!r}{context}{hint}")
+
+
 NORMALIZATIONS: tuple[str, ...] = ("rw", "sym", "combinatorial")
 
 
@@ -169,11 +199,7 @@ def check_square(name: str, weight: Tensor) -> int:
 
 def check_normalization(normalization: object) -> str:
     """Check that ``normalization`` is one of ``"rw"``, ``"sym"``, ``"combinatorial"``."""
-    if not isinstance(normalization, str) or normalization not in NORMALIZATIONS:
-        raise bad_value(
-            "normalization", f"expected one of {list(NORMALIZATIONS)}, got {normalization!r}"
-        )
-    return normalization
+    return check_choice("normalization", normalization, NORMALIZATIONS)
 
 
 def check_signal(

@@ -49,6 +49,7 @@ from heatformer.checks import (
     bad_type,
     bad_value,
     check_bool,
+    check_choice,
     check_int,
     check_positive_int,
     resolve_topk,
@@ -161,8 +162,7 @@ class CompareSpec:
         for name in ("analysis", "analysis_cls", "bf16", "compile", "activation_checkpointing"):
             check_bool(name, getattr(self, name))
         for name, choices in _ANALYSIS_CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise bad_value(name, f"expected one of {choices}, got {getattr(self, name)!r}")
+            check_choice(name, getattr(self, name), choices)
         for name in ("eval_every", "ckpt_every", "n_head", "topk"):
             check_positive_int(name, getattr(self, name), optional=True)
         for heads in self.heads:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from heatformer import checks as V
-from heatformer._suggest import did_you_mean
 
 __all__ = ["Method", "check_method", "select_method"]
 
@@ -42,13 +41,7 @@ def check_method(method: object, registry: Mapping[str, Method]) -> str:
     """Check a method name: ``"auto"`` or a key of ``registry``."""
     if not isinstance(method, str):
         raise V.bad_type("method", f"expected a str, got {type(method).__name__}")
-    if method != "auto" and method not in registry:
-        raise V.bad_value(
-            "method",
-            f"expected one of {['auto', *registry]}, got {method!r}"
-            f"{did_you_mean(method, ['auto', *registry])}",
-        )
-    return method
+    return V.check_choice("method", method, ["auto", *registry])
 
 
 def select_method(registry: Mapping[str, Method], method: str, what: str, *args: Any) -> Method:

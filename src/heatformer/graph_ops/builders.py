@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
-from heatformer._suggest import did_you_mean
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._spec import format_entry, parse_entry
 from heatformer.graph_ops._window_layout import window_allowed
@@ -449,13 +448,7 @@ def resolve_graph(spec: str | GraphBuilder) -> GraphBuilder:
     if not isinstance(spec, str):
         raise V.bad_type("graph", f"expected a graph spec string, got {type(spec).__name__}")
     name, params = parse_entry(spec, what="graph")
-    key = name.lower()
-    if key not in GRAPHS:
-        raise V.bad_value(
-            "graph",
-            f"expected one of {sorted(GRAPHS)}, got {name!r} in {spec!r}"
-            f"{did_you_mean(key, GRAPHS)}",
-        )
+    key = V.check_choice("graph", name.lower(), sorted(GRAPHS), context=f" in {spec!r}")
     factory = GRAPHS[key]
     aliases = getattr(factory, "spec_aliases", {})
     named: dict[str, object] = {}

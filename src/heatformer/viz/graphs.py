@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from heatformer.checks import bad_value
+from heatformer.checks import bad_value, check_choice
 from heatformer.graph_ops import DenseGraph, Graph
 from heatformer.viz._common import (
     PathLike,
@@ -83,9 +83,7 @@ LAYOUTS: dict[str, Callable[[nx.DiGraph], Position]] = {
 
 
 def _check_layout(layout: str) -> Callable[[nx.DiGraph], Position]:
-    if layout not in LAYOUTS:
-        raise bad_value("layout", f"expected one of {sorted(LAYOUTS)}, got {layout!r}")
-    return LAYOUTS[layout]
+    return LAYOUTS[check_choice("layout", layout, sorted(LAYOUTS))]
 
 
 def draw_attention_graph(

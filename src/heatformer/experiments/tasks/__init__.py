@@ -38,8 +38,7 @@ import inspect
 import re
 from typing import Any
 
-from heatformer._suggest import did_you_mean
-from heatformer.checks import bad_type, bad_value
+from heatformer.checks import bad_type, bad_value, check_choice
 from heatformer.experiments.tasks._corpus import stdlib_source_root
 from heatformer.experiments.tasks.base import Task, TaskOptions, autocast, option
 from heatformer.experiments.tasks.chars import (
@@ -206,11 +205,7 @@ def resolve_task(name: object) -> type[Task]:
     """
     if not isinstance(name, str):
         raise bad_type("task", f"expected a task name, got {type(name).__name__}")
-    cls = TASKS.get(name)
-    if cls is None:
-        raise bad_value(
-            "task", f"expected one of {sorted(TASKS)}, got {name!r}{did_you_mean(name, TASKS)}"
-        )
+    cls = TASKS[check_choice("task", name, sorted(TASKS))]
     return check_task(cls)  # an entry put into TASKS by hand is checked here
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from heatformer.checks import (
     ArgumentFileNotFoundError,
     bad_value,
+    check_choice,
     check_fraction,
     check_generator,
     check_int,
@@ -321,8 +322,7 @@ class DigitsOptions(TaskOptions):
     def __post_init__(self) -> None:
         for name in ("patch_size", "analysis_size"):
             check_positive_int(name, getattr(self, name))
-        if self.recipe not in VIT_RECIPES:
-            raise bad_value("recipe", f"expected one of {sorted(VIT_RECIPES)}, got {self.recipe!r}")
+        check_choice("recipe", self.recipe, sorted(VIT_RECIPES))
         if not 0.0 <= self.drop_path < 1.0:  # NaN fails too
             raise bad_value("drop_path", f"expected a float in [0, 1), got {self.drop_path}")
         if self.npz is not None and not isinstance(self.npz, str):
