@@ -20,14 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from heatformer.checks import (
-    ArgumentFileNotFoundError,
-    bad_value,
-    check_fraction,
-    check_generator,
-    check_int,
-    check_positive_int,
-)
+from heatformer import checks as V
 from heatformer.experiments.tasks._corpus import (
     STDLIB_EXCLUDED_DIRS,
     check_byte_stream,
@@ -126,12 +119,12 @@ class CharsTask:
             return self.train
         if split == "val":
             return self.val
-        raise bad_value("split", f"expected 'train' or 'val', got {split!r}")
+        raise V.bad_value("split", f"expected 'train' or 'val', got {split!r}")
 
     def _check_seq_len(self, data: torch.Tensor, split: str, seq_len: int) -> None:
-        check_int("seq_len", seq_len, minimum=1)
+        V.check_int("seq_len", seq_len, minimum=1)
         if data.numel() < seq_len + 1:
-            raise bad_value(
+            raise V.bad_value(
                 "seq_len",
                 f"expected at most {data.numel() - 1} (the {split!r} split has "
                 f"{data.numel()} bytes and a window needs seq_len + 1), got {seq_len}",
@@ -166,9 +159,9 @@ class CharsTask:
         import torch
 
         data = self._split(split)
-        check_int("batch_size", batch_size, minimum=1)
+        V.check_int("batch_size", batch_size, minimum=1)
         self._check_seq_len(data, split, seq_len)
-        check_generator(generator)
+        V.check_generator(generator)
         starts = torch.randint(
             0, data.numel() - seq_len, (batch_size,), generator=generator
         )  # (B,)
@@ -187,7 +180,7 @@ class CharsTask:
         self._check_seq_len(self.val, "val", seq_len)
         count = (self.val.numel() - 1) // seq_len
         if max_windows is not None:
-            count = min(count, check_int("max_windows", max_windows, minimum=1))
+            count = min(count, V.check_int("max_windows", max_windows, minimum=1))
         return count
 
     def eval_batches(
@@ -215,7 +208,7 @@ class CharsTask:
         """
         import torch
 
-        check_int("batch_size", batch_size, minimum=1)
+        V.check_int("batch_size", batch_size, minimum=1)
         count = self.num_eval_windows(seq_len, max_windows)
         total = (self.val.numel() - 1) // seq_len
         picks = torch.arange(count) * total // count  # (count,) evenly spaced window ids
@@ -276,13 +269,13 @@ def load_chars(
         ValueError: the corpus is empty, a given file is not UTF-8 text, a single-file
             corpus has fewer than 2 bytes, or an argument is out of range.
     """
-    check_int("max_bytes", max_bytes, minimum=2)
-    val_fraction = check_fraction("val_fraction", val_fraction)
+    V.check_int("max_bytes", max_bytes, minimum=2)
+    val_fraction = V.check_fraction("val_fraction", val_fraction)
     root, paths, single = _corpus_paths(text_path)
     files = _read_files(root, paths, max_bytes, single=single)
     source = str(root if not single else paths[0])
     if not files:
-        raise bad_value(
+        raise V.bad_value(
             "text_path", f"expected non-empty text files, got an empty corpus at {source}"
         )
     if len(files) == 1:
@@ -298,7 +291,7 @@ def _corpus_paths(text_path: str | os.PathLike[str] | None) -> tuple[Path, list[
         return root, walk_files(root, suffix=".py", excluded_dirs=STDLIB_EXCLUDED_DIRS), False
     given = Path(text_path)
     if not given.exists():
-        raise ArgumentFileNotFoundError("text_path", f"no such file or directory: {given}")
+        raise V.ArgumentFileNotFoundError("text_path", f"no such file or directory: {given}")
     if given.is_dir():
         return given, walk_files(given, suffix=None, excluded_dirs=frozenset()), False
     return given.parent, [given], True
@@ -318,7 +311,7 @@ def _read_files(
         data = read_text_prefix(path, remaining)
         if data is None:
             if single:
-                raise bad_value("text_path", f"expected a UTF-8 text file, got {path}")
+                raise V.bad_value("text_path", f"expected a UTF-8 text file, got {path}")
             continue
         if data:
             files.append((path.relative_to(root).as_posix(), data))
@@ -330,7 +323,7 @@ def _split_by_position(file: tuple[str, bytes], val_fraction: float, source: str
     """A single-file corpus: the last ``ceil(val_fraction * size)`` bytes are validation."""
     name, data = file
     if len(data) < 2:
-        raise bad_value(
+        raise V.bad_value(
             "text_path",
             f"expected at least 2 bytes of text to split, got {len(data)} in {source}",
         )
@@ -383,10 +376,10 @@ class CharsOptions(TaskOptions):
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "eval_size", "analysis_size"):
-            check_positive_int(name, getattr(self, name))
-        check_int("max_bytes", self.max_bytes, minimum=2)
+            V.check_positive_int(name, getattr(self, name))
+        V.check_int("max_bytes", self.max_bytes, minimum=2)
         if self.text is not None and not isinstance(self.text, str):
-            raise bad_value("text", f"expected a path or None, got {self.text!r}")
+            raise V.bad_value("text", f"expected a path or None, got {self.text!r}")
 
     def max_tokens(self) -> int:
         return self.seq_len

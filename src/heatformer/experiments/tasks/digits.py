@@ -19,15 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from heatformer.checks import (
-    ArgumentFileNotFoundError,
-    bad_value,
-    check_choice,
-    check_fraction,
-    check_generator,
-    check_int,
-    check_positive_int,
-)
+from heatformer import checks as V
 from heatformer.experiments.tasks._classifier import ClassificationTask
 from heatformer.experiments.tasks.base import TaskOptions, option
 
@@ -92,7 +84,7 @@ class DigitsTask:
             return self.train_images, self.train_labels
         if split == "test":
             return self.test_images, self.test_labels
-        raise bad_value("split", f"expected 'train' or 'test', got {split!r}")
+        raise V.bad_value("split", f"expected 'train' or 'test', got {split!r}")
 
     def get_batch(
         self, split: Literal["train", "test"], batch_size: int, generator: torch.Generator
@@ -113,14 +105,14 @@ class DigitsTask:
         import torch
 
         images, labels = self._split(split)
-        check_int("batch_size", batch_size, minimum=1)
+        V.check_int("batch_size", batch_size, minimum=1)
         if batch_size > labels.numel():
-            raise bad_value(
+            raise V.bad_value(
                 "batch_size",
                 f"expected at most {labels.numel()} (size of the {split!r} "
                 f"split), got {batch_size}",
             )
-        check_generator(generator)
+        V.check_generator(generator)
         picks = torch.randperm(labels.numel(), generator=generator)[:batch_size]  # (B,)
         return images[picks], labels[picks]
 
@@ -138,7 +130,7 @@ class DigitsTask:
             ``b <= batch_size``.
         """
         images, labels = self._split(split)
-        check_int("batch_size", batch_size, minimum=1)
+        V.check_int("batch_size", batch_size, minimum=1)
         return (
             (images[begin : begin + batch_size], labels[begin : begin + batch_size])
             for begin in range(0, labels.numel(), batch_size)
@@ -150,56 +142,56 @@ def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     import numpy as np
 
     if not path.is_file():
-        raise ArgumentFileNotFoundError("npz_path", f"no such file: {path}")
+        raise V.ArgumentFileNotFoundError("npz_path", f"no such file: {path}")
     try:
         archive = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as error:
-        raise bad_value(
+        raise V.bad_value(
             "npz_path", f"expected a NumPy .npz archive, got {path} ({error})"
         ) from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise bad_value("npz_path", f"expected a .npz archive of named arrays, got {path}")
+        raise V.bad_value("npz_path", f"expected a .npz archive of named arrays, got {path}")
     arrays: dict[str, np.ndarray] = {}
     with archive:
         for key in ("images", "labels"):
             if key not in archive.files:
-                raise bad_value(
+                raise V.bad_value(
                     key,
                     f"expected an array named {key!r} in {path}, got keys {sorted(archive.files)}",
                 )
             try:
                 arrays[key] = archive[key]
             except ValueError as error:  # object arrays refused with allow_pickle=False
-                raise bad_value(
+                raise V.bad_value(
                     key,
                     f"expected a numeric array in {path}, got {error}",
                 ) from None
     images, labels = arrays["images"], arrays["labels"]
 
     if images.ndim not in (3, 4):
-        raise bad_value(
+        raise V.bad_value(
             "images",
             f"expected shape (num, H, W) or (num, C, H, W), got {images.shape}",
         )
     if not (np.issubdtype(images.dtype, np.number) and not np.iscomplexobj(images)):
-        raise bad_value("images", f"expected a real numeric array, got dtype {images.dtype}")
+        raise V.bad_value("images", f"expected a real numeric array, got dtype {images.dtype}")
     if not np.all(np.isfinite(images)):
-        raise bad_value("images", "expected finite values, got NaN or inf")
+        raise V.bad_value("images", "expected finite values, got NaN or inf")
     if images.ndim == 3:
         images = images[:, None]  # (num, 1, H, W)
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-        raise bad_value(
+        raise V.bad_value(
             "labels",
             f"expected shape ({images.shape[0]},) to match images, got {labels.shape}",
         )
     if np.issubdtype(labels.dtype, np.floating):
         if not np.all(np.isfinite(labels)) or not np.all(labels == np.round(labels)):
-            raise bad_value("labels", "expected integer class ids, got non-integral floats")
+            raise V.bad_value("labels", "expected integer class ids, got non-integral floats")
     elif not np.issubdtype(labels.dtype, np.integer) or np.issubdtype(labels.dtype, np.bool_):
-        raise bad_value("labels", f"expected integer class ids, got dtype {labels.dtype}")
+        raise V.bad_value("labels", f"expected integer class ids, got dtype {labels.dtype}")
     labels = labels.astype(np.int64)
     if labels.size and labels.min() < 0:
-        raise bad_value("labels", f"expected non-negative class ids, got {labels.min()}")
+        raise V.bad_value("labels", f"expected non-negative class ids, got {labels.min()}")
     return images, labels
 
 
@@ -212,14 +204,14 @@ def _check_stratifiable(labels: np.ndarray, test_fraction: float) -> None:
     counts = np.bincount(labels) if num else np.zeros(0, dtype=np.int64)
     present = counts[counts > 0]
     if present.size == 0 or present.min() < 2:
-        raise bad_value(
+        raise V.bad_value(
             "labels",
             "expected at least 2 samples of every class for a stratified split, "
             f"got class counts {counts.tolist()}",
         )
     num_test = math.ceil(test_fraction * num)
     if num_test < present.size or num - num_test < present.size:
-        raise bad_value(
+        raise V.bad_value(
             "test_fraction",
             f"expected train and test parts of at least {present.size} "
             f"samples (one per class) out of {num}, got test_fraction={test_fraction}",
@@ -262,8 +254,8 @@ def load_digits_task(
     import torch
     from sklearn.model_selection import train_test_split
 
-    test_fraction = check_fraction("test_fraction", test_fraction)
-    check_int("seed", seed, minimum=0)
+    test_fraction = V.check_fraction("test_fraction", test_fraction)
+    V.check_int("seed", seed, minimum=0)
     if npz_path is None:
         from sklearn.datasets import load_digits
 
@@ -321,12 +313,12 @@ class DigitsOptions(TaskOptions):
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "analysis_size"):
-            check_positive_int(name, getattr(self, name))
-        check_choice("recipe", self.recipe, sorted(VIT_RECIPES))
+            V.check_positive_int(name, getattr(self, name))
+        V.check_choice("recipe", self.recipe, sorted(VIT_RECIPES))
         if not 0.0 <= self.drop_path < 1.0:  # NaN fails too
-            raise bad_value("drop_path", f"expected a float in [0, 1), got {self.drop_path}")
+            raise V.bad_value("drop_path", f"expected a float in [0, 1), got {self.drop_path}")
         if self.npz is not None and not isinstance(self.npz, str):
-            raise bad_value("npz", f"expected a path or None, got {self.npz!r}")
+            raise V.bad_value("npz", f"expected a path or None, got {self.npz!r}")
 
 
 class Digits(ClassificationTask):
@@ -345,9 +337,9 @@ class Digits(ClassificationTask):
     def check_data(self) -> None:
         _, height, width = self.data.image_shape
         if height != width:
-            raise bad_value("npz", f"expected square images, got {height}x{width}")
+            raise V.bad_value("npz", f"expected square images, got {height}x{width}")
         if height % self.options.patch_size:
-            raise bad_value(
+            raise V.bad_value(
                 "patch_size",
                 f"expected a divisor of the image size {height}, got {self.options.patch_size}",
             )

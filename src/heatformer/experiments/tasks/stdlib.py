@@ -42,14 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from heatformer.checks import (
-    ArgumentFileNotFoundError,
-    bad_value,
-    check_fraction,
-    check_generator,
-    check_int,
-    check_positive_int,
-)
+from heatformer import checks as V
 from heatformer.experiments.tasks._classifier import SequenceClassifierTask
 from heatformer.experiments.tasks._corpus import (
     STDLIB_EXCLUDED_DIRS,
@@ -160,28 +153,28 @@ class StdlibTask:
     _index: dict[str, _WindowIndex] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        check_int("seq_len", self.seq_len, minimum=1)
-        check_int("eval_per_class", self.eval_per_class, minimum=1)
+        V.check_int("seq_len", self.seq_len, minimum=1)
+        V.check_int("eval_per_class", self.eval_per_class, minimum=1)
         if not self.classes or len(set(self.classes)) != len(self.classes):
-            raise bad_value("classes", f"expected distinct class names, got {self.classes!r}")
+            raise V.bad_value("classes", f"expected distinct class names, got {self.classes!r}")
         for split in ("train", "test"):
             files, sizes = getattr(self, f"{split}_files"), getattr(self, f"{split}_sizes")
             data = getattr(self, split)
             if len(files) != len(self.classes) or len(sizes) != len(self.classes):
-                raise bad_value(
+                raise V.bad_value(
                     f"{split}_files",
                     f"expected one list of files and of sizes per class ({len(self.classes)}), "
                     f"got {len(files)} and {len(sizes)}",
                 )
             for name, names, lengths in zip(self.classes, files, sizes, strict=True):
                 if not names or len(names) != len(lengths):
-                    raise bad_value(
+                    raise V.bad_value(
                         f"{split}_files",
                         f"expected at least one file, and one size per file, for class "
                         f"{name!r}, got {len(names)} files and {len(lengths)} sizes",
                     )
                 if min(lengths) < self.seq_len:
-                    raise bad_value(
+                    raise V.bad_value(
                         f"{split}_sizes",
                         f"expected files of at least seq_len={self.seq_len} bytes, got "
                         f"{min(lengths)} in class {name!r}",
@@ -189,14 +182,14 @@ class StdlibTask:
             total = sum(sum(lengths) for lengths in sizes)
             check_byte_stream(split, data)
             if data.numel() != total:
-                raise bad_value(
+                raise V.bad_value(
                     split, f"expected {total} bytes (the sum of its file sizes), got {data.numel()}"
                 )
         shared = {f for names in self.train_files for f in names} & {
             f for names in self.test_files for f in names
         }
         if shared:
-            raise bad_value(
+            raise V.bad_value(
                 "test_files", f"expected files disjoint from train_files, got {sorted(shared)}"
             )
         index = {
@@ -218,7 +211,7 @@ class StdlibTask:
     def num_windows(self, split: str) -> tuple[int, ...]:
         """Per class, the number of distinct windows of ``split`` (``"train"`` or ``"test"``)."""
         if split not in self._index:
-            raise bad_value("split", f"expected 'train' or 'test', got {split!r}")
+            raise V.bad_value("split", f"expected 'train' or 'test', got {split!r}")
         return tuple(int(n) for n in self._index[split].class_count)
 
     def _windows(self, split: str, labels: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
@@ -246,8 +239,8 @@ class StdlibTask:
         """
         import torch
 
-        check_int("batch_size", batch_size, minimum=1)
-        check_generator(generator)
+        V.check_int("batch_size", batch_size, minimum=1)
+        V.check_generator(generator)
         count = self._index["train"].class_count
         labels = torch.randint(self.num_classes, (batch_size,), generator=generator)  # (B,)
         uniform = torch.rand(batch_size, generator=generator, dtype=torch.float64)  # (B,)
@@ -276,7 +269,7 @@ class StdlibTask:
         Yields:
             ``(x, labels)``: ``(b, N)`` and ``(b,)`` int64, ``b <= batch_size``.
         """
-        check_int("batch_size", batch_size, minimum=1)
+        V.check_int("batch_size", batch_size, minimum=1)
         x, labels = self.eval_set()
         return (
             (x[begin : begin + batch_size], labels[begin : begin + batch_size])
@@ -328,14 +321,14 @@ def _classes(
     packages = _package_files(folder, seq_len)
     splittable = {name: files for name, files in packages.items() if len(files) >= 2}
     if not splittable:
-        raise bad_value(
+        raise V.bad_value(
             "root",
             "expected package folders (with an __init__.py) holding at least 2 .py files of "
             f"seq_len={seq_len} bytes or more, got none in {folder}",
         )
     ranked = sorted(splittable, key=lambda n: (-sum(s for _, _, s in splittable[n]), n))
     if len(ranked) < num_classes:
-        raise bad_value(
+        raise V.bad_value(
             "num_classes",
             f"expected at most {len(ranked)}, the packages in {folder} with at least 2 .py "
             f"files of seq_len={seq_len} bytes or more ({', '.join(ranked)}), got {num_classes}",
@@ -378,18 +371,18 @@ def load_stdlib_task(
             ``num_classes`` packages can be split (the message says how many and which), or an
             argument is out of range.
     """
-    check_int("num_classes", num_classes, minimum=2)
-    check_int("seq_len", seq_len, minimum=1)
-    check_int("eval_per_class", eval_per_class, minimum=1)
-    test_fraction = check_fraction("test_fraction", test_fraction)
+    V.check_int("num_classes", num_classes, minimum=2)
+    V.check_int("seq_len", seq_len, minimum=1)
+    V.check_int("eval_per_class", eval_per_class, minimum=1)
+    test_fraction = V.check_fraction("test_fraction", test_fraction)
     if root is None:
         folder = stdlib_source_root()
     else:
         folder = Path(root)
         if not folder.exists():
-            raise ArgumentFileNotFoundError("root", f"no such folder: {folder}")
+            raise V.ArgumentFileNotFoundError("root", f"no such folder: {folder}")
         if not folder.is_dir():
-            raise bad_value("root", f"expected a folder of packages, got the file {folder}")
+            raise V.bad_value("root", f"expected a folder of packages, got the file {folder}")
 
     classes = _classes(folder, seq_len, num_classes)
     names: dict[bool, list[tuple[str, ...]]] = {False: [], True: []}  # is test -> per class
@@ -441,11 +434,11 @@ class StdlibOptions(TaskOptions):
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        check_int("num_classes", self.num_classes, minimum=2)
+        V.check_int("num_classes", self.num_classes, minimum=2)
         for name in ("seq_len", "eval_per_class", "analysis_size"):
-            check_positive_int(name, getattr(self, name))
+            V.check_positive_int(name, getattr(self, name))
         if self.root is not None and not isinstance(self.root, str):
-            raise bad_value("root", f"expected a path or None, got {self.root!r}")
+            raise V.bad_value("root", f"expected a path or None, got {self.root!r}")
 
     def max_tokens(self) -> int:
         return self.seq_len
@@ -474,7 +467,7 @@ class Stdlib(SequenceClassifierTask):
     def check_data(self) -> None:
         # the graph kinds were checked against options.max_tokens(): the windows must agree
         if self.data.seq_len != self.options.seq_len:
-            raise bad_value(
+            raise V.bad_value(
                 "seq_len",
                 f"expected data with seq_len={self.options.seq_len}, got {self.data.seq_len}",
             )

@@ -27,10 +27,15 @@ class Laplacian(NormalizedOperator):
         ``x``: ``(..., N, C)`` -> ``(..., N, C)``.
 
     Example:
+        With ``"rw"``, each node's departure from its neighbours' mean; constants go to 0:
+
         >>> import torch
         >>> from heatformer.graph_ops import DenseGraph
-        >>> g = DenseGraph(torch.tensor([[0., 1., 0.], [1., 0., 1.], [0., 1., 0.]]))
-        >>> Laplacian()(g, torch.tensor([[1.], [2.], [3.]])).squeeze(-1)
+        >>> path = DenseGraph(torch.tensor([[0., 1., 0.], [1., 0., 1.], [0., 1., 0.]]))
+        >>> lap = Laplacian()
+        >>> lap(path, torch.ones(3, 1)).squeeze(-1)
+        tensor([0., 0., 0.])
+        >>> lap(path, torch.tensor([[1.], [2.], [3.]])).squeeze(-1)
         tensor([-1.,  0.,  1.])
     """
 
