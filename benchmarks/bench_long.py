@@ -22,8 +22,11 @@ Sections (all measured in one run; ratios are the point, absolute times are nois
    (``attention:4`` on ``window[w=128,global=1]``, causal, D=256, B=1), forward + backward in
    one child process, one thread: two calls at N=64k, then two at N=1M; CPU time and page
    faults per token of each call, and the ratio 1M / 64k per token of the first calls and of
-   the second. ``--keep-heap`` runs the child with the C library's heap kept (glibc's
-   ``MALLOC_MMAP_MAX_=0``, ``MALLOC_TRIM_THRESHOLD_``: freed memory stays in the process),
+   the second; each call's time split into user and system (the kernel's, nearly all page
+   faults) and the system time per fault, so that a ratio above target can be told apart:
+   the layer's own work (user time), or fresh pages costing more at 1M. ``--keep-heap`` runs
+   the child with the C library's heap kept (glibc's ``MALLOC_MMAP_MAX_=0``,
+   ``MALLOC_TRIM_THRESHOLD_``: freed memory stays in the process),
    so that the second call at each length reuses memory the process holds: where fresh pages
    cost more at 1M than at 64k (a virtual machine whose freed memory goes back to its host),
    the difference between the two runs is the machine's, not the layer's.
@@ -117,12 +120,14 @@ def per_token_child(ns: list[int]) -> dict[str, object]:
     for n in ns:
         run = fwd_bwd(layer, torch.randn(1, n, D, requires_grad=True))
         for _ in range(2):
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            before = resource.getrusage(resource.RUSAGE_SELF)
             start = time.process_time()
             run()
             cpu = time.process_time() - start
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-            calls.append({"n": n, "cpu": cpu, "faults": faults})
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            calls.append({"n": n, "cpu": cpu, "faults": after.ru_minflt - before.ru_minflt,
+                          "user": after.ru_utime - before.ru_utime,
+                          "sys": after.ru_stime - before.ru_stime})  # fmt: skip
     return {"calls": calls}
 
 
@@ -138,8 +143,11 @@ def per_token(ns: list[int], keep_heap: bool) -> None:
         return
     calls = res["calls"]
     rows = [[c["n"], i % 2 + 1, fmt_time(c["cpu"]), f"{c['cpu'] / c['n'] * 1e6:.1f} us",
-             f"{c['faults'] / c['n']:.2f}"] for i, c in enumerate(calls)]  # fmt: skip
-    print_table(["N", "call", "fwd+bwd", "per token", "faults per token"], rows, title=title)
+             f"{c['user'] / c['n'] * 1e6:.1f} us", f"{c['sys'] / c['n'] * 1e6:.1f} us",
+             f"{c['faults'] / c['n']:.2f}", f"{c['sys'] / max(c['faults'], 1) * 1e6:.1f} us"]
+            for i, c in enumerate(calls)]  # fmt: skip
+    print_table(["N", "call", "fwd+bwd", "per token", "user", "system", "faults per token",
+                 "system per fault"], rows, title=title)  # fmt: skip
     lo, hi = ns[0], ns[-1]
     for call in (0, 1):
         a, b = (next(c for j, c in enumerate(calls) if c["n"] == n and j % 2 == call)
@@ -147,6 +155,8 @@ def per_token(ns: list[int], keep_heap: bool) -> None:
         ratio = (b["cpu"] / hi) / (a["cpu"] / lo)
         target(f"per token N={hi} / N={lo}, call {call + 1}", ratio, 1.15,
                higher_is_better=False)  # fmt: skip
+        user = (b["user"] / hi) / (a["user"] / lo)
+        print(f"      user time alone (the process's own work, no page faults): {user:.2f}")
 
 
 def scaling(ns: list[int], memory_limit: float) -> None:
