@@ -8,8 +8,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from heatformer.checks import ArgumentError
+from heatformer.checks import ArgumentError, check_choice
 from heatformer.cli import main
+from heatformer.experiments.spec import CompareSpec
 from heatformer.experiments.tasks import resolve_task
 from heatformer.graph_ops import DenseGraph, heat_kernel, resolve_graph, resolve_operator
 from heatformer.models import DiffusionAttention
@@ -33,8 +34,18 @@ def _heat(method: str) -> object:
         (lambda: resolve_graph("windw[w=4]"), "graph", "in 'windw[w=4]' (did you mean 'window'?)"),
         (lambda: resolve_task("char"), "task", "got 'char' (did you mean 'chars'?)"),
         (lambda: _heat("seris"), "method", "got 'seris' (did you mean 'series'?)"),
+        (
+            lambda: resolve_operator("laplacian", normalization="sim"),
+            "normalization",
+            "expected one of ['rw', 'sym', 'combinatorial'], got 'sim' (did you mean 'sym'?)",
+        ),
+        (
+            lambda: CompareSpec(analysis_point="post-ln"),
+            "analysis_point",
+            "got 'post-ln' (did you mean 'post_ln'?)",
+        ),
     ],
-    ids=["operator", "alias", "head-spec", "graph", "task", "method"],
+    ids=["operator", "alias", "head-spec", "graph", "task", "method", "normalization", "option"],
 )
 def test_a_mistyped_name_gets_the_closest_valid_one(
     call: Callable[[], object], argument: str, expected: str
@@ -49,6 +60,24 @@ def test_a_name_close_to_nothing_gets_no_suggestion() -> None:
     with pytest.raises(ValueError) as info:
         resolve_operator("diffusion")
     assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", [None, 3, b"rw", ["rw"], "RW", ""])
+def test_check_choice_refuses_what_is_not_one_of_the_choices(value: object) -> None:
+    with pytest.raises(ValueError) as info:
+        check_choice("normalization", value, ("rw", "sym"), context=" in a test")
+    assert isinstance(info.value, ArgumentError) and info.value.argument == "normalization"
+    assert str(info.value).startswith(
+        f"normalization: expected one of ['rw', 'sym'], got {value!r} in a test"
+    )
+    if not isinstance(value, str):  # nothing to compare with the names
+        assert "did you mean" not in str(info.value)
+
+
+def test_check_choice_returns_a_choice_and_lists_them_in_the_order_given() -> None:
+    assert check_choice("method", "series", iter(["auto", "series"])) == "series"
+    with pytest.raises(ValueError, match=r"expected one of \['z', 'a'\], got 'b'"):
+        check_choice("x", "b", ["z", "a"])
 
 
 def test_the_command_line_suggests_as_the_library(capsys: pytest.CaptureFixture[str]) -> None:
