@@ -464,6 +464,4 @@ FLOWS = ("target_to_source", "source_to_target")
 
 def _check_flow(flow: object) -> str:
     """One of :data:`FLOWS` (the ``flow`` of PyG's ``MessagePassing``)."""
-    if flow not in FLOWS:
-        raise V.bad_value("flow", f"expected one of {list(FLOWS)} (PyG's flows), got {flow!r}")
-    return str(flow)
+    return V.check_choice("flow", flow, FLOWS, context=" (PyG's flows)")
