@@ -29,7 +29,7 @@ Allowed reads, each with its reason (none happens inside a layer's forward or ba
 
 from __future__ import annotations
 
-import traceback
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -93,11 +93,21 @@ def _leaves_device(args: tuple[Any, ...], kwargs: Any) -> bool:
 
 
 def _caller() -> str:
-    frames = [f for f in traceback.extract_stack() if "/heatformer/" in f.filename]
-    if not frames:
-        return "torch"
-    f = frames[-1]
-    return f"{f.filename.split('/heatformer/')[-1]}:{f.lineno}"
+    """The innermost frame of heatformer's own code, as ``graph_ops/sparsify.py:LINE``.
+
+    Frames are told by their module's name (``heatformer.*``), not by their path: a checkout
+    made by ``git clone ... heatformer`` has ``/heatformer/`` in every path under it, this file's
+    and the venv's torch included.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("heatformer."):
+            relative = module.removeprefix("heatformer.").replace(".", "/")
+            name = "/__init__.py" if frame.f_code.co_filename.endswith("__init__.py") else ".py"
+            return f"{relative}{name}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "torch"
 
 
 @contextmanager
