@@ -73,8 +73,10 @@ chromium:
 	with your package manager" >&2; exit 1; fi
 
 # The documentation site: figures from docs/gen_figures.py (a mkdocs hook), then a strict build.
+# Not --quiet: it drops warnings below the level --strict counts, so a warning (griffe's, on a
+# docstring) passed unseen where the same build without it aborts.
 docs: $(VENV)/.installed-dev
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test: lint typecheck pytest docs
 

@@ -62,3 +62,10 @@ def test_without_chromium_make_test_says_how_to_get_the_browser_test() -> None:
     assert quiet.returncode == 0 and quiet.stdout == quiet.stderr == ""
     for target in ("pytest", "test-oldest"):  # both run the notice before the tests
         assert "make: no Chromium on PATH" in _make("-n", target, "CHROMIUM=").stdout
+
+
+def test_the_docs_build_is_strict_and_shows_its_warnings() -> None:
+    """``mkdocs build --strict --quiet`` passed a griffe warning that ``--strict`` alone aborts
+    on: ``--quiet`` drops warnings below the level that strict mode counts."""
+    line = next(x for x in _make("-n", "docs").stdout.splitlines() if "mkdocs build" in x)
+    assert "--strict" in line.split() and "--quiet" not in line.split() and "-q" not in line

@@ -355,7 +355,7 @@ def tost(differences: Sequence[float], margin: float, alpha: float = 0.05) -> di
 
     Raises:
         ValueError: fewer than two differences, a margin that is not positive, or ``alpha``
-        outside (0, 1).
+            outside (0, 1).
 
     Examples:
         >>> r = tost([0.01, -0.02, 0.0, 0.015, -0.005], margin=0.05)
