@@ -71,3 +71,35 @@ def page_text(path: Path) -> dict[str, str]:
     for key, body in re.findall(r'<section id="([^"]+)">(.*?)</section>', page, re.S):
         words[key] = plain(re.search(r"<p>(.*?)</p>", body, re.S).group(1))
     return words
+
+
+def wcag_contrast(a, b) -> float:
+    """The WCAG 2 contrast ratio of two sRGB colours, channels in [0, 1] (1 to 21), written
+    out here from the standard so that the library's own function is not its own oracle."""
+
+    def luminance(c) -> float:
+        r, g, b = (v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c[:3])
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def node_labels(ax, *, draw: bool = True) -> list[tuple[str, float, bool]]:
+    """``(label, contrast with its node, halo in the node's colour)`` for every node label of
+    a :func:`~heatformer.viz.draw_attention_graph` axes, from the colours as drawn (the figure
+    is drawn first unless ``draw`` is false, e.g. right after a GIF frame was grabbed)."""
+    from matplotlib.colors import to_rgb, to_rgba
+
+    from heatformer.viz import find_collection
+
+    if draw:
+        ax.figure.canvas.draw()  # face colours are mapped from the values at draw time
+    faces = find_collection(ax, "nodes").get_facecolors()  # (N, 4)
+    assert len(ax.texts) == len(faces), "one label per node"
+    out = []
+    for text, face in zip(ax.texts, faces):
+        halos = [getattr(e, "_gc", {}).get("foreground") for e in text.get_path_effects()]
+        halo = any(h is not None and to_rgba(h) == tuple(face) for h in halos)
+        out.append((text.get_text(), wcag_contrast(to_rgb(text.get_color()), face), halo))
+    return out

@@ -6,7 +6,11 @@ The static page: every image loads, and a screenshot is not blank. The interacti
 real mouse and key events: the ``t`` slider moves, another token is clicked, the step-by-step
 method is switched on, an edge is hovered, and every displayed total and node value is
 compared with the numbers Python computes with heatformer's heat kernel from the page's own
-``P``; the page logs no console error, and a screenshot has the expected layout.
+``P``; the page logs no console error, and a screenshot has the expected layout. On a page of
+word pieces with ``[CLS]`` on the darkest node, every label is checked to read on its node
+(WCAG contrast from the rendered colours), the colour bars to say that colour follows the
+square root of the value (and the nodes' colours to do so), and the notes and totals to say
+what each operator's views are.
 
 Skipped only when no Chromium is installed (``.ci/run`` installs Debian's ``chromium``).
 """
@@ -25,8 +29,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import viz_helpers as vh
 from cdp_helpers import CHROMIUM, Browser
-from heatformer.graph_ops import DenseGraph, heat_kernel
+from heatformer.analysis import LayerSnapshot
+from heatformer.demo import demo_from_snapshots
+from heatformer.demo.explore import write_explorer
+from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph, heat_kernel
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="needs Chromium (apt-get install chromium; .ci/run installs it)"
@@ -270,4 +278,92 @@ def test_interactive_page_layout(demo, browser: Browser, tmp_path: Path) -> None
         bar = rgb.crop(tuple(int(v) for v in layout["controls"]))
         count, colour = max(bar.getcolors(1 << 16))
         assert colour == (246, 246, 246) and count > 0.5 * bar.size[0] * bar.size[1]
+    assert b.errors() == []
+
+
+# ---- the page's labels are true ----------------------------------------------------------
+
+LABELS = """(() => {
+  const rgb = (s) => (s.match(/[0-9]+/g) || []).slice(0, 3).map(Number); // "none": []
+  const graphs = {};
+  for (const svg of document.querySelectorAll("svg[id^=graph-]")) {
+    graphs[svg.id] = {
+      nodes: Array.from(svg.querySelectorAll("g.node")).map((g) => {
+        const text = g.querySelector("text"), circle = g.querySelector("circle");
+        return { label: text.textContent, value: Number(g.dataset.value),
+          node: rgb(getComputedStyle(circle).fill), text: rgb(getComputedStyle(text).fill),
+          halo: rgb(getComputedStyle(text).stroke) };
+      }),
+      note: svg.querySelector(".colourbar-note")?.textContent ?? null,
+    };
+  }
+  const text = (id) => document.getElementById(id)?.textContent ?? "";
+  return { graphs: graphs, notes: [text("note-influence"), text("note-mass")],
+           totals: [text("total-influence"), text("total-mass")] };
+})()"""
+
+HOT = [(255, 255, 204), (253, 141, 60), (189, 0, 38)]  # the page's colour map, light to dark
+
+
+def _hot(s: float) -> list[float]:
+    """The colour of position ``s`` in [0, 1] along the page's colour map."""
+    a, b, f = (HOT[0], HOT[1], 2 * s) if s < 0.5 else (HOT[1], HOT[2], 2 * s - 1)
+    return [x + (y - x) * f for x, y in zip(a, b)]
+
+
+def _set(b: Browser, control: str, value: object, event: str) -> None:
+    b.js(f"""(() => {{ const s = document.getElementById({json.dumps(control)});
+         s.value = {json.dumps(str(value))}; s.dispatchEvent(new Event("{event}")); }})()""")
+
+
+@pytest.fixture(scope="module")
+def word_pieces(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A BERT-like page: word pieces, bidirectional heads, a sink on [CLS], the source [CLS]."""
+    tokens = ["[CLS]", "heat", "flows", "along", "the", "edge", "##s", ".", "[SEP]"]
+    n, gen = len(tokens), torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, n, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    k[:, 0] += 2 * q.mean(1)  # every query reads [CLS] most
+    graph = DenseGraph(SoftmaxGraph(q, k).to_dense())  # (H, N, N)
+    layer = LayerSnapshot(graph, torch.randn(2, n, 8, generator=gen, dtype=torch.float64),
+                          (Attention(), Laplacian()))  # fmt: skip
+    data = demo_from_snapshots([layer], tokens=tokens, text=" ".join(tokens), source=0,
+                               token_unit="word piece")  # fmt: skip
+    page = write_explorer(tmp_path_factory.mktemp("word-pieces"), data)
+    return page, _numbers(page)
+
+
+def test_every_label_on_the_interactive_page_is_true(word_pieces, browser: Browser) -> None:
+    page, numbers = word_pieces
+    b = browser
+    b.load(page.as_uri())
+    _set(b, "t", 0, "input")  # t = 0: all of the source's value on [CLS], the darkest node
+    shown = b.js(LABELS)
+    assert sorted(shown["graphs"]) == ["graph-eigen", "graph-influence", "graph-mass"]
+    for name, graph in shown["graphs"].items():
+        for node in graph["nodes"]:
+            contrast = vh.wcag_contrast([c / 255 for c in node["text"]],
+                                        [c / 255 for c in node["node"]])  # fmt: skip
+            assert contrast >= 4.5, (name, node)  # WCAG AA; was 3.2 for [CLS] (issue 38)
+            assert node["halo"] == node["node"], (name, node)  # reads beyond its node too
+    cls = shown["graphs"]["graph-influence"]["nodes"][0]
+    assert (cls["label"], cls["value"], cls["node"]) == ("[CLS]", 1.0, [189, 0, 38])
+    assert cls["text"] == [255, 255, 255]
+    # the colour bars say that colour follows the square root of the value ...
+    notes = {name: graph["note"] for name, graph in shown["graphs"].items()}
+    assert notes == {"graph-influence": "colour ∝ √value", "graph-mass": "colour ∝ √value",
+                     "graph-eigen": "colour ∝ ±√|value|"}  # fmt: skip
+    # ... and it does: at t = 1 (the scale's top is 1, the source's value at t = 0)
+    _set(b, "t", numbers["times"].index(1.0), "input")
+    nodes = b.js(LABELS)["graphs"]["graph-influence"]["nodes"]
+    assert max(abs(c - e) for n in nodes for c, e in zip(n["node"], _hot(n["value"] ** 0.5))) <= 1
+    assert max(abs(c - e) for n in nodes for c, e in zip(n["node"], _hot(n["value"]))) > 20
+    # the notes and totals follow the operator: the Laplacian's views are not heat or mass
+    _set(b, "op", "laplacian", "change")
+    shown = b.js(LABELS)
+    assert shown["notes"][0].startswith("A Laplacian head's output for the input e_j")
+    assert shown["notes"][1].startswith("Lᵀ e_j = −dm/dt at t = 0")
+    p = torch.tensor(numbers["heads"][0][0]["attention"], dtype=torch.float64)
+    total = float(re.search(r"= (-?[0-9.]+)", shown["totals"][0]).group(1))
+    assert total == pytest.approx(1 - float(p[:, 0].sum()), abs=6e-7)
+    assert "1 − Σᵢ P[i, j]" in shown["totals"][0] and "listen" not in shown["totals"][0]
     assert b.errors() == []

@@ -23,6 +23,7 @@ from heatformer.demo import DemoData, demo_from_snapshots, write_demo
 from heatformer.demo.compute import mass_frames
 from heatformer.demo.facts import demo_facts
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph, heat_kernel
+from heatformer.viz import find_collection
 
 TEXT = "def add(a, b): return a + b"
 
@@ -169,6 +170,58 @@ def test_the_animation_is_readable(written) -> None:
     with Image.open(gif) as image:
         width, height = image.size
     assert width >= 1200 and height >= 300, (width, height)  # was 851 x 213 at 80 dpi
+
+
+def test_the_animation_says_what_it_shows(data, tmp_path, monkeypatch) -> None:
+    # it was titled "heat flow" and its colour bar "heat", beside a text saying that the
+    # influence view it shows is not an amount of heat (issue 38)
+    from matplotlib.animation import PillowWriter
+
+    shown = []
+    grab = PillowWriter.grab_frame
+
+    def spy(self, **kwargs) -> None:
+        grab(self, **kwargs)
+        ax, bar = self.fig.axes
+        shown.append((ax.get_title(), bar.get_ylabel(), vh.node_labels(ax, draw=False)))
+
+    monkeypatch.setattr(PillowWriter, "grab_frame", spy)
+    page_module._heat_section(tmp_path, data, demo_facts(data), gif=True)
+    assert len(shown) == len(data.animation_times)
+    for (title, bar, labels), t, frame in zip(shown, data.animation_times, data.animation):
+        total = float(frame.sum())
+        assert title == f"influence u(t) = exp(−tL) e_j, t = {t:.2f}, total {total:.3f}"
+        assert bar == "influence uᵢ(t)  (colour ∝ √value)"
+        assert "heat" not in (title + bar).lower()
+        assert min(c for _, c, _ in labels) >= 4.5  # every label reads on every frame
+    page = page_module.heat_text(data, demo_facts(data))
+    assert "The animation is the influence view" in page
+
+
+def test_colour_scales_and_legends_say_what_they_show(written, data) -> None:
+    result, figures = written
+    # the heat strips: a square-root colour scale, and their colour bars say so
+    for name, label in (("heat_flow.png", "influence exp(−tL) e_j"),
+                        ("heat_mass.png", "mass exp(−tLᵀ) e_j")):  # fmt: skip
+        *frames, bar = figures[name].axes
+        assert bar.get_ylabel() == f"{label}  (colour ∝ √value)"
+        nodes = find_collection(frames[0], "nodes")
+        assert float(nodes.norm(0.25 * nodes.norm.vmax)) == pytest.approx(0.5)
+    # every node label reads on its node, in every picture with nodes (top-k: after its
+    # shared colour scale was set)
+    for name in ("attention_graph.png", "heat_flow.png", "heat_mass.png", "topk.png"):
+        axes = [ax for ax in figures[name].axes if ax.texts]
+        assert axes and all(
+            c >= 4.5 and halo for ax in axes for _, c, halo in vh.node_labels(ax)
+        ), name
+    # the values channel is v in the legend, as in the text; the outputs P v and (I − P) v
+    right = figures["laplacian_vs_attention.png"].axes[1]
+    legend = [t.get_text() for t in right.get_legend().get_texts()]
+    assert legend == ["values v (one channel)", "attention head: P v", "Laplacian head: (I − P) v"]
+    words = vh.page_text(result.index_html)
+    assert "one channel of the head's values v and both outputs" in words["laplacian-head"]
+    # the text says that the influence view, not heat, moves against the arrows
+    assert "the influence view of section 4 moves against the arrows" in words["graph"]
 
 
 def test_the_geometry_chart_is_honest_about_one_seed(written) -> None:

@@ -72,6 +72,19 @@ def test_strip_has_one_frame_per_time(layout: str, tmp_path) -> None:
     vh.assert_png(tmp_path / "h.png")
 
 
+@pytest.mark.parametrize(("gamma", "note"), [(0.5, "  (colour ∝ √value)"), (1.0, "")])
+def test_the_colour_bar_says_when_the_scale_is_not_linear(gamma: float, note: str) -> None:
+    graph = vh.random_attention(n=6, causal=True)
+    fig = plot_heat_diffusion(graph, 2, TIMES, index=0, gamma=gamma)
+    *frames, bar = fig.axes
+    assert bar.get_ylabel() == "heat exp(−tL) x  (rw)" + note
+    # and the note is true: a quarter of the top value sits halfway up a square-root scale
+    nodes = find_collection(frames[0], "nodes")
+    top = float(nodes.norm.vmax)
+    assert float(nodes.norm(0.25 * top)) == pytest.approx(0.5 if note else 0.25)
+    assert min(c for ax in frames for _, c, _ in vh.node_labels(ax)) >= 4.5
+
+
 def test_gif_has_one_frame_per_time(tmp_path) -> None:
     path = animate_heat_diffusion(
         vh.random_attention(n=7), 0, torch.linspace(0, 3, 6), index=1, save=tmp_path / "a.gif"

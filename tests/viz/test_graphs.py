@@ -62,6 +62,24 @@ def test_token_labels_and_node_colours() -> None:
     np.testing.assert_allclose(colours, graph.in_degree()[0].numpy())  # default: in-degree
 
 
+def test_every_label_reads_on_its_node() -> None:
+    # [CLS] on the darkest node of YlOrRd: black there had a contrast ratio of 1.9 (issue 38)
+    tokens = ["[CLS]", "heat", "flows", "along", "the", "[SEP]"]
+    values = [1.0, 0.0, 0.2, 0.4, 0.6, 0.8]
+    fig = draw_attention_graph(vh.random_attention(n=6), 0, tokens=tokens, node_values=values)
+    ax = fig.axes[0]
+    labels = vh.node_labels(ax)
+    assert [name for name, _, _ in labels] == tokens
+    assert min(c for _, c, _ in labels) >= 4.5, labels  # WCAG AA for text
+    assert all(halo for _, _, halo in labels)  # a label wider than its node reads as well
+    assert ax.texts[0].get_color() == (1.0, 1.0, 1.0)  # white on dark red
+    # a new colour scale recolours the labels with the nodes: [CLS] is now pale, its text black
+    find_collection(ax, "nodes").set_clim(0.0, 8.0)
+    labels = vh.node_labels(ax)
+    assert min(c for _, c, _ in labels) >= 4.5 and all(halo for _, _, halo in labels)
+    assert ax.texts[0].get_color() == (0.0, 0.0, 0.0)
+
+
 def test_draws_into_given_axes() -> None:
     from matplotlib.figure import Figure
 

@@ -113,3 +113,5 @@ def test_operator_outputs_split_the_signal() -> None:
     dense = graph.to_dense()[0].numpy()
     np.testing.assert_allclose(att.get_ydata(), dense @ x.numpy(), atol=1e-12)
     assert math.isclose(float(np.asarray(inp.get_ydata())[3]), float(x[3]))
+    named = plot_operator_outputs(graph, x, [Attention()], index=0, signal_label="values v")
+    assert _labelled_lines(named.axes[0])[0].get_label() == "values v"

@@ -419,8 +419,13 @@ def _source(snap: LayerSnapshot, att: int, n: int, source: int | None) -> int:
 def _filter_panels(snap: LayerSnapshot, filter_head: int, n: int) -> dict[str, Any]:
     """The filter section's fields of :class:`DemoData`: frequency responses on ``lam``, the
     eigenvalues of head ``filter_head``, one channel of its values and the operators' outputs."""
-    pair = {"attention head: P = I − L": Attention(), "Laplacian head: L = I − P": Laplacian()}
-    filters = {**pair, "heat head t=1: exp(−L)": HeatKernel(t=1.0)}  # section 5, left
+    filters = {  # section 5, left: what each head does to each frequency
+        "attention head: P = I − L": Attention(),
+        "Laplacian head: L = I − P": Laplacian(),
+        "heat head t=1: exp(−L)": HeatKernel(t=1.0),
+    }
+    # section 5, right: what each head outputs from the channel v, in the text's notation
+    outputs = {"attention head: P v": Attention(), "Laplacian head: (I − P) v": Laplacian()}
     lam = torch.linspace(0.0, 2.0, 201, dtype=torch.float64)
     filter_graph = DenseGraph(snap.graph.to_dense()[filter_head].detach().to(torch.float64))
     channel = _signal_of(snap.values[filter_head, :, 0], n)  # (N,)
@@ -429,7 +434,7 @@ def _filter_panels(snap: LayerSnapshot, filter_head: int, n: int) -> dict[str, A
         "responses": _frequency_responses(filters, lam),
         "eigenvalues": spectrum(filter_graph, "rw").cpu(),
         "channel": channel,
-        "outputs": _operator_outputs(single_graph(snap.graph, filter_head), channel, pair),
+        "outputs": _operator_outputs(single_graph(snap.graph, filter_head), channel, outputs),
     }
 
 

@@ -124,17 +124,35 @@
   const HOT = [[255, 255, 204], [253, 141, 60], [189, 0, 38]];
   const BLUE = [33, 102, 172];
   const RED = [178, 24, 43];
-  function colour(v, scale) {
-    let c;
+  // colour ∝ √value (signed: ±√|value|), so that faint values show; the colour bar says so
+  const SCALE_NOTE = { unsigned: "colour ∝ √value", signed: "colour ∝ ±√|value|" };
+  function rgb(v, scale) {
     if (scale.signed) {
       const r = Math.max(-1, Math.min(1, v / scale.max));
       const s = Math.sign(r) * Math.sqrt(Math.abs(r));
-      c = s < 0 ? mix(WHITE, BLUE, -s) : mix(WHITE, RED, s);
-    } else {
-      const s = Math.sqrt(Math.max(0, Math.min(1, v / scale.max))); // faint values show
-      c = s < 0.5 ? mix(HOT[0], HOT[1], 2 * s) : mix(HOT[1], HOT[2], 2 * s - 1);
+      return s < 0 ? mix(WHITE, BLUE, -s) : mix(WHITE, RED, s);
     }
+    const s = Math.sqrt(Math.max(0, Math.min(1, v / scale.max)));
+    return s < 0.5 ? mix(HOT[0], HOT[1], 2 * s) : mix(HOT[1], HOT[2], 2 * s - 1);
+  }
+  function css(c) {
     return `rgb(${c[0]},${c[1]},${c[2]})`;
+  }
+  function colour(v, scale) {
+    return css(rgb(v, scale));
+  }
+  // WCAG 2 relative luminance and contrast ratio of sRGB colours (channels 0 to 255)
+  function luminance(c) {
+    const lin = c.map((v) => (v / 255 <= 0.04045 ? v / 255 / 12.92 : Math.pow((v / 255 + 0.055) / 1.055, 2.4)));
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2];
+  }
+  function contrast(a, b) {
+    const la = luminance(a), lb = luminance(b);
+    return (Math.max(la, lb) + 0.05) / (Math.min(la, lb) + 0.05);
+  }
+  // black or white, whichever contrasts more with the background (always at least 4.58)
+  function textOn(c) {
+    return contrast(WHITE, c) > contrast([0, 0, 0], c) ? "#fff" : "#000";
   }
   function scaleOf(vectors) {
     let lo = 0, hi = 0;
@@ -163,7 +181,7 @@
     const arcMax = Math.min(0.3 * (N - 1) * DX, 150);
     const base = forward ? arcMax + 30 : arcMax + 24;
     const height = base + (forward ? arcMax : 0) + 50;
-    const root = svg("svg", { viewBox: `0 0 ${W + 70} ${height}`, id: `graph-${name}` });
+    const root = svg("svg", { viewBox: `0 0 ${W + 90} ${height}`, id: `graph-${name}` });
     const g = svg("g", { class: "edges" });
     for (const [i, j, w] of list) {
       const x1 = xOf(i), x2 = xOf(j);
@@ -195,12 +213,17 @@
     const nodes = svg("g", { class: "nodes" });
     for (let i = 0; i < N; i++) {
       const node = svg("g", { class: "node", "data-i": i, "data-value": vec[i] });
+      const fill = rgb(vec[i], scale);
       const circle = svg("circle", {
-        cx: xOf(i), cy: base, r: R, fill: colour(vec[i], scale),
+        cx: xOf(i), cy: base, r: R, fill: css(fill),
         stroke: i === state.source && clickable ? "#000" : "#555",
         "stroke-width": i === state.source && clickable ? 2.5 : 0.8,
       });
-      const text = svg("text", { x: xOf(i), y: base + 4, "text-anchor": "middle", "font-size": Math.min(12, R + 1) });
+      // the label reads on its node: black or white, on a halo of the node's colour where the
+      // label is wider than the node
+      const text = svg("text", { x: xOf(i), y: base + 4, "text-anchor": "middle", "font-size": Math.min(12, R + 1),
+        fill: textOn(fill), stroke: css(fill), "stroke-width": 3, "stroke-linejoin": "round",
+        "paint-order": "stroke" });
       text.textContent = label(i);
       node.appendChild(circle);
       node.appendChild(text);
@@ -228,6 +251,11 @@
     lo.textContent = fmt(scale.signed ? -scale.max : 0, 3);
     bar.appendChild(hi);
     bar.appendChild(lo);
+    const mid = (top + bottom) / 2, xn = x0 + 62;
+    const note = svg("text", { x: xn, y: mid, "font-size": 10, "text-anchor": "middle",
+      transform: `rotate(-90 ${xn} ${mid})`, class: "colourbar-note" });
+    note.textContent = scale.signed ? SCALE_NOTE.signed : SCALE_NOTE.unsigned;
+    bar.appendChild(note);
     root.appendChild(bar);
     target.replaceChildren(root);
   }
@@ -330,7 +358,7 @@
   function panel(id, title, note) {
     const box = el("div", { class: "panel", id: `panel-${id}` });
     box.appendChild(el("h2", { id: `title-${id}` }, title));
-    if (note) box.appendChild(el("p", { class: "note" }, note));
+    if (note) box.appendChild(el("p", { class: "note", id: `note-${id}` }, note));
     const holder = el("div", { id: `holder-${id}` });
     box.appendChild(holder);
     const total = el("p", { class: "total", id: `total-${id}` });
@@ -338,12 +366,30 @@
     return { box: box, holder: holder, total: total };
   }
   const views = el("div", { class: "views" });
-  const infl = panel("influence", "Influence view: op e_j",
-    "What every output takes from token j's value (a heat head's output for the input e_j). " +
-    "It moves against the arrows: from key j to the queries that read it. Click a node to move the source.");
-  const mass = panel("mass", "Mass view: opᵀ e_j",
-    "A unit of mass on token j, moved along the arrows (query → key), towards the keys read most " +
-    "(the sinks; on a causal graph, back to earlier tokens).");
+  // what each view of each operator is (the panels' notes follow the operator picked)
+  const NOTES = {
+    influence: {
+      heat: "What every output takes from token j's value: a heat head's output (time t) for the " +
+        "input e_j. It moves against the arrows: from key j to the queries that read it.",
+      attention: "An attention head's output for the input e_j: query i takes P[i, j] of token j's " +
+        "value, one step against the arrows.",
+      laplacian: "A Laplacian head's output for the input e_j: e_j − P e_j, token j's own value " +
+        "minus what every query takes from it (P[i, j]).",
+      ppr: "What every output takes from token j's value under personalized PageRank: a walk " +
+        "against the arrows, weighted α (1 − α)^k after k steps.",
+    },
+    mass: {
+      heat: "A unit of mass on token j, moved along the arrows (query → key) for a time t, towards " +
+        "the keys read most (the sinks; on a causal graph, back to earlier tokens).",
+      attention: "A unit of mass on token j after one step along the arrows: key k gets P[j, k].",
+      laplacian: "Lᵀ e_j = −dm/dt at t = 0 for a unit of mass on token j: positive where the mass " +
+        "leaves (token j), negative where it arrives (the keys j reads).",
+      ppr: "A unit of mass on token j, spread where a walk from j along the arrows ends if it " +
+        "stops with probability α before each step.",
+    },
+  };
+  const infl = panel("influence", "Influence view: op e_j", NOTES.influence.heat);
+  const mass = panel("mass", "Mass view: opᵀ e_j", NOTES.mass.heat);
   views.appendChild(infl.box);
   views.appendChild(mass.box);
   app.appendChild(views);
@@ -377,6 +423,8 @@
         : "not yet 1: the tail (1−α)^K of the series is still missing";
     if (state.op === "laplacian" && which === "mass" && Math.abs(total) < 1e-6)
       return "0: Lᵀ only moves mass (it is −dm/dt of the heat flow at t = 0)";
+    if (state.op === "laplacian" && which === "influence")
+      return "not conserved: 1 − Σᵢ P[i, j], token j's value minus what the queries take from it";
     return which === "influence"
       ? "not conserved: it counts how many outputs listen to token j, not an amount of heat"
       : "not conserved";
@@ -400,6 +448,9 @@
     const opName = state.op === "heat" ? `exp(−${t}·L)` : { attention: "P", laplacian: "(I − P)", ppr: "PPR" }[state.op];
     document.getElementById("title-influence").textContent = `Influence view: u = ${opName} e_${state.source}`;
     document.getElementById("title-mass").textContent = `Mass view: m = (${opName})ᵀ e_${state.source}`;
+    document.getElementById("note-influence").textContent =
+      `${NOTES.influence[state.op]} Click a node to move the source.`;
+    document.getElementById("note-mass").textContent = NOTES.mass[state.op];
     const result = { influence: values("influence"), mass: values("mass") };
     let scaleVectors = [result.influence.values, result.mass.values];
     if (state.op === "heat") { // one scale for every t, so the slider shows the decay

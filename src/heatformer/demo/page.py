@@ -260,7 +260,10 @@ def _heat_section(out: Path, data: DemoData, facts: PageFacts, *, gif: bool) -> 
     files = ["heat_flow.png", "heat_mass.png"]
     if gif:
         gif_path = out / "heat_flow.gif"
-        _write_heat_gif(graph, data.animation_times, data.animation, style, path=gif_path, dpi=120)
+        _write_heat_gif(
+            graph, data.animation_times, data.animation, style, path=gif_path, dpi=120,
+            label="influence uᵢ(t)", title="influence u(t) = exp(−tL) e_j",
+        )  # fmt: skip
         files.append("heat_flow.gif")
     title = "Heat flow of a one-hot signal: influence and mass"
     return "heat", title, heat_text(data, facts), files
@@ -277,6 +280,7 @@ def _laplacian_section(out: Path, data: DemoData, facts: PageFacts) -> _Section:
     _draw_operator_outputs(
         data.channel, data.outputs, tokens=data.labels, ax=ax2, save=None,
         title=f"one value channel on layer {data.layer}, head {data.filter_head}",
+        signal_label="values v (one channel)",
     )  # fmt: skip
     save_figure(fig, out / "laplacian_vs_attention.png")
     title = "A Laplacian head is high-pass, an attention head low-pass"

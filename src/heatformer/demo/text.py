@@ -91,7 +91,7 @@ def graph_text(facts: PageFacts) -> str:
         f"to, with weight <code>P[i, j]</code> {rows}, drawn thicker and darker for larger "
         "weights. The arrow <i>i</i> → <i>j</i> says who reads from whom: query <i>i</i> reads "
         "key <i>j</i>, so the value of <i>j</i> travels the other way, from key <i>j</i> to "
-        "query <i>i</i> (this is why the heat of {ref:heat} moves against the arrows). "
+        "query <i>i</i> (this is why the influence view of {ref:heat} moves against the arrows). "
         f"{direction} The node colour (colour bar) is the in-degree "
         "<code>Σ<sub>i</sub> P[i, j]</code>, the total attention a token receives; tokens "
         "that collect much of it are <i>attention sinks</i>. An attention head's output is "
@@ -241,7 +241,9 @@ def heat_text(data: DemoData, facts: PageFacts) -> str:
         "smooths. heatformer computes <code>exp(−tL) x</code> without any matrix, as the "
         "positive series <code>e<sup>−t</sup> Σ<sub>k</sub> t<sup>k</sup>/k! P<sup>k</sup> "
         "x</code>; the mass view of token <i>j</i> is row <i>j</i> of the same kernel, since "
-        "<code>exp(−tLᵀ) = exp(−tL)ᵀ</code>. The animation is the influence view."
+        "<code>exp(−tLᵀ) = exp(−tL)ᵀ</code>. The animation is the influence view, and its title "
+        "says so. Where a colour bar says <i>colour ∝ √value</i>, colour follows the square "
+        "root of the value, so that faint values far from the source show."
     )
 
 
@@ -252,11 +254,11 @@ def laplacian_text() -> str:
         "Laplacian eigenvector with eigenvalue λ by <code>f(λ)</code> (the eigenvalues of "
         "{ref:spectrum}). Attention <code>P = I − L</code> has <code>f(λ) = 1 − λ</code>: it "
         "keeps the smooth part (λ near 0) and damps the rough part (low-pass, like the heat "
-        "of {ref:heat}). A Laplacian head outputs <code>(I − P) v = v − P v</code>, "
-        "<code>f(λ) = λ</code>: it removes the common part and keeps what makes a token "
-        "differ from its neighbours (high-pass). The ticks are the real parts of this head's "
-        "eigenvalues. Right: one channel of the head's values <code>v</code> and both "
-        "outputs; the two outputs add up to <code>v</code>."
+        "kernel <code>exp(−tL)</code> of {ref:heat}). A Laplacian head outputs "
+        "<code>(I − P) v = v − P v</code>, <code>f(λ) = λ</code>: it removes the common part "
+        "and keeps what makes a token differ from its neighbours (high-pass). The ticks are "
+        "the real parts of this head's eigenvalues. Right: one channel of the head's values "
+        "<code>v</code> and both outputs; the two outputs add up to <code>v</code>."
     )
 
 

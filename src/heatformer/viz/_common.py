@@ -142,6 +142,39 @@ def token_labels(tokens: Sequence[str] | str | bytes | None, num_nodes: int) -> 
     return labels
 
 
+def relative_luminance(rgb: Sequence[float]) -> float:
+    """The WCAG 2 relative luminance of an sRGB colour with channels in ``[0, 1]``.
+
+    Example:
+        >>> relative_luminance((1.0, 1.0, 1.0)), relative_luminance((0.0, 0.0, 0.0))
+        (1.0, 0.0)
+    """
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb[:3]]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """The WCAG 2 contrast ratio of two sRGB colours (channels in ``[0, 1]``), 1 to 21."""
+    la, lb = relative_luminance(a), relative_luminance(b)
+    return (max(la, lb) + 0.05) / (min(la, lb) + 0.05)
+
+
+def text_colour_on(background: Sequence[float]) -> tuple[float, float, float]:
+    """Black or white, whichever contrasts more with ``background`` (sRGB in ``[0, 1]``).
+
+    The better of the two always has a contrast ratio of at least 4.58 (WCAG AA asks 4.5 for
+    text): white on a background darker than relative luminance 0.179, black on the others.
+
+    Example:
+        >>> text_colour_on((0.5, 0.0, 0.15))  # dark red: white text
+        (1.0, 1.0, 1.0)
+        >>> text_colour_on((1.0, 1.0, 0.8))  # pale yellow: black text
+        (0.0, 0.0, 0.0)
+    """
+    white, black = (1.0, 1.0, 1.0), (0.0, 0.0, 0.0)
+    return white if contrast_ratio(white, background) > contrast_ratio(black, background) else black
+
+
 def _visible(token: str) -> str:
     out = "".join(_VISIBLE.get(c, c if c.isprintable() else "·") for c in token)
     return out or "∅"

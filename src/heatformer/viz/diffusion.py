@@ -26,6 +26,7 @@ from heatformer.viz.graphs import (
     _arc_extent,
     _arc_width,
     _check_layout,
+    _colour_labels,
     draw_attention_graph,
     find_collection,
 )
@@ -163,7 +164,8 @@ def plot_heat_diffusion(
             draws every edge.
         cmap: matplotlib colormap of the heat.
         gamma: colour scale ``(u / max u) ** gamma`` for non-negative heat, so that faint
-            heat far from the source shows (1 = linear).
+            heat far from the source shows (1 = linear); the colour bar's label says so
+            (``colour ∝ √value`` for the default 0.5).
         save: write the figure to this path.
 
     Returns:
@@ -214,9 +216,22 @@ def _draw_heat_strip(
     return fig
 
 
+def _scale_note(norm: Normalize) -> str:
+    """How colour follows value under ``norm``: ``""`` when linearly, else e.g.
+    ``"colour ∝ √value"`` (a :class:`~matplotlib.colors.PowerNorm`)."""
+    from matplotlib.colors import PowerNorm
+
+    if not isinstance(norm, PowerNorm) or norm.gamma == 1.0:
+        return ""
+    return "colour ∝ √value" if norm.gamma == 0.5 else f"colour ∝ value^{norm.gamma:g}"
+
+
 def _colorbar(fig: Figure, axes: list[Axes], cmap: str, norm: Normalize, label: str) -> None:
+    """The colour bar of the heat frames, its label saying when the scale is not linear."""
     from matplotlib.cm import ScalarMappable
 
+    note = _scale_note(norm)
+    label = f"{label}  ({note})" if note else label
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, shrink=0.6, label=label)
 
 
@@ -271,7 +286,11 @@ def animate_heat_diffusion(
     one = single_graph(graph, index)
     frames = heat_diffusion_frames(one, signal, ts, normalization=normalization)
     style = HeatStyle(tokens, layout, top_k, cmap, gamma)
-    return _write_heat_gif(one, ts, frames, style, path=path, fps=fps, dpi=dpi)
+    label = f"heat exp(−tL) x  ({normalization})"
+    return _write_heat_gif(
+        one, ts, frames, style, path=path, label=label, title="heat flow exp(−tL) x", fps=fps,
+        dpi=dpi,
+    )  # fmt: skip
 
 
 def _write_heat_gif(
@@ -281,10 +300,14 @@ def _write_heat_gif(
     style: HeatStyle,
     *,
     path: Path,
+    label: str,
+    title: str,
     fps: int = 6,
     dpi: int = 80,
 ) -> Path:
-    """The GIF of :func:`animate_heat_diffusion` for given frames ``(T, N)`` at times ``ts``."""
+    """The GIF of :func:`animate_heat_diffusion` for given frames ``(T, N)`` at times ``ts``:
+    ``label`` names the colour bar, ``title`` what the frames show (each frame's title adds
+    its time and total)."""
     layout = style.layout
     norm = _heat_norm(frames, style.gamma)
     fig = draw_attention_graph(
@@ -294,7 +317,7 @@ def _write_heat_gif(
     )  # fmt: skip
     ax = fig.axes[0]
     nodes = find_collection(ax, "nodes")
-    _colorbar(fig, [ax], style.cmap, norm, "heat")
+    _colorbar(fig, [ax], style.cmap, norm, label)
     try:
         from matplotlib.animation import PillowWriter
     except ImportError as err:  # pragma: no cover - Pillow is a matplotlib dependency
@@ -306,8 +329,7 @@ def _write_heat_gif(
     with writer.saving(fig, str(path), dpi):
         for t, frame in zip(ts, frames):
             nodes.set_array(frame.numpy())
-            ax.set_title(
-                f"heat flow exp(-tL)x, t = {t:.2f}, total {float(frame.sum()):.3f}", fontsize=10
-            )
+            _colour_labels(ax)  # the labels read on the nodes' new colours
+            ax.set_title(f"{title}, t = {t:.2f}, total {float(frame.sum()):.3f}", fontsize=10)
             writer.grab_frame()
     return path

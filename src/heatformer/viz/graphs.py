@@ -22,6 +22,7 @@ from heatformer.viz._common import (
     new_figure,
     save_figure,
     single_graph,
+    text_colour_on,
     token_labels,
 )
 
@@ -115,7 +116,8 @@ def draw_attention_graph(
     default the in-degree (the total attention a token receives: "attention sinks" stand
     out). The drawing is three collections (see :func:`find_collection`): ``"nodes"``,
     ``"edges"`` with one path per drawn edge, in the order of ``to_networkx().edges``, and
-    ``"arrowheads"`` with one triangle per edge; arrows point from query to key.
+    ``"arrowheads"`` with one triangle per edge; arrows point from query to key. Each label is
+    black or white, whichever reads better on its node, on a halo of the node's colour.
 
     Args:
         graph: any heatformer graph (e.g. a ``SoftmaxGraph`` of shape ``(B, H)``) or an
@@ -259,15 +261,42 @@ def _draw_nodes(
 
 
 def _draw_labels(ax: Axes, xy: np.ndarray, labels: Sequence[str], diameter: float) -> None:
-    """Each node's label at its centre, in a font that fits nodes of ``diameter`` points."""
+    """Each node's label at its centre, in a font that fits nodes of ``diameter`` points,
+    coloured to read on its node (:func:`_colour_labels`), now and whenever the nodes' colour
+    scale changes (``set_clim``, ``set_norm``, ``set_cmap``)."""
     import numpy as np
 
     font = float(np.clip(0.55 * diameter, 4.0, 9.0))
     for (x, y), label in zip(xy, labels):
-        ax.text(
+        text = ax.text(
             x, y, label, ha="center", va="center", fontsize=font, zorder=3, in_layout=False,
             clip_on=True,
         )  # fmt: skip
+        text.set_gid("node-label")
+    _colour_labels(ax)
+    find_collection(ax, "nodes").callbacks.connect("changed", lambda _: _colour_labels(ax))
+
+
+def _colour_labels(ax: Axes) -> None:
+    """Colour the node labels of ``ax`` for the nodes' current colours: black or white,
+    whichever contrasts more with the node (a WCAG contrast ratio of at least 4.5), on a halo
+    of the node's colour, so that a label wider than its node reads too.
+
+    :func:`draw_attention_graph` calls it; call it again after ``set_array`` on the
+    ``"nodes"`` collection (a new colour scale recolours the labels by itself).
+    """
+    from matplotlib.patheffects import withStroke
+
+    nodes = find_collection(ax, "nodes")
+    values = nodes.get_array()
+    if values is None:  # pragma: no cover - draw_attention_graph always colours by value
+        return
+    colours = nodes.to_rgba(values)  # (N, 4): what the nodes are drawn in
+    texts = [t for t in ax.texts if t.get_gid() == "node-label"]
+    for text, colour in zip(texts, colours):
+        halo = max(1.5, 0.4 * float(text.get_fontsize()))  # points
+        text.set_color(text_colour_on(colour))
+        text.set_path_effects([withStroke(linewidth=halo, foreground=colour)])
 
 
 def _arc_width(n: int) -> float:

@@ -265,6 +265,7 @@ def plot_operator_outputs(
     *,
     index: tuple[int, ...] | int | None = None,
     tokens: Sequence[str] | str | bytes | None = None,
+    signal_label: str = "input x",
     ax: Axes | None = None,
     title: str | None = None,
     save: PathLike | None = None,
@@ -280,6 +281,8 @@ def plot_operator_outputs(
         operators: ``{label: operator}`` or a list of operators or names.
         index: which graph of the batch.
         tokens: x-axis labels.
+        signal_label: the legend's name of the input line, in the notation of the text
+            beside the figure (e.g. ``"values v"``).
         ax: draw into this axes instead of a new figure.
         title: axes title.
         save: write the figure to this path.
@@ -291,7 +294,9 @@ def plot_operator_outputs(
     one = single_graph(graph, index)
     x = _signal_of(signal, one.num_nodes)
     outputs = _operator_outputs(one, x, _operators(operators))
-    return _draw_operator_outputs(x, outputs, tokens=tokens, ax=ax, title=title, save=save)
+    return _draw_operator_outputs(
+        x, outputs, tokens=tokens, ax=ax, title=title, save=save, signal_label=signal_label
+    )
 
 
 def _signal_of(signal: Tensor | Sequence[float], n: int) -> Tensor:
@@ -320,6 +325,7 @@ def _draw_operator_outputs(
     ax: Axes | None,
     title: str | None,
     save: PathLike | None,
+    signal_label: str = "input x",
 ) -> Figure:
     """The figure of :func:`plot_operator_outputs` for given outputs ``{label: (N,)}``."""
     import numpy as np
@@ -328,7 +334,7 @@ def _draw_operator_outputs(
     labels = token_labels(tokens, n)
     fig, ax = axes_or_new(ax, (max(6.4, 0.25 * n + 2), 3.8))
     pos = np.arange(n)
-    ax.plot(pos, x.numpy(), color="0.55", lw=1.2, ls="--", marker=".", label="input x")
+    ax.plot(pos, x.numpy(), color="0.55", lw=1.2, ls="--", marker=".", label=signal_label)
     for label, y in outputs.items():
         ax.plot(pos, y.numpy(), lw=1.8, marker="o", ms=3, label=label)
     ax.axhline(0.0, color="0.85", lw=0.6, zorder=0)
