@@ -626,6 +626,72 @@ def test_a_broken_checkpoint_symlink_is_refused_not_restarted(
     assert path.is_symlink() and sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt"]
 
 
+_LOOP_SCRIPT = """
+import sys
+from heatformer.cli import main
+for argv in {argvs!r}:
+    print("status", main(argv), "torch" in sys.modules, file=sys.stderr)
+"""
+
+
+def test_a_loop_of_symbolic_links_as_out_or_resume_is_one_line_before_torch(
+    tmp_path: Path,
+) -> None:
+    """``--out DIR`` or ``--resume DIR`` where DIR or DIR/runs is a loop of symbolic links
+    (``ln -s loop loop``) used to end in a RuntimeError traceback (status 1)."""
+    from heatformer.experiments.spec import CompareSpec
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    fresh, made = tmp_path / "fresh", tmp_path / "made"
+    fresh.mkdir()
+    made.mkdir()
+    (made / "spec.json").write_text(json.dumps({"spec": CompareSpec(device="cpu").to_dict()}))
+    for folder in (fresh, made):
+        (folder / "runs").symlink_to(folder / "runs")
+    cases = [
+        (["compare", "--out", str(loop)], "--out", loop),
+        (["train", "--out", str(fresh)], "--out", fresh / "runs"),
+        (["compare", "--resume", str(loop)], "--resume", loop),
+        (["train", "--resume", str(made)], "--resume", made / "runs"),
+    ]
+    code = _LOOP_SCRIPT.format(argvs=[argv for argv, *_ in cases])
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    expected = []
+    for argv, option, path in cases:
+        expected += [
+            f"heatformer {argv[0]}: error: {option}: expected a folder, got {path}, whose path "
+            "runs into a loop of symbolic links (links that lead back to themselves); remove or "
+            "repoint the link",
+            "status 2 False",  # refused before torch was imported
+        ]
+    assert done.stderr.splitlines() == expected
+    assert sorted(p.name for p in made.iterdir()) == ["runs", "spec.json"]  # no lock file
+
+
+def test_a_broken_run_folder_symlink_is_refused_before_training(
+    text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run folder that is a loop of links used to look like a run not started yet, then end
+    in a RuntimeError traceback when its lock was taken."""
+    out = tmp_path / "out"
+    assert main(["train", *tiny(text, out), "--stop-at-step", "2", "--no-analysis"]) == 0
+    run_dir = out / "runs" / "c00-attention-s0"
+    shutil.rmtree(run_dir)
+    run_dir.symlink_to(run_dir)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"heatformer train: error: {run_dir}: expected a run folder, got a symbolic link to "
+        f"{str(run_dir)!r}, which does not lead to a folder (missing, or a loop); point it at "
+        "the run folder, or delete it and continue the comparison with --resume: that run "
+        "starts again from step 0, the finished runs are kept\n"
+    )
+
+
 def test_resume_with_another_world_size_is_noted_and_recorded(
     text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

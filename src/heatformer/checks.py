@@ -25,8 +25,11 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from heatformer._suggest import did_you_mean
@@ -49,6 +52,7 @@ __all__ = [
     "check_choice",
     "check_coeffs",
     "check_float_tensor",
+    "check_folder",
     "check_fraction",
     "check_generator",
     "check_int",
@@ -381,6 +385,48 @@ def check_fraction(name: str, value: object) -> float:
     if not 0.0 < float(value) < 1.0:
         raise bad_value(name, f"expected a float in (0, 1), got {value}")
     return float(value)
+
+
+def check_folder(
+    argument: str, folder: str | os.PathLike[str], *, inside: Iterable[str] = ()
+) -> Path:
+    """``folder`` as a :class:`~pathlib.Path`, unless following it (or ``folder/NAME`` for a
+    NAME in ``inside``) runs into a loop of symbolic links: a ``ValueError`` naming
+    ``argument`` then.
+
+    Such a path looks missing to :meth:`pathlib.Path.exists`, and :meth:`pathlib.Path.resolve`
+    raises a ``RuntimeError`` on it (Python < 3.13), so it is refused where it comes in. A path
+    that does not exist, or a link to nothing, passes: what is to be made there is the
+    caller's to check.
+
+    Args:
+        argument: the argument's name, for the error.
+        folder: the path given.
+        inside: names inside ``folder`` that must not be loops either (``("runs",)``).
+
+    Example:
+        >>> import tempfile
+        >>> loop = Path(tempfile.mkdtemp()) / "loop"
+        >>> loop.symlink_to(loop)
+        >>> try:
+        ...     check_folder("out", loop)
+        ... except ValueError as err:
+        ...     print(err.argument, "|", err.detail.split(" (")[0].replace(str(loop), "LOOP"))
+        out | expected a folder, got LOOP, whose path runs into a loop of symbolic links
+    """
+    path = Path(folder)
+    for candidate in (path, *(path / name for name in inside)):
+        try:
+            os.stat(candidate)
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                continue  # missing, or not ours to judge here
+            raise bad_value(
+                argument,
+                f"expected a folder, got {candidate}, whose path runs into a loop of symbolic "
+                "links (links that lead back to themselves); remove or repoint the link",
+            ) from None
+    return path
 
 
 def check_generator(generator: object) -> torch.Generator:

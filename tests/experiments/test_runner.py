@@ -350,6 +350,18 @@ def test_unwritable_output_folder_is_a_value_error_before_training(
     assert built == []  # refused before any model was trained
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_loop_of_symbolic_links_as_the_folder_is_a_value_error_naming_out_dir(
+    resume: bool, tiny_spec: SpecFactory, tmp_path: Path
+) -> None:
+    """It used to be a RuntimeError from ``Path.resolve`` when the folder's lock was taken."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(ValueError, match=r"^out_dir: expected a folder, got .*loop, whose path "
+                       r"runs into a loop of symbolic links"):  # fmt: skip
+        run_compare(tiny_spec(), loop, resume=resume)
+
+
 # ----------------------------------------------------------------------------- atomicity
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from heatformer._atomic import FolderLock
-from heatformer.checks import bad_value, check_positive_int, topk_and_graph
+from heatformer.checks import bad_value, check_folder, check_positive_int, topk_and_graph
 from heatformer.cli._flags import add_analysis_reading, add_common
 from heatformer.cli._options import OptionParser
 from heatformer.cli._report import plan_line, preflight, print_report
@@ -278,6 +278,11 @@ def _writer_of(folder: Path | None) -> contextlib.AbstractContextManager[object]
 
 def _execute(args: argparse.Namespace, command: str) -> int:
     resume_dir = _resume_dir(args)
+    # a loop of symbolic links, as the folder or its runs/, is refused here, before torch
+    if resume_dir is not None:
+        check_folder("resume", resume_dir, inside=("runs",))
+    elif args.out is not None:
+        check_folder("out", args.out, inside=("runs",))
     with _writer_of(resume_dir):  # first: the checks below import torch
         return _execute_in(args, command, resume_dir)
 

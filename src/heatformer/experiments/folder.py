@@ -8,13 +8,14 @@ described there.
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from pathlib import Path
 from typing import Any
 
 from heatformer._atomic import LOCK_NAME, is_temporary
-from heatformer.checks import bad_value
+from heatformer.checks import bad_value, check_folder
 from heatformer.experiments.checkpoint import atomic_write_json, read_json
 from heatformer.experiments.distributed import DistContext
 from heatformer.experiments.report import environment
@@ -117,7 +118,10 @@ def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistC
 
 def check_output(spec: CompareSpec, out_dir: Path, *, resume: bool) -> None:
     """The checks of :func:`prepare_output`, which write nothing (the spec saved in a folder
-    to resume: the same fingerprint, heads, seeds and optimiser sweeps)."""
+    to resume: the same fingerprint, heads, seeds and optimiser sweeps). A folder or a
+    ``runs/`` that is a loop of symbolic links is refused (naming ``out_dir``), and so is, when
+    resuming, a run folder that is a link to nothing or a loop."""
+    check_folder("out_dir", out_dir, inside=("runs",))
     if resume:
         saved = load_spec(out_dir)
         if (
@@ -130,6 +134,7 @@ def check_output(spec: CompareSpec, out_dir: Path, *, resume: bool) -> None:
                 f"{out_dir}: expected the spec saved in {SPEC_NAME} when resuming, got a "
                 "different one; resume with `--resume DIR` alone",
             )
+        _check_run_folders(out_dir / "runs")
         return
     if (out_dir / SPEC_NAME).exists():
         raise ValueError(
@@ -142,6 +147,21 @@ def check_output(spec: CompareSpec, out_dir: Path, *, resume: bool) -> None:
         raise ValueError(
             f"{out_dir}: expected a new or empty folder for --out, got a non-empty one"
         )
+
+
+def _check_run_folders(runs: Path) -> None:
+    """Refuse a run folder in ``runs`` that is a symbolic link to nothing (or a loop of links):
+    it would look like a run not started yet, then fail when its lock is taken."""
+    if not runs.is_dir():
+        return
+    for run_dir in sorted(runs.iterdir()):
+        if run_dir.is_symlink() and not run_dir.exists():
+            raise ValueError(
+                f"{run_dir}: expected a run folder, got a symbolic link to "
+                f"{os.readlink(run_dir)!r}, which does not lead to a folder (missing, or a "
+                "loop); point it at the run folder, or delete it and continue the comparison "
+                "with --resume: that run starts again from step 0, the finished runs are kept"
+            )
 
 
 def read_invocations(out_dir: Path) -> list[dict[str, Any]]:
