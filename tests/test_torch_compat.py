@@ -10,6 +10,7 @@ gradients.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -333,3 +334,27 @@ def test_a_window_graph_through_the_fallbacks_passes_gradcheck(fallbacks) -> Non
 
     assert torch.autograd.gradcheck(f, (q, k, x))
     assert fallbacks["flash_backward"] > 0 and fallbacks["graph_task_id"] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask", ["none", "bool", "additive", "causal"])
+def test_sdpa_inside_vmap_is_sdpa_per_sample_without_a_loop(dtype, mask) -> None:
+    """``tc.sdpa`` under ``vmap`` (its math form) equals SDPA on each sample, and batches:
+    no 'performance drop' warning, the sign that torch loops over the samples."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 5, 4, dtype=dtype) for _ in range(3))
+    allowed = torch.rand(5, 5) < 0.6
+    allowed[:, 0] = True  # every row keeps a key
+    kwargs: dict = {
+        "none": {},
+        "bool": {"attn_mask": allowed},
+        "additive": {"attn_mask": torch.zeros(5, 5, dtype=dtype).masked_fill(~allowed, -1e4)},
+        "causal": {"is_causal": True},
+    }[mask]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.func.vmap(lambda a, b, c: tc.sdpa(a, b, c, scale=0.7, **kwargs))(q, k, v)
+    assert not [w for w in caught if "performance drop" in str(w.message)]
+    want = F.scaled_dot_product_attention(q, k, v, scale=0.7, **kwargs)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)

@@ -63,6 +63,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "func_transforming",
     "graph_task_id",
     "native",
+    "sdpa",
     "softmax_backward",
 ]
 
@@ -407,3 +409,45 @@ def func_transforming() -> bool:
         return False
     peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
     return peek is not None and peek() is not None
+
+
+def sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    *,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
+    r""":func:`torch.nn.functional.scaled_dot_product_attention`, the library's one call of it;
+    inside a :mod:`torch.func` transform (:func:`func_transforming`) its math form.
+
+    SDPA's CPU kernels have no ``vmap`` batching rule in torch 2.13: under ``vmap`` (per-sample
+    gradients, ``jacrev``) torch runs them once per sample, with a warning per call. The math
+    form, ``softmax(s q k^T + M) v`` with ``M`` the mask (bool: ``True`` may attend; or
+    additive) and the same ``is_causal`` alignment (top left), uses ops that all batch. Half
+    precision computes it in float32, as the fused kernels do.
+
+    Shape:
+        ``q`` ``(..., L, E)``, ``k`` ``(..., S, E)``, ``v`` ``(..., S, Ev)``, ``attn_mask``
+        broadcast to ``(..., L, S)``; returns ``(..., L, Ev)``.
+    """
+    if not func_transforming():
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
+    acc = torch.float32 if q.dtype in _HALF else q.dtype
+    s = q.to(acc) @ k.to(acc).transpose(-1, -2)  # (..., L, S)
+    s = s * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if is_causal:
+        attn_mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        s = s.masked_fill(~attn_mask, float("-inf"))
+    elif attn_mask is not None:  # additive
+        s = s + attn_mask
+    p = torch.softmax(s, dim=-1)
+    if dropout_p:
+        p = F.dropout(p, dropout_p)
+    return (p @ v.to(acc)).to(v.dtype)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from heatformer import _torch_compat
 from heatformer import checks as V
 from heatformer.graph_ops.protocol import SLAB_ELEMENTS, _numel
 
@@ -248,7 +249,11 @@ class WindowLayout:
         piece = t[:, max(lo, 0) : min(hi, n)]
         if lo < 0 or hi > n:
             piece = F.pad(piece, [0, 0] * (t.dim() - 2) + [max(-lo, 0), max(hi - n, 0)])
-        slabs = piece.unfold(1, self.slab, b).movedim(-1, 2)  # (Bf, nb', L, D)
+        if _torch_compat.func_transforming():  # vmap has no batching rule for unfold's backward
+            at = torch.arange(stop - start, device=t.device)[:, None] * b  # (nb', 1)
+            slabs = piece[:, at + torch.arange(self.slab, device=t.device)]  # (Bf, nb', L, D)
+        else:
+            slabs = piece.unfold(1, self.slab, b).movedim(-1, 2)  # (Bf, nb', L, D)
         if not (self.num_global and glob):
             return slabs
         first = t[:, : self.num_global].unsqueeze(1).expand(-1, slabs.shape[1], -1, -1)

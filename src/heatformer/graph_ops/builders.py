@@ -30,9 +30,9 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from heatformer import _torch_compat
 from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops._spec import format_entry, parse_entry
@@ -260,7 +260,7 @@ class SoftmaxBuilder(GraphBuilder):
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
         allowed = decode_allowed(q.shape[-2], positions, past)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return _torch_compat.sdpa(q, k, v, attn_mask=allowed)
 
 
 class TopkBuilder(GraphBuilder):
@@ -407,7 +407,7 @@ class WindowBuilder(GraphBuilder):
         allowed = window_allowed(
             rows, positions, window=self.w, causal=True, num_global=self.num_global
         )
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return _torch_compat.sdpa(q, k, v, attn_mask=allowed)
 
     def cache_keep(self) -> tuple[int, int | None]:
         return self.num_global, self.w

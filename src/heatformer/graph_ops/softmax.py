@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -251,15 +250,11 @@ class SoftmaxGraph(Graph):
     def propagate(self, x: Tensor) -> Tensor:
         x = self._check_x(x)
         if self.mask is None:
-            return F.scaled_dot_product_attention(
-                self.q, self.k, x, is_causal=self.causal, scale=self.scale
-            )
+            return _torch_compat.sdpa(self.q, self.k, x, is_causal=self.causal, scale=self.scale)
         if not self.causal:
             # fully masked rows attend everywhere inside SDPA, then are zeroed: no NaN anywhere
             has = self.mask.any(-1, keepdim=True)  # broadcast shape of mask, last dim 1
-            y = F.scaled_dot_product_attention(
-                self.q, self.k, x, attn_mask=self.mask | ~has, scale=self.scale
-            )
+            y = _torch_compat.sdpa(self.q, self.k, x, attn_mask=self.mask | ~has, scale=self.scale)
             return y * has
         xf, unfold = _fold(x, self.batch_shape)
         q, k = self._flat()
@@ -267,9 +262,7 @@ class SoftmaxGraph(Graph):
         for s, e in self._blocks(None):
             allowed = self._allowed_mask_rows(s, e)
             has = allowed.any(-1, keepdim=True)  # (Bf, rows, 1)
-            y = F.scaled_dot_product_attention(
-                q[:, s:e], k, xf, attn_mask=allowed | ~has, scale=self.scale
-            )
+            y = _torch_compat.sdpa(q[:, s:e], k, xf, attn_mask=allowed | ~has, scale=self.scale)
             outs.append(y * has)
         return unfold(torch.cat(outs, dim=1))
 

@@ -318,7 +318,7 @@ class WindowGraph(Graph):
             ga = self.layout.dense_allowed(0, g)
             g_has = ga.any(-1, keepdim=True)
             qg = self.layout.query_rows(q, 0, g)  # (Bf, g, E)
-            yg = F.scaled_dot_product_attention(qg, k, xf, attn_mask=ga | ~g_has, scale=self.scale)
+            yg = _torch_compat.sdpa(qg, k, xf, ga | ~g_has, scale=self.scale)
             y = torch.cat([yg * g_has, y[:, g:]], dim=1)
         return unfold(y)
 
@@ -346,9 +346,8 @@ class WindowGraph(Graph):
         for blocks in lay.chunks(q.shape[0]):
             qb, kb, xb = lay.block_queries(q, blocks), lay.keys(k, blocks), lay.keys(x, blocks)
             empty = lay.run_masks(blocks)[2]
-            y = F.scaled_dot_product_attention(
-                qb, kb, xb, attn_mask=lay.sdpa_mask(blocks), scale=self.scale
-            )  # (Bf, nb', b, C)
+            mask = lay.sdpa_mask(blocks)
+            y = _torch_compat.sdpa(qb, kb, xb, mask, scale=self.scale)  # (Bf, nb', b, C)
             outs.append(y if empty is None else y.masked_fill(empty, 0.0))
         return torch.cat(outs, dim=1) if len(outs) != 1 else outs[0]
 

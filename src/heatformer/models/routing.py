@@ -35,10 +35,9 @@ from collections.abc import Sequence
 from typing import NamedTuple, cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from heatformer import checks
+from heatformer import _torch_compat, checks
 from heatformer.graph_ops import (
     DiffusionOperator,
     Graph,
@@ -512,15 +511,13 @@ def _sdpa(
     n_q, n_k = int(q.shape[-2]), int(k.shape[-2])
     plain = mask.dense is None and mask.key_mask is None
     if plain and mask.causal and n_q == n_k and mask.q_offset == mask.kv_offset:
-        pv = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
+        pv = _torch_compat.sdpa(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
         return pv, None
     allowed = mask.allowed(n_q, n_k, q.device)
     if allowed is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale), None
+        return _torch_compat.sdpa(q, k, v, dropout_p=dropout, scale=scale), None
     has = allowed.any(-1, keepdim=True)  # (.., Nq, 1)
-    pv = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=allowed | ~has, dropout_p=dropout, scale=scale
-    )
+    pv = _torch_compat.sdpa(q, k, v, attn_mask=allowed | ~has, dropout_p=dropout, scale=scale)
     return pv * has, has
 
 
