@@ -530,7 +530,7 @@ def test_sigterm_mid_evaluation_or_step_exits_130_within_seconds_and_resume_matc
     assert took < 10  # measured: about 1 s on a busy 2-core machine
     assert err.decode().strip().splitlines()[-1] == (
         "heatformer train: SIGTERM: run c00-attention-s0 stopped at step 2/4, checkpoint "
-        f"saved; resume with: heatformer train --resume {cut}"
+        f"saved; resume with: heatformer train --resume {cut} --threads 1"
     )  # the step after which it evaluated, or the one before the step that was cut
     assert not (cut / "results.json").exists()
 

@@ -1,6 +1,7 @@
 """``heatformer train --sequence-parallel P`` under ``torchrun`` (gloo, loopback) trains like one
 process; a process that dies mid-step makes the others exit with a clear error, and the run
-resumes from its last checkpoint to the same numbers; one that stops answering is given up after
+resumes from its last checkpoint to the same numbers (a plain ``--resume`` keeping
+``--sequence-parallel`` and ``--dist-timeout``); one that stops answering is given up after
 ``--dist-timeout``; the refusals name the flag."""
 
 from __future__ import annotations
@@ -117,15 +118,21 @@ def test_a_process_that_dies_mid_step_stops_the_others_and_the_run_resumes(
         "heatformer train: error: process 0 of 2: a collective operation failed, so another "
         "process died or stopped answering (within --dist-timeout)"
     ) in done.stderr, done.stderr[-3000:]
-    assert f"resume with: torchrun ... -m heatformer train --resume {out}" in done.stderr
+    kept = "--sequence-parallel 2 --dist-timeout 20"  # spelled out: the command alone resumes
+    assert f"resume with: torchrun ... -m heatformer train --resume {out} {kept}\n" in done.stderr
     assert not (out / "results.json").exists()
 
-    resume = sp.torchrun(
-        2, "train", "--resume", str(out), "--no-progress", "--sequence-parallel", "2"
-    )
+    # a plain --resume takes them from the last invocation's record (it used to drop them)
+    resume = sp.torchrun(2, "train", "--resume", str(out), "--no-progress")
     done = subprocess.run(resume, capture_output=True, text=True, timeout=240, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count(f"heatformer train: note: {kept} as in the last invocation") == 1
+    entries = json.loads((out / "invocations.json").read_text())["invocations"]
+    assert [(e["flags"]["sequence_parallel"], e["flags"]["dist_timeout"]) for e in entries] == [
+        (2, 20.0), (2, 20.0),
+    ]  # fmt: skip
     (run,) = json.loads((out / "results.json").read_text())["runs"]
+    assert (run["world_size"], run["sequence_parallel"]) == (2, 2)
     _assert_same_numbers(run, single)
 
 

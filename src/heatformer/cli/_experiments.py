@@ -10,7 +10,10 @@ folder is refused at once, with exit status 2 and a line naming the holder's pid
 A stop saves a checkpoint and prints how to resume: Ctrl-C and SIGTERM exit with status
 130, a planned stop (``--stop-at-step``) with status 0 (so ``torchrun`` does not report it
 as a failure). A run resumed with another number of processes gets a note on stderr
-(:class:`~heatformer.experiments.resume.WorldSizeChanged`).
+(:class:`~heatformer.experiments.resume.WorldSizeChanged`). A resume runs as the invocation
+before it: the spec comes from ``DIR/spec.json`` and the running flags it does not hold
+(:data:`KEPT_FLAGS`: ``--threads``, ...) from the last invocation's record in
+``DIR/invocations.json``, unless given again; the printed resume command spells them out.
 
 Defining the options needs only :mod:`heatformer.experiments.spec` and
 :mod:`heatformer.experiments.tasks`, which import no torch; the runner, the data and the
@@ -25,6 +28,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from heatformer._atomic import FolderLock
 from heatformer.checks import bad_value, check_folder, check_positive_int, topk_and_graph
 from heatformer.cli._flags import add_analysis_reading, add_common
-from heatformer.cli._options import OptionParser
+from heatformer.cli._options import OptionParser, speaks
 from heatformer.cli._report import plan_line, preflight, print_report
 from heatformer.experiments.spec import (
     PRESETS,
@@ -57,6 +61,20 @@ __all__ = [
     "run_compare_command",
     "run_train",
 ]
+
+#: The running flags that change what a run costs or computes, or how its processes wait for
+#: each other, and that ``spec.json`` does not hold (argparse ``dest`` -> option). Each
+#: invocation records them in ``invocations.json`` (its entry's ``"flags"``); ``--resume DIR``
+#: takes each one not given on its command line from the last invocation's record, and the
+#: printed resume command spells them out. ``--device`` is a spec field, but a resume may
+#: override it; the override is kept the same way. Not kept: ``--stop-at-step`` (a resume goes
+#: past it), ``--no-progress``, ``--dry-run`` and ``--force``, which change neither.
+KEPT_FLAGS = {
+    "threads": "--threads",
+    "sequence_parallel": "--sequence-parallel",
+    "dist_timeout": "--dist-timeout",
+    "device": "--device",
+}
 
 #: The CompareSpec fields set by a flag whose argparse ``dest`` is the field's name (``--layers``
 #: stores ``n_layer``); a field without a flag is skipped. ``heads`` and ``seeds`` are read by
@@ -287,17 +305,67 @@ def _execute(args: argparse.Namespace, command: str) -> int:
         return _execute_in(args, command, resume_dir)
 
 
-def _spec_of(args: argparse.Namespace, command: str, resume_dir: Path | None) -> CompareSpec:
-    """The command's spec, resolved: the flags', or the one saved in ``resume_dir`` (where
-    flags that would change it are refused)."""
-    from heatformer.experiments.compare import load_spec
+def _take_kept_flags(
+    args: argparse.Namespace, command: str, resume_dir: Path, saved: CompareSpec
+) -> None:
+    """Set each of :data:`KEPT_FLAGS` not given on the command line of ``--resume
+    resume_dir`` to its value in the last invocation's record (``--device`` only where that
+    differs from ``saved``, the folder's spec), and say so in a note on stderr."""
+    from heatformer.experiments.folder import read_invocations
 
+    invocations = read_invocations(resume_dir)
+    last = invocations[-1].get("flags") if invocations else None
+    if not isinstance(last, dict):  # none recorded (a folder of an older heatformer)
+        return
+    taken = []
+    for dest, option in KEPT_FLAGS.items():
+        value = last.get(dest)
+        if getattr(args, dest) is not None or value is None:
+            continue
+        if dest == "device" and value == saved.device:
+            continue
+        setattr(args, dest, value)
+        taken.append(f"{option} {_flag_text(value)}")
+    if taken and speaks():
+        print(
+            f"heatformer {command}: note: {' '.join(taken)} as in the last invocation in "
+            f"{resume_dir} (a flag given here overrides it)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _flag_text(value: object) -> str:
+    """A flag's value as the command line takes it back (``20.0`` -> ``20``)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return shlex.quote(str(value))
+
+
+def _resume_command(
+    launcher: str, command: str, out: Path, args: argparse.Namespace, saved_device: str
+) -> str:
+    """The command that continues this invocation in ``out``: ``--resume`` and the
+    :data:`KEPT_FLAGS` it ran with (``--device`` where it is not the spec's ``saved_device``)."""
+    words = [launcher, command, "--resume", shlex.quote(str(out))]
+    for dest, option in KEPT_FLAGS.items():
+        value = getattr(args, dest)
+        if value is not None and not (dest == "device" and value == saved_device):
+            words += [option, _flag_text(value)]
+    return " ".join(words)
+
+
+def _spec_of(
+    args: argparse.Namespace, command: str, resume_dir: Path | None, saved: CompareSpec | None
+) -> CompareSpec:
+    """The command's spec, resolved: the flags', or ``saved``, the one saved in ``resume_dir``
+    (where flags that would change it are refused)."""
     for dest in ("threads", "stop_at_step", "sequence_parallel"):
         if getattr(args, dest) is not None:
             check_positive_int(dest, getattr(args, dest))
     if args.dist_timeout is not None and not args.dist_timeout > 0:
         raise bad_value("dist_timeout", f"expected seconds > 0, got {args.dist_timeout}")
-    if resume_dir is not None:
+    if saved is not None:
         extra = sorted(set(_given(args)) - {"device"})
         if command == "compare" and (args.heads or args.sweep or args.seeds or args.preset):
             extra += ["heads/sweep/seeds/preset"]
@@ -307,7 +375,7 @@ def _spec_of(args: argparse.Namespace, command: str, resume_dir: Path | None) ->
             raise bad_value(
                 "resume", f"continues the spec saved in {resume_dir}; drop the flags {extra}"
             )
-        spec = load_spec(resume_dir)
+        spec = saved
         if args.device is not None:
             spec = dataclasses.replace(spec, device=args.device)
     else:
@@ -317,7 +385,7 @@ def _spec_of(args: argparse.Namespace, command: str, resume_dir: Path | None) ->
 
 
 def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None) -> int:
-    from heatformer.experiments.compare import run_compare, validate_spec
+    from heatformer.experiments.compare import load_spec, run_compare, validate_spec
     from heatformer.experiments.distributed import setup_distributed
     from heatformer.experiments.trainer import (
         StopSignal,
@@ -326,7 +394,11 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
         WorldSizeChanged,
     )
 
-    spec = _spec_of(args, command, resume_dir)
+    saved = None
+    if resume_dir is not None:
+        saved = load_spec(resume_dir)
+        _take_kept_flags(args, command, resume_dir, saved)
+    spec = _spec_of(args, command, resume_dir, saved)
     if args.threads is not None:
         import torch
 
@@ -344,7 +416,9 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
             print(f"heatformer {command}: {plan_line(spec, ctx)} -> {out}", flush=True)
         stop = StopSignal()
         launcher = "torchrun ... -m heatformer" if ctx.distributed else "heatformer"
-        hint = f"resume with: {launcher} {command} --resume {out}"
+        device = (saved or spec).device  # the one in spec.json
+        hint = f"resume with: {_resume_command(launcher, command, out, args, device)}"
+        flags = {dest: getattr(args, dest) for dest in KEPT_FLAGS} | {"device": spec.device}
         try:
             with stop.installed(), _notes(command, WorldSizeChanged):
                 report = run_compare(
@@ -356,6 +430,7 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
                     stop_at_step=args.stop_at_step,
                     progress=not args.no_progress,
                     task=task,
+                    flags=flags,
                 )
         except TrainingInterrupted as err:
             return _stopped(command, err, stop.reason, ctx, hint)

@@ -139,7 +139,9 @@ def _running_flags(g: OptionGroup) -> None:
         const=True,
         metavar="DIR",
         help="continue the interrupted job in DIR (or --out): finished runs are "
-        "skipped, the interrupted one continues from its checkpoint",
+        "skipped, the interrupted one continues from its checkpoint, with the spec saved in "
+        "DIR and the --threads, --sequence-parallel, --dist-timeout and --device of the last "
+        "invocation there (a flag given here overrides it)",
     )
     g.add_argument("--device", help="auto | cpu | cuda[:N] (default auto: CUDA if available)")
     g.add_argument(

@@ -5,7 +5,9 @@ Layout of a comparison folder::
     OUT/
       spec.json            the CompareSpec (written first; --resume reads it)
       invocations.json     every invocation that trained here: start, elapsed time,
-                           outcome (finished / stopped / interrupted / failed), environment
+                           outcome (finished / stopped / interrupted / failed), the command
+                           line's running flags (threads, ...: what --resume reuses),
+                           environment
       runs/<run>/          one folder per (schedule, optimiser setting, seed): checkpoint.pt,
                            result.json
       results.json         spec, environment, summary (mean ± std, 95 % intervals, paired
@@ -48,7 +50,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -312,6 +314,7 @@ def run_compare(
     model_factory: ModelFactory | None = None,
     task: Task | None = None,
     data: Any = None,
+    flags: Mapping[str, Any] | None = None,
 ) -> CompareReport:
     """Train every (head schedule, seed) pair of ``spec`` and write the report.
 
@@ -328,6 +331,10 @@ def run_compare(
             model of the task.
         task: the task, already made by :func:`validate_spec` (skips loading and checking).
         data: the task's data, prebuilt (tests use tiny ones).
+        flags: the running options of this invocation that ``spec`` does not hold (the
+            command line's ``{"threads": 1, "sequence_parallel": None, ...}``), recorded in its
+            entry of ``invocations.json`` (``"flags"``), where ``--resume`` finds them;
+            ``None`` records none.
 
     Returns:
         The :class:`CompareReport`.
@@ -351,6 +358,7 @@ def run_compare(
         return _run_plan(
             spec, task, out, started, ctx=ctx, resume=resume, stop=stop or StopSignal(),
             stop_at_step=stop_at_step, progress=progress, model_factory=model_factory,
+            flags=flags,
         )  # fmt: skip
 
 
@@ -366,6 +374,7 @@ def _run_plan(
     stop_at_step: int | None,
     progress: bool,
     model_factory: ModelFactory | None,
+    flags: Mapping[str, Any] | None,
 ) -> CompareReport:
     """The runs of :func:`run_compare` and the report, in a folder this process writes."""
     plan = list(_runs(spec))
@@ -375,7 +384,7 @@ def _run_plan(
             if not is_finished(out / "runs" / name):
                 load_run_checkpoint(task_of(setting), heads, seed, out / "runs" / name)
 
-    invocation = Invocation(out, ctx, started)
+    invocation = Invocation(out, ctx, started, flags)
     invocation.save()
     outcome = "failed"
     records: list[dict[str, Any]] = []

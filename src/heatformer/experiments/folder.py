@@ -11,6 +11,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -179,17 +180,28 @@ class Invocation:
         out_dir: the comparison folder (it exists).
         ctx: the DDP context.
         started: ``time.perf_counter()`` when the invocation began.
+        flags: its running options that ``spec.json`` does not hold (the command line's
+            ``--threads``, ...), kept as the entry's ``"flags"`` for ``--resume``; ``None``:
+            no such entry.
     """
 
-    def __init__(self, out_dir: Path, ctx: DistContext, started: float) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        ctx: DistContext,
+        started: float,
+        flags: Mapping[str, Any] | None = None,
+    ) -> None:
         self.path, self.ctx, self.started = out_dir / INVOCATIONS_NAME, ctx, started
         self.earlier = read_invocations(out_dir)
         self.entry: dict[str, Any] = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "elapsed_s": 0.0,
             "outcome": "running",
-            "environment": environment(ctx.world_size, str(ctx.device)),
         }
+        if flags is not None:
+            self.entry["flags"] = dict(flags)
+        self.entry["environment"] = environment(ctx.world_size, str(ctx.device))
 
     def save(self, outcome: str = "running") -> float:
         """Record the elapsed time so far and the outcome; return the total wall time.
