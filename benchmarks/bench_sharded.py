@@ -19,7 +19,7 @@ Every process first runs the same step once on a short sequence (``4 w`` positio
 the measured peak is the step's data, not the code pages and lazy set-up of a first call, which
 every process pays once whatever its share of the sequence. Every process runs with glibc's
 ``MALLOC_MMAP_THRESHOLD_`` fixed at 1 MiB, as the ``heatformer`` command fixes it (see
-``heatformer.cli._heap``; with the dynamic threshold the peak of the same run varied by tens of
+``heatformer.lab.cli._heap``; with the dynamic threshold the peak of the same run varied by tens of
 MB with the heap's history); ``--heap dynamic`` leaves glibc's default.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_sharded.py --n 65536 --w 128 --c 64 --repeat 3

@@ -5,7 +5,7 @@ The model is what ``heatformer train --task recall --seq-len N --topk 32 --heads
 builds (4 blocks, width 128, 4 heads, causal), made through the task's own ``build_model``
 (``--activation-checkpointing``: ``activation_checkpointing=True`` in its config). Each cell
 runs in a fresh child process with one thread and glibc's mmap threshold fixed as the
-``heatformer`` command fixes it (``heatformer.cli._heap``; ``--threshold`` to try another): a
+``heatformer`` command fixes it (``heatformer.lab.cli._heap``; ``--threshold`` to try another): a
 warm-up step at N = 256, then one step at N (forward, backward, AdamW) on ``--batch``
 sequences. "peak" is the growth of the resident set over the level before the step
 (``_common.PeakRSS``). Printed per N: the peak, its ratio to the smallest N's (linear memory:
@@ -17,7 +17,7 @@ is mapped blocks (the large tensors), heap in use and free heap (holes the heap 
 resident): linear tensors with a growing "heap free" mean the allocator, not the library.
 ``--baseline SRC`` adds the same step (without checkpointing) on another
 source tree (``git worktree add /tmp/base <commit>``; its own heap where it has no
-``heatformer.cli._heap``), in the same rounds.
+``heatformer.lab.cli._heap``), in the same rounds.
 
     python benchmarks/bench_topk_train.py              # N = 4096, 8192; batch 2 (~3 min)
     python benchmarks/bench_topk_train.py --ns 4096 16384 65536 --kinds topk --checkpointing on
@@ -98,11 +98,11 @@ def child(
 
     import torch
 
-    from heatformer.experiments import CompareSpec, resolve_task
+    from heatformer.lab import CompareSpec, resolve_task
 
     torch.set_num_threads(1)
     try:
-        from heatformer.cli._heap import fix_mmap_threshold
+        from heatformer.lab.cli._heap import fix_mmap_threshold
 
         fixed = fix_mmap_threshold(threshold)
     except ImportError:  # a baseline tree from before the command fixed its heap
@@ -136,7 +136,7 @@ def child(
 
 def main() -> None:
     try:
-        from heatformer.cli._heap import MMAP_THRESHOLD
+        from heatformer.lab.cli._heap import MMAP_THRESHOLD
     except ImportError:  # a child of --baseline, whose tree has no such module
         MMAP_THRESHOLD = 1 << 20
 

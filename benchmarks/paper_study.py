@@ -46,16 +46,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from heatformer.experiments.report import paired_difference
-from heatformer.experiments.report.endpoints import ALPHA
-from heatformer.experiments.report.inference import holm
+from heatformer.lab.report import paired_difference
+from heatformer.lab.report.endpoints import ALPHA
+from heatformer.lab.report.inference import holm
 
 SUPERVISED = [
     "--sweep", "laplacian=0..4", "--heads", "attention:2,mean:2", "--seeds", "5",
     "--eval-every", "100",
 ]  # fmt: skip
 #: The declared primary endpoints: one per claim of the paper, at the last layer (Holm over
-#: every comparison of every endpoint of a study; see heatformer.experiments.report.endpoints).
+#: every comparison of every endpoint of a study; see heatformer.lab.report.endpoints).
 SUPERVISED_ENDPOINTS = [
     "--primary", "test_acc", "--primary", "within_seq_frac@last", "--primary", "nc1@last",
     "--primary", "nc2@last", "--primary", "decay_rate@last",

@@ -213,8 +213,8 @@ def torchrun(nproc: int, *args: str, script: Path | None = None) -> list[str]:
 def _dying_main() -> int:
     import torch.distributed as dist
 
-    from heatformer.cli import main
-    from heatformer.experiments import trainer
+    from heatformer.lab import trainer
+    from heatformer.lab.cli import main
 
     rank = int(os.environ["HEATFORMER_TEST_DIE_RANK"])
     step = int(os.environ["HEATFORMER_TEST_DIE_STEP"])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torch import nn
 
-from heatformer.experiments.tasks.recall import Recall
+from heatformer.lab.tasks.recall import Recall
 
 STALL_S = 60.0
 
@@ -52,8 +52,8 @@ class SlowRecall(Recall):
 
 
 if __name__ == "__main__":
-    from heatformer._main import main
-    from heatformer.experiments import register_task
+    from heatformer.lab import register_task
+    from heatformer.lab.command import main
 
     register_task(SlowRecall)
     sys.exit(main(sys.argv[1:]))

@@ -22,8 +22,8 @@ import torch
 
 from heatformer import checks
 from heatformer.checks import ArgumentFileNotFoundError
-from heatformer.cli import _build_parsers, _experiments, _name_the_option, build_parser, main
-from heatformer.experiments.spec import PRESETS
+from heatformer.lab.cli import _build_parsers, _experiments, _name_the_option, build_parser, main
+from heatformer.lab.spec import PRESETS
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def tiny(text: Path, out: Path, *extra: str) -> list[str]:
 
 _NO_TORCH = """
 import sys
-from heatformer.cli import main
+from heatformer.lab.cli import main
 for argv in {argvs!r}:
     try:
         main(argv)
@@ -91,7 +91,7 @@ def test_under_torchrun_only_rank_0_prints_argument_errors(
     """``torchrun --nproc_per_node 2 -m heatformer train --embd 30`` printed the error once per
     rank. Rank 1 now waits for torchrun to stop it (rank 0 fails alike and reports), and
     prints its error itself only if no stop comes; every rank exits 2."""
-    import heatformer.cli as cli
+    import heatformer.lab.cli as cli
 
     def stopped_by_torchrun(seconds: float) -> None:
         assert seconds == cli.QUIET_RANK_WAIT_S
@@ -119,8 +119,8 @@ def test_under_torchrun_only_rank_0_prints_argument_errors(
 
 
 def test_demo_default_text_is_the_library_default() -> None:
-    from heatformer.cli import _demo
-    from heatformer.demo import DEFAULT_TEXT
+    from heatformer.lab.cli import _demo
+    from heatformer.lab.demo import DEFAULT_TEXT
 
     assert _demo.DEFAULT_TEXT == DEFAULT_TEXT
     assert build_parser().parse_args(["demo"]).text == DEFAULT_TEXT
@@ -485,7 +485,7 @@ _SLOW_ARGV = [
 def slow_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """The task ``slow-recall`` of ``tests/stop_helpers.py`` registered here (the stall is off
     in this process), and the record of its run by :data:`_SLOW_ARGV`, never interrupted."""
-    from heatformer.experiments.tasks import TASKS
+    from heatformer.lab.tasks import TASKS
     from stop_helpers import SlowRecall
 
     TASKS[SlowRecall.name] = SlowRecall
@@ -579,13 +579,13 @@ def test_sigterm_before_training_exits_130_with_a_line(text: Path, tmp_path: Pat
 
 
 def test_sigterm_while_the_command_loads_exits_130_with_a_line(text: Path, tmp_path: Path) -> None:
-    """A SIGTERM that comes while ``heatformer.cli`` is imported (0.2-0.5 s after start) is
+    """A SIGTERM that comes while ``heatformer.lab.cli`` is imported (0.2-0.5 s after start) is
     kept by the console script's first module and reported as any other; it used to kill the
     process silently (-15). Sent from inside that import, so the timing is certain."""
     out = tmp_path / "out"
     code = (
         "import os, signal, sys\n"
-        "import heatformer._main as entry\n"
+        "import heatformer.lab.command as entry\n"
         "real = entry._import_cli\n"
         "def loading():\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -628,7 +628,7 @@ def test_a_broken_checkpoint_symlink_is_refused_not_restarted(
 
 _LOOP_SCRIPT = """
 import sys
-from heatformer.cli import main
+from heatformer.lab.cli import main
 for argv in {argvs!r}:
     print("status", main(argv), "torch" in sys.modules, file=sys.stderr)
 """
@@ -639,7 +639,7 @@ def test_a_loop_of_symbolic_links_as_out_or_resume_is_one_line_before_torch(
 ) -> None:
     """``--out DIR`` or ``--resume DIR`` where DIR or DIR/runs is a loop of symbolic links
     (``ln -s loop loop``) used to end in a RuntimeError traceback (status 1)."""
-    from heatformer.experiments.spec import CompareSpec
+    from heatformer.lab.spec import CompareSpec
 
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
@@ -791,7 +791,7 @@ def test_train_digits_from_a_user_npz(tmp_path: Path, capsys: pytest.CaptureFixt
 
 _PEAK = """
 import resource, sys
-from heatformer.cli import main
+from heatformer.lab.cli import main
 code = main({argv!r})
 print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
 sys.exit(code)

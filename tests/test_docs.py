@@ -103,7 +103,7 @@ def test_api_reference_names_import() -> None:
     pytest.importorskip("matplotlib")
     entries = _api_entries()
     assert {name.split(".")[1] for name, _ in entries} >= {
-        "graph_ops", "models", "analysis", "viz", "experiments",
+        "graph_ops", "models", "analysis", "viz", "lab",
     }  # fmt: skip
     for name, members in entries:
         obj = _resolve(name)

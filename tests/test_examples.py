@@ -128,7 +128,7 @@ def test_custom_task_compares_on_a_task_the_library_does_not_have(tmp_path: Path
 @pytest.fixture()
 def custom_task_module() -> Iterator[ModuleType]:
     """examples/custom_task.py imported here (it registers its task; removed afterwards)."""
-    from heatformer.experiments import TASKS
+    from heatformer.lab import TASKS
 
     before = dict(TASKS)
     spec = importlib.util.spec_from_file_location("custom_task", EXAMPLES / "custom_task.py")
@@ -147,7 +147,7 @@ def custom_task_module() -> Iterator[ModuleType]:
 def test_custom_task_data_are_what_the_example_defines(custom_task_module: ModuleType) -> None:
     import torch
 
-    from heatformer.experiments import CompareSpec, resolve_task
+    from heatformer.lab import CompareSpec, resolve_task
 
     assert resolve_task("majority") is custom_task_module.Majority
     spec = CompareSpec(task="majority", heads=("attention:2",), n_layer=1, n_embd=16,
@@ -171,7 +171,7 @@ def test_custom_task_data_are_what_the_example_defines(custom_task_module: Modul
 def test_a_registered_task_gets_its_flags_and_refuses_the_others(
     custom_task_module: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from heatformer.cli import build_parser, main
+    from heatformer.lab.cli import build_parser, main
 
     assert build_parser().parse_args(["compare", "--p-one", "0.25"]).p_one == 0.25
     out = tmp_path / "out"

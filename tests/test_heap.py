@@ -1,4 +1,4 @@
-"""The command's heap (``heatformer.cli._heap``): large freed tensors leave the process."""
+"""The command's heap (``heatformer.lab.cli._heap``): large freed tensors leave the process."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import textwrap
 
 import pytest
 
-from heatformer import cli
-from heatformer.cli import _heap
+from heatformer.lab import cli
+from heatformer.lab.cli import _heap
 
 _PROBE = textwrap.dedent(
     """
     import ctypes, sys
-    from heatformer.cli._heap import _libc, fix_mmap_threshold
+    from heatformer.lab.cli._heap import _libc, fix_mmap_threshold
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",

@@ -22,11 +22,8 @@ ALLOWED = {
     "analysis": {"models", "graph_ops"},
     "viz": {"graph_ops"},
     "integrations": {"models", "graph_ops", "analysis"},
-    "experiments": {"models", "analysis", "graph_ops"},
-    "demo": {"experiments", "integrations", "analysis", "viz", "graph_ops"},
-    "cli": {"demo", "experiments", "viz", "graph_ops"},
-    "_main": {"cli"},
-    "__main__": {"_main"},
+    "lab": {"models", "analysis", "graph_ops", "integrations", "viz"},
+    "__main__": {"lab"},
 }
 
 

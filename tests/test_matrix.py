@@ -561,7 +561,7 @@ def test_cli_train(
     capsys,
 ) -> None:
     """``heatformer train`` in this process, on ``--device cpu`` or ``--device cuda``."""
-    from heatformer.cli import main
+    from heatformer.lab.cli import main
 
     heads = _layer_spec(name, params)
     out = tmp_path / "run"

@@ -79,7 +79,7 @@ def test_the_sdist_holds_the_package_and_no_tests(dist: Path) -> None:
     under_src = {n.split("/")[1] for n in names if n.startswith("src/") and n.count("/") >= 1}
     assert under_src - {""} == {"heatformer", "heatformer.egg-info"}, under_src
     assert "src/heatformer/py.typed" in names
-    assert "src/heatformer/demo/explore.js" in names
+    assert "src/heatformer/lab/demo/explore.js" in names
     assert not [n for n in names if "/tests/" in n or n.startswith("tests") or "conftest" in n]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 

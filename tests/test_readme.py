@@ -50,7 +50,7 @@ def _commands() -> list[list[str]]:
 
 def _cli_args(argv: list[str]) -> list[str]:
     """The arguments of ``heatformer``: a ``torchrun ... -m heatformer`` line runs as one
-    process here (the DDP launch itself is tested in tests/experiments/test_ddp.py)."""
+    process here (the DDP launch itself is tested in tests/lab/test_ddp.py)."""
     return argv[argv.index("heatformer") + 1 :]
 
 
@@ -88,8 +88,8 @@ def test_readme_command_plans_and_fits(
 ) -> None:
     """Each training command parses, builds, fits this machine's memory and plans: its
     ``--dry-run`` (with the timed steps stubbed: their real time is the slow test below)."""
-    from heatformer.cli import main
-    from heatformer.experiments import preflight
+    from heatformer.lab import preflight
+    from heatformer.lab.cli import main
 
     args = _cli_args(argv)
     if any(word in _PLACEHOLDERS for word in args):

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from heatformer.experiments.report import (
+from heatformer.lab.report import (
     add_paired,
     aggregate,
     format_endpoints,
@@ -27,10 +27,10 @@ from heatformer.experiments.report import (
     format_table,
     primary_endpoints,
 )
-from heatformer.experiments.spec import CompareSpec
-from heatformer.experiments.sweep import find_sweeps
-from heatformer.experiments.tasks import resolve_task
-from heatformer.experiments.tuning import format_selection, select, setting_label
+from heatformer.lab.spec import CompareSpec
+from heatformer.lab.sweep import find_sweeps
+from heatformer.lab.tasks import resolve_task
+from heatformer.lab.tuning import format_selection, select, setting_label
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reproducing.md"

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from heatformer.checks import ArgumentError, check_choice
-from heatformer.cli import main
-from heatformer.experiments.spec import CompareSpec
-from heatformer.experiments.tasks import resolve_task
 from heatformer.graph_ops import DenseGraph, heat_kernel, resolve_graph, resolve_operator
+from heatformer.lab.cli import main
+from heatformer.lab.spec import CompareSpec
+from heatformer.lab.tasks import resolve_task
 from heatformer.models import DiffusionAttention
 
 

@@ -7,8 +7,8 @@ Subpackages:
 - :mod:`heatformer.analysis` -- token-geometry metrics.
 - :mod:`heatformer.viz` -- plots of attention graphs, heat flow and spectra (needs the ``viz``
   extra).
-- :mod:`heatformer.experiments` -- built-in tasks, trainer and the compare runner.
-- :mod:`heatformer.demo` -- the teaching demo behind ``heatformer demo`` (trains small models,
+- :mod:`heatformer.lab` -- built-in tasks, trainer and the compare runner.
+- :mod:`heatformer.lab.demo` -- the teaching demo behind ``heatformer demo`` (trains small models,
   draws with :mod:`heatformer.viz`).
 """
 

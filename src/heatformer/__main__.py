@@ -2,6 +2,6 @@
 
 import sys
 
-from heatformer._main import main
+from heatformer.lab.command import main
 
 sys.exit(main())

@@ -17,10 +17,10 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from heatformer.checks import ArgumentError  # noqa: E402
-from heatformer.cli import main  # noqa: E402
-from heatformer.demo import DemoData, compute_hf_demo  # noqa: E402
-from heatformer.demo.facts import demo_facts  # noqa: E402
 from heatformer.integrations import hf  # noqa: E402
+from heatformer.lab.cli import main  # noqa: E402
+from heatformer.lab.demo import DemoData, compute_hf_demo  # noqa: E402
+from heatformer.lab.demo.facts import demo_facts  # noqa: E402
 from hf_helpers import VOCAB, configs  # noqa: E402
 from viz_helpers import page_text  # noqa: E402
 

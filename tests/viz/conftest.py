@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="heatformer.viz needs the viz extra (matplotlib)")
 
-from heatformer.demo import DemoResult, build_demo
+from heatformer.lab.demo import DemoResult, build_demo
 
 
 @pytest.fixture(scope="session")

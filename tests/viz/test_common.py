@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import heatformer.demo
+import heatformer.lab.demo
 import heatformer.viz
 from heatformer.checks import ArgumentError
-from heatformer.demo import build_demo, demo_from_snapshots
+from heatformer.lab.demo import build_demo, demo_from_snapshots
 from heatformer.viz import (
     animate_heat_diffusion,
     draw_attention_graph,
@@ -28,7 +28,7 @@ from heatformer.viz import (
 )
 
 VIZ = Path(heatformer.viz.__file__).parent
-DEMO = Path(heatformer.demo.__file__).parent
+DEMO = Path(heatformer.lab.demo.__file__).parent
 
 
 def test_missing_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,8 +19,9 @@ import torch
 
 import heatformer.analysis
 import viz_helpers as vh
-from heatformer.cli import main
-from heatformer.demo import (
+from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph
+from heatformer.lab.cli import main
+from heatformer.lab.demo import (
     DemoData,
     LayerSnapshot,
     build_demo,
@@ -31,7 +32,6 @@ from heatformer.demo import (
     train_tiny_gpt,
     write_demo,
 )
-from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph
 
 
 def test_demo_runs_in_under_a_minute(demo) -> None:
@@ -186,7 +186,7 @@ def test_cli_demo_refuses_bad_input_before_training(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import heatformer.demo.compute as compute
+    import heatformer.lab.demo.compute as compute
 
     trained: list[str] = []
     monkeypatch.setattr(compute, "train_tiny_gpt", lambda *a, **k: trained.append("x"))
@@ -283,7 +283,7 @@ def test_computing_the_demo_imports_no_matplotlib() -> None:
     code = (
         "import sys, torch\n"
         "from heatformer.graph_ops import Attention, DenseGraph, Laplacian\n"
-        "from heatformer.demo import LayerSnapshot, demo_from_snapshots\n"
+        "from heatformer.lab.demo import LayerSnapshot, demo_from_snapshots\n"
         "graph = DenseGraph(torch.full((2, 4, 4), 0.25, dtype=torch.float64).tril())\n"
         "snap = LayerSnapshot(graph, torch.ones(2, 4, 3, dtype=torch.float64),"
         " (Attention(), Laplacian()))\n"
@@ -298,7 +298,7 @@ def test_computing_the_demo_imports_no_matplotlib() -> None:
 def test_compute_demo_reads_the_models_with_the_analysis_hooks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import heatformer.demo.compute as compute
+    import heatformer.lab.demo.compute as compute
 
     assert snapshot_attention is heatformer.analysis.snapshot_attention
     assert LayerSnapshot is heatformer.analysis.LayerSnapshot

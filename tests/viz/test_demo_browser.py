@@ -32,9 +32,9 @@ import torch
 import viz_helpers as vh
 from cdp_helpers import CHROMIUM, Browser
 from heatformer.analysis import LayerSnapshot
-from heatformer.demo import demo_from_snapshots
-from heatformer.demo.explore import write_explorer
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph, heat_kernel
+from heatformer.lab.demo import demo_from_snapshots
+from heatformer.lab.demo.explore import write_explorer
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="needs Chromium (apt-get install chromium; .ci/run installs it)"

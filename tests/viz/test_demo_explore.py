@@ -19,9 +19,9 @@ import scipy.linalg
 import torch
 
 from heatformer.analysis import LayerSnapshot, dirichlet_energy
-from heatformer.demo import demo_from_snapshots, write_demo
-from heatformer.demo.explore import EXPLORE_TIMES, explorer_data, write_explorer
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph
+from heatformer.lab.demo import demo_from_snapshots, write_demo
+from heatformer.lab.demo.explore import EXPLORE_TIMES, explorer_data, write_explorer
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "def add(a, b): return a + b"
@@ -121,7 +121,7 @@ def test_the_page_is_self_contained_and_embeds_the_numbers(data, numbers, tmp_pa
     assert not re.search(r"<(link|img|iframe)\b|\bsrc=", page)  # nothing to fetch
     # the only URL is the SVG namespace, a name that is never fetched
     assert set(re.findall(r"https?://[^\s\"'`]+", page)) == {"http://www.w3.org/2000/svg"}
-    script = resources.files("heatformer.demo").joinpath("explore.js").read_text("utf-8")
+    script = resources.files("heatformer.lab.demo").joinpath("explore.js").read_text("utf-8")
     assert f"<script>{script}</script>" in page
     embedded = re.search(r'<script type="application/json" id="demo-data">(.*?)</script>', page,
                          re.S).group(1)  # fmt: skip
@@ -138,8 +138,8 @@ def test_the_page_of_64_tokens_stays_reasonably_small(tmp_path) -> None:
 def test_the_script_is_package_data() -> None:
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
-    assert config["options.package_data"]["heatformer.demo"].split() == ["explore.js"]
-    assert (ROOT / "src/heatformer/demo/explore.js").is_file()
+    assert config["options.package_data"]["heatformer.lab.demo"].split() == ["explore.js"]
+    assert (ROOT / "src/heatformer/lab/demo/explore.js").is_file()
 
 
 def test_write_demo_writes_the_interactive_page_next_to_index(data, tmp_path) -> None:

@@ -14,15 +14,15 @@ import pytest
 import scipy.linalg
 import torch
 
-import heatformer.demo.page as page_module
+import heatformer.lab.demo.page as page_module
 import heatformer.viz.diffusion
 import heatformer.viz.spectra
 import viz_helpers as vh
 from heatformer.analysis import LayerSnapshot
-from heatformer.demo import DemoData, demo_from_snapshots, write_demo
-from heatformer.demo.compute import mass_frames
-from heatformer.demo.facts import demo_facts
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph, heat_kernel
+from heatformer.lab.demo import DemoData, demo_from_snapshots, write_demo
+from heatformer.lab.demo.compute import mass_frames
+from heatformer.lab.demo.facts import demo_facts
 from heatformer.viz import find_collection
 
 TEXT = "def add(a, b): return a + b"

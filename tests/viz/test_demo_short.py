@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from heatformer.cli import _build_parsers, main
-from heatformer.demo import LayerSnapshot, demo_from_snapshots
 from heatformer.graph_ops import Attention, DenseGraph, Laplacian, SoftmaxGraph
+from heatformer.lab.cli import _build_parsers, main
+from heatformer.lab.demo import LayerSnapshot, demo_from_snapshots
 
 pytest.importorskip("matplotlib")
 

@@ -1,9 +1,9 @@
 """The demo page says of a model only what is true of it (issue 24, items 3 and 4).
 
 Causal or bidirectional, bytes or word pieces, real or complex eigenvalues, one spectrum panel
-or two, what the heads read, what top-k keeps: :func:`~heatformer.demo.facts.demo_facts`
+or two, what the heads read, what top-k keeps: :func:`~heatformer.lab.demo.facts.demo_facts`
 measures each on the data, with tolerances from the dtype the model computed its weights in,
-and :mod:`heatformer.demo.text` words it. These tests check the facts against the matrices
+and :mod:`heatformer.lab.demo.text` words it. These tests check the facts against the matrices
 and the words against the facts, on the project's own causal GPT and on made-up graphs; the
 pages of a bidirectional BERT (a tiny one, and MiniLM where installed) are checked in
 ``tests/integrations/test_hf_demo.py``.
@@ -19,11 +19,11 @@ import torch
 
 import viz_helpers as vh
 from heatformer.analysis import LayerSnapshot, snapshot_attention
-from heatformer.demo import DemoData, demo_from_snapshots, write_demo
-from heatformer.demo.facts import demo_facts
-from heatformer.demo.page import _spectra_shown, demo_pictures
-from heatformer.demo.text import matrices_text, spectrum_text
 from heatformer.graph_ops import Attention, DenseGraph, SoftmaxGraph
+from heatformer.lab.demo import DemoData, demo_from_snapshots, write_demo
+from heatformer.lab.demo.facts import demo_facts
+from heatformer.lab.demo.page import _spectra_shown, demo_pictures
+from heatformer.lab.demo.text import matrices_text, spectrum_text
 from heatformer.models import GPT, GPTConfig
 
 TEXT = "def add(a, b): return a + b"

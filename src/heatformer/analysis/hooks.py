@@ -212,7 +212,7 @@ class LayerSnapshot:
         source_dtype: the dtype the model computed the attention weights in (e.g.
             ``torch.float32``), before the copy to float64; ``None``: the graph's own dtype.
             What is "zero" or "one" in the weights is judged at its resolution (the teaching
-            page's :mod:`~heatformer.demo.facts`).
+            page's :mod:`~heatformer.lab.demo.facts`).
     """
 
     graph: Graph

@@ -16,7 +16,7 @@ GIF) and writes it when given ``save=PATH``.
 - :func:`plot_per_layer` -- a token-geometry metric across layers, one line per model.
 
 The teaching demo behind ``heatformer demo`` draws with these functions but trains models, so it
-lives above ``viz``, beside the command line: :mod:`heatformer.demo`.
+lives above ``viz``, beside the command line: :mod:`heatformer.lab.demo`.
 """
 
 from heatformer.viz._common import INSTALL_HINT, require_matplotlib, token_labels

@@ -1,0 +1,194 @@
+"""The flags ``heatformer train`` and ``compare`` share, grouped as ``--help`` shows them.
+
+The task options' flags (``--seq-len``, ``--text``, ...) are made from the registered tasks'
+options (:func:`add_task_options`); the defaults shown are :class:`~heatformer.lab.
+CompareSpec`'s. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from heatformer.lab.cli._options import OptionGroup, OptionParser
+from heatformer.lab.spec import CompareSpec
+from heatformer.lab.tasks import TASKS, options_by_name
+
+__all__ = ["add_analysis_reading", "add_common", "add_task_options"]
+
+
+def add_task_options(group: OptionGroup) -> None:
+    """One flag per option of the registered tasks (``seq_len`` -> ``--seq-len``).
+
+    A flag several tasks take is one flag; its help names each task and its default.
+    """
+    for name, by_task in options_by_name().items():
+        fields = list(by_task.values())
+
+        def default(f: dataclasses.Field[Any]) -> str:
+            return "" if f.default is None else f" (default {f.default})"
+
+        if len({(f.metadata["help"], f.default) for f in fields}) == 1:  # one text for all
+            text = f"{', '.join(by_task)}: {fields[0].metadata['help']}{default(fields[0])}"
+        else:
+            text = "; ".join(f"{t}: {f.metadata['help']}{default(f)}" for t, f in by_task.items())
+        first = fields[0].metadata
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=first["parse"],
+            metavar=first["metavar"],
+            help=text.replace("%", "%%"),
+        )
+
+
+def add_common(parser: OptionParser) -> None:
+    """The flags ``train`` and ``compare`` share, in their help groups."""
+    d = {f.name: f.default for f in dataclasses.fields(CompareSpec)}
+    g = parser.group("task and data")
+    g.add_argument("--task", help=f"{' | '.join(TASKS)} (default {d['task']})")
+    add_task_options(g)
+    _model_flags(parser.group("model"), d)
+    _budget_flags(parser.group("budget (the same for every configuration)"), d)
+    _running_flags(parser.group("running"))
+
+
+def _model_flags(g: OptionGroup, d: dict[str, Any]) -> None:
+    g.add_argument("--layers", dest="n_layer", type=int, help=f"blocks (default {d['n_layer']})")
+    g.add_argument(
+        "--n-head",
+        "--heads-per-layer",
+        dest="n_head",
+        type=int,
+        help="heads per layer (default: the sum of the --heads counts, else 4)",
+    )
+    g.add_argument("--embd", dest="n_embd", type=int, help=f"width (default {d['n_embd']})")
+    g.add_argument(
+        "--graph",
+        metavar="SPEC",
+        help="graph kind of the attention layers: softmax, topk[k=32], or one per layer "
+        "separated by ';' as for --heads (default softmax; kinds: heatformer.graph_ops.GRAPHS)",
+    )
+    g.add_argument(
+        "--topk",
+        type=int,
+        metavar="K",
+        help="keep the K strongest edges per query in every attention graph "
+        "(shorthand for --graph topk[k=K])",
+    )
+    g.add_argument("--dropout", type=float, help="dropout (default 0)")
+
+
+def _budget_flags(g: OptionGroup, d: dict[str, Any]) -> None:
+    g.add_argument("--steps", type=int, help=f"optimizer steps per run (default {d['steps']})")
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        help=f"global batch, split across DDP ranks (default {d['batch_size']})",
+    )
+    g.add_argument("--lr", type=float, help=f"peak AdamW learning rate (default {d['lr']})")
+    g.add_argument("--weight-decay", type=float, help=f"(default {d['weight_decay']})")
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        help="linear warm-up (default min(100, steps/10)), then cosine decay to lr/10",
+    )
+    g.add_argument("--grad-clip", type=float, help="max gradient norm, 0 = off (default 1)")
+    g.add_argument("--eval-every", type=int, help="evaluate every N steps (default steps/10)")
+    g.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default: eval-every)")
+    _analysis_flags(g)
+
+
+def _analysis_flags(g: OptionGroup) -> None:
+    g.add_argument(
+        "--no-analysis", action="store_true", help="skip the per-layer token-geometry analysis"
+    )
+    add_analysis_reading(g)
+
+
+def add_analysis_reading(g: OptionGroup | OptionParser) -> None:
+    """The flags of what the analysis reads (``train``, ``compare``, and ``analyze``, where
+    they override the folder's spec); each is ``None`` when not given."""
+    g.add_argument(
+        "--analysis-split",
+        metavar="test|train",
+        help="the analysis reads the task's held-out batch (default test) or a training "
+        "batch of the same size (train)",
+    )
+    g.add_argument(
+        "--analysis-point",
+        metavar="pre_ln|post_ln",
+        help="the analysis reads each block's output (default pre_ln) or that output through "
+        "the model's final LayerNorm (post_ln)",
+    )
+    g.add_argument(
+        "--no-analysis-cls",
+        dest="analysis_cls",
+        action="store_false",
+        default=None,
+        help="leave the cls token out of the analysis (tasks whose model has one: digits)",
+    )
+
+
+def _running_flags(g: OptionGroup) -> None:
+    g.add_argument("--out", metavar="DIR", help="output folder (default runs/<name>-<time>)")
+    g.add_argument("--name", help="a label for the report and the default --out")
+    g.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        metavar="DIR",
+        help="continue the interrupted job in DIR (or --out): finished runs are "
+        "skipped, the interrupted one continues from its checkpoint, with the spec saved in "
+        "DIR and the --threads, --sequence-parallel, --dist-timeout and --device of the last "
+        "invocation there (a flag given here overrides it)",
+    )
+    g.add_argument("--device", help="auto | cpu | cuda[:N] (default auto: CUDA if available)")
+    g.add_argument(
+        "--sequence-parallel",
+        type=int,
+        metavar="P",
+        help="under torchrun: split every sequence over groups of P consecutive processes "
+        "(window graph kinds, GPT tasks), data parallel over the groups (default 1)",
+    )
+    g.add_argument(
+        "--dist-timeout",
+        type=float,
+        metavar="S",
+        help="under torchrun: seconds a process waits for the others at a collective before "
+        "it fails, e.g. when one died (default: torch's)",
+    )
+    g.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
+    g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    g.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        default=None,
+        help="recompute each block's activations in backward instead of keeping them: "
+        "training memory of about one layer, for about one more forward per step",
+    )
+    g.add_argument(
+        "--stop-at-step",
+        type=int,
+        metavar="K",
+        help="stop (saving a checkpoint, as Ctrl-C does) when a run reaches step K",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch CPU threads per process (default: torch's choice; 1 is often "
+        "fastest for small models or on a busy machine)",
+    )
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (runs x steps, evaluations), the time estimated from a few timed "
+        "steps of each configuration and the estimated peak memory, then exit; writes nothing",
+    )
+    g.add_argument(
+        "--force",
+        action="store_true",
+        help="run even when the estimated peak memory exceeds the memory available",
+    )

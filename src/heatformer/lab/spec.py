@@ -1,0 +1,542 @@
+"""What a comparison runs: :class:`CompareSpec`, head schedules, seeds and presets.
+
+A comparison trains several head configurations (``heads``) with several seeds each,
+under one budget: the same steps, batch size, learning rate, schedule, data and seeds
+for every configuration. Everything that determines the numbers lives in one frozen
+:class:`CompareSpec`, which is stored as ``spec.json`` in the run folder, so
+``--resume`` and ``heatformer analyze`` rebuild exactly what ran.
+
+Head schedules are strings, turned into model arguments only here (the CLI/config
+boundary):
+
+- ``"attention:6,laplacian:2"`` -- the same heads in every layer; the counts sum to the
+  number of heads per layer. A bare ``"attention"`` means all heads. Operator
+  parameters go in brackets: ``"attention:6,heat[t=0.5]:2"`` (see
+  :mod:`heatformer.models.heads`).
+- ``"attention:4;attention:2,laplacian:2"`` -- one spec per layer, separated by ``;``
+  (here 2 layers: plain attention below, two Laplacian heads above); ``|`` works too.
+  The number of layer specs must equal ``n_layer``.
+
+Graph kinds (``graph``) use the same syntax: ``"topk[k=32]"`` in every layer, or
+``"topk[k=8];softmax"`` one per layer (see :data:`heatformer.graph_ops.GRAPHS`); ``topk=K``
+is shorthand for ``graph="topk[k=K]"``. The options of the chosen task (``seq_len``,
+``text``, ...) live in ``options``; each task declares them, with their defaults, in its
+module (:mod:`heatformer.lab.tasks`).
+
+This module imports no torch at import time (the models and the data are imported inside
+the functions that need them): the command line reads the defaults of :class:`CompareSpec`
+and the :data:`PRESETS` for its help pages before torch is loaded.
+
+Examples:
+    >>> split_layers("attention:4;attention:2,laplacian:2")
+    ('attention:4', 'attention:2,laplacian:2')
+    >>> infer_num_heads("attention:6,heat:2")
+    8
+    >>> parse_seeds("3"), parse_seeds("4,7")
+    ((0, 1, 2), (4, 7))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from heatformer.checks import (
+    bad_type,
+    bad_value,
+    check_bool,
+    check_choice,
+    check_int,
+    check_positive_int,
+    resolve_topk,
+)
+
+if TYPE_CHECKING:
+    from heatformer.lab.tasks.base import TaskOptions
+
+__all__ = [
+    "PRESETS",
+    "SPEC_NAME",
+    "CompareSpec",
+    "check_heads",
+    "infer_num_heads",
+    "parse_seeds",
+    "split_layers",
+]
+
+#: The file of a comparison folder that holds its :class:`CompareSpec` (``OUT/spec.json``).
+SPEC_NAME = "spec.json"
+
+#: The values of the spec's analysis options that take a name.
+_ANALYSIS_CHOICES = {"analysis_split": ("test", "train"), "analysis_point": ("pre_ln", "post_ln")}
+
+#: Heads per layer when the schedule gives no counts (a bare ``"attention"``).
+_DEFAULT_NUM_HEADS = 4
+
+#: Task options that ``spec.json`` files (and checkpoint keys) of heatformer 0.1.0 kept at the
+#: top level, for every task alike; :meth:`CompareSpec.from_dict` moves the chosen task's into
+#: ``options`` and drops the others (they never changed a number of that task).
+_LEGACY_TASK_FIELDS = frozenset(
+    {"seq_len", "patch_size", "text", "npz", "max_bytes", "eval_size", "analysis_size"}
+)
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    """Everything that determines the numbers of a comparison.
+
+    The fields are what every task shares (the budget, the model's sizes, head schedules and
+    graph kinds); ``options`` holds the chosen task's own options (``seq_len``, ``text``, ...;
+    see :data:`heatformer.lab.TASKS`): give a mapping with the ones to change, and the
+    spec keeps an instance of the task's ``Options`` dataclass with every other at its
+    default. ``None`` in ``n_head``, ``eval_every``, ``ckpt_every`` and ``warmup_steps``
+    means "derive it" (see :meth:`resolved`).
+
+    Examples:
+        >>> spec = CompareSpec(task="recall", options={"seq_len": 256})
+        >>> spec.options.seq_len, spec.options.eval_size
+        (256, 128)
+        >>> spec.resolved().eval_every
+        50
+    """
+
+    task: str = "chars"  # a name of heatformer.lab.TASKS
+    heads: tuple[str, ...] = ("attention",)  # one head schedule per configuration
+    seeds: tuple[int, ...] = (0,)  # every configuration runs with every seed
+    steps: int = 500  # optimizer steps per run
+    batch_size: int = 32  # global batch (split across DDP ranks)
+    lr: float = 1e-3  # peak AdamW learning rate
+    weight_decay: float = 0.01  # AdamW weight decay
+    warmup_steps: int | None = None  # linear warm-up; None: min(100, steps // 10)
+    min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
+    grad_clip: float = 1.0  # max global gradient norm, 0 to disable
+    eval_every: int | None = None  # None: max(1, steps // 10)
+    ckpt_every: int | None = None  # None: same as eval_every
+    n_layer: int = 4  # transformer blocks
+    n_head: int | None = None  # heads per layer; None: the sum of the schedule's counts
+    n_embd: int = 128  # model width D
+    # graph kind(s) of the attention layers: "softmax", "topk[k=32]", or one per layer
+    # separated by ';' ("topk[k=8];softmax"); see heatformer.graph_ops.GRAPHS
+    graph: str = "softmax"
+    topk: int | None = None  # shorthand for graph="topk[k=...]" in every layer
+    dropout: float = 0.0
+    # the task's options: a mapping of the ones to change, kept as the task's Options
+    options: Any = field(default_factory=dict)
+    analysis: bool = True  # per-layer token-geometry metrics after training
+    # what the analysis reads (no training number depends on it): the task's held-out "test"
+    # batch or a "train" batch of the same size; the cls token (tasks whose model has one) or
+    # not; each block's output ("pre_ln") or that output through the final LayerNorm ("post_ln")
+    analysis_split: str = "test"
+    analysis_cls: bool = True
+    analysis_point: str = "pre_ln"
+    device: str = "auto"  # "auto", "cpu" or "cuda" (or "cuda:1")
+    bf16: bool = False  # bfloat16 autocast
+    compile: bool = False  # torch.compile the model
+    # recompute each block's activations in backward (models.TransformerBlock): the same
+    # numbers in about one layer's training memory, for about one more forward per step
+    activation_checkpointing: bool = False
+    # optimiser sweeps crossed with heads ("lr=1e-3,2e-3"), see heatformer.lab.tuning;
+    # select_by: the metric that picks each configuration's setting on the validation half
+    tune: tuple[str, ...] = ()
+    select_by: str | None = None
+    primary: tuple[str, ...] = ()  # declared primary endpoints, "METRIC" or "METRIC@LAYER"
+    name: str = field(default="", compare=False)  # a label for reports only
+
+    # ------------------------------------------------------------------ validation
+
+    def __post_init__(self) -> None:
+        from heatformer.lab.tasks import resolve_task
+
+        task = resolve_task(self.task)
+        object.__setattr__(self, "options", _task_options(task, self.task, self.options))
+        if not self.heads:
+            raise bad_value("heads", "expected at least one head schedule, got none")
+        if len(set(self.heads)) != len(self.heads):
+            raise bad_value("heads", f"expected distinct schedules, got {list(self.heads)}")
+        for name in ("steps", "batch_size", "n_layer", "n_embd"):
+            check_positive_int(name, getattr(self, name))
+        for name in ("analysis", "analysis_cls", "bf16", "compile", "activation_checkpointing"):
+            check_bool(name, getattr(self, name))
+        for name, choices in _ANALYSIS_CHOICES.items():
+            check_choice(name, getattr(self, name), choices)
+        for name in ("eval_every", "ckpt_every", "n_head", "topk"):
+            check_positive_int(name, getattr(self, name), optional=True)
+        for heads in self.heads:
+            check_heads(heads, n_layer=self.n_layer, n_head=self.n_head)
+            num_heads = self.heads_per_layer(heads)
+            if self.n_embd % num_heads:
+                raise bad_value(
+                    "n_embd",
+                    f"expected a multiple of the {num_heads} heads per layer of {heads!r}, "
+                    f"got {self.n_embd}",
+                )
+        if not self.seeds:
+            raise bad_value("seeds", "expected at least one seed, got none")
+        if len(set(self.seeds)) != len(self.seeds) or any(
+            isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds
+        ):
+            raise bad_value("seeds", f"expected distinct non-negative ints, got {list(self.seeds)}")
+        self._check_graphs()
+        if self.warmup_steps is not None:
+            check_int("warmup_steps", self.warmup_steps, minimum=0)
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise bad_value("lr", f"expected a positive float, got {self.lr}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise bad_value("min_lr_ratio", f"expected a float in [0, 1], got {self.min_lr_ratio}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise bad_value("dropout", f"expected a float in [0, 1), got {self.dropout}")
+        for name in ("weight_decay", "grad_clip"):  # NaN fails both comparisons
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise bad_value(name, f"expected a finite float >= 0, got {value}")
+        if not isinstance(self.device, str) or not re.fullmatch(
+            r"auto|cpu|cuda(:\d+)?", self.device
+        ):
+            raise bad_value("device", f"expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        from heatformer.lab.tuning import check_study
+
+        for name, value in check_study(self).items():  # canonical: tuples, metric names
+            object.__setattr__(self, name, value)
+
+    def _check_graphs(self) -> None:
+        """Graph kinds: known, one per layer, ``topk`` alone, within the task's longest sequence.
+
+        The limits are the graph kinds' own
+        (:meth:`~heatformer.graph_ops.GraphBuilder.check_nodes`); a task whose longest sequence
+        only its data tell (digits: the patches of an image) is checked by its model config
+        when the task is loaded, still before any training.
+        """
+        from heatformer.graph_ops import resolve_graph
+        from heatformer.models.heads import parse_layer_graphs
+
+        if not isinstance(self.graph, str) or not self.graph.strip():
+            raise bad_type("graph", f"expected a graph spec string, got {self.graph!r}")
+        graph = resolve_topk(self.graph, self.topk)
+        builders = [
+            resolve_graph(g) for g in dict.fromkeys(parse_layer_graphs(graph, self.n_layer))
+        ]
+        tokens = self.options.max_tokens()
+        if tokens is None:
+            return
+        for builder in builders:
+            try:
+                builder.check_nodes(tokens)
+            except ValueError as err:
+                if self.topk is None:
+                    raise
+                # the user wrote topk, so the error names it
+                raise bad_value("topk", getattr(err, "detail", str(err))) from None
+
+    # ------------------------------------------------------------------ derived
+
+    def resolved(self) -> CompareSpec:
+        """A copy with every derived field (``None`` above) filled in."""
+        eval_every = self.eval_every or max(1, self.steps // 10)
+        return dataclasses.replace(
+            self,
+            eval_every=eval_every,
+            ckpt_every=self.ckpt_every or eval_every,
+            warmup_steps=self._warmup_steps(),
+        )
+
+    def _warmup_steps(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
+
+    def heads_per_layer(self, heads: str) -> int:
+        """Heads per layer for the schedule ``heads``: ``n_head`` or the inferred count."""
+        return self.n_head if self.n_head is not None else infer_num_heads(heads)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step ``step`` (0-based): linear warm-up, cosine decay.
+
+        Args:
+            step: the step about to be taken, ``0 <= step < steps``.
+
+        Returns:
+            ``lr * (step + 1) / warmup`` during warm-up, then a cosine from ``lr`` down to
+            ``lr * min_lr_ratio`` at the last step.
+        """
+        warmup = self._warmup_steps()
+        if step < warmup:
+            return self.lr * (step + 1) / warmup
+        span = max(1, self.steps - warmup - 1)
+        progress = min(1.0, (step - warmup) / span)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
+
+    # ------------------------------------------------------------------ (de)serialization
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists, ``options`` a dict)."""
+        out = dataclasses.asdict(self)
+        out["heads"] = list(self.heads)
+        out["seeds"] = list(self.seeds)
+        out["tune"], out["primary"] = list(self.tune), list(self.primary)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CompareSpec:
+        """Inverse of :meth:`to_dict`; also reads the ``spec.json`` of heatformer 0.1.0.
+
+        Those kept the task options at the top level for every task (``seq_len``, ``npz``,
+        ...); the chosen task's go into ``options`` (``None``, "derive it", becomes the
+        task's default, the value it stood for), the other tasks' are dropped.
+
+        Args:
+            data: a dict as written by :meth:`to_dict`.
+
+        Returns:
+            The spec.
+
+        Raises:
+            ValueError: unknown keys (the known ones are listed).
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = dict(data)
+        legacy = {key: values.pop(key) for key in list(values) if key in _LEGACY_TASK_FIELDS}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise bad_value(
+                "spec", f"unknown fields {unknown}; expected a subset of {sorted(known)}"
+            )
+        if legacy:
+            values["options"] = {**_legacy_options(values.get("task", "chars"), legacy),
+                                 **dict(values.get("options") or {})}  # fmt: skip
+        for key in ("heads", "seeds", "tune", "primary"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields a checkpoint must agree with to be resumed (numbers-determining: not
+        where or how fast it runs, so a run may resume with activation checkpointing on, nor
+        what its final analysis reads)."""
+        out = self.resolved().to_dict()
+        for key in (
+            "name",
+            "heads",
+            "seeds",
+            "device",
+            "compile",
+            "analysis",
+            "analysis_split",
+            "analysis_cls",
+            "analysis_point",
+            "activation_checkpointing",
+            "tune",  # a run's spec holds its own setting (lr, ...)
+            "primary",
+        ):
+            out.pop(key)
+        if out["select_by"] is None:  # as before selection existed (evaluation not split)
+            out.pop("select_by")
+        out["options"] = self.options.fingerprint()
+        return out
+
+    @staticmethod
+    def upgrade_fingerprint(saved: Mapping[str, Any]) -> dict[str, Any]:
+        """A fingerprint as :meth:`fingerprint` writes it, from one a checkpoint holds.
+
+        Checkpoints of heatformer 0.1.0 hold the task options at the top level (see
+        :meth:`from_dict`) and no ``graph``; newer ones are returned as they are.
+        """
+        out = dict(saved)
+        if "options" in out or "task" not in out:
+            return out
+        legacy = {key: out.pop(key) for key in list(out) if key in _LEGACY_TASK_FIELDS}
+        try:
+            from heatformer.lab.tasks import resolve_task
+
+            options = resolve_task(out["task"]).Options(**_legacy_options(out["task"], legacy))
+        except (TypeError, ValueError):  # not a task of this installation: no match
+            return dict(saved)
+        out.setdefault("graph", "softmax")
+        out["options"] = options.fingerprint()
+        return out
+
+
+def _task_options(task: Any, name: str, options: object) -> TaskOptions:
+    """``options`` as an instance of the task's ``Options``, refusing options it does not take."""
+    from heatformer.lab.tasks import options_by_name
+
+    if isinstance(options, task.Options):
+        return options
+    if not isinstance(options, Mapping):
+        raise bad_type(
+            "options",
+            f"expected a mapping of option names or a {task.Options.__name__}, "
+            f"got {type(options).__name__}",
+        )
+    taken = {f.name for f in dataclasses.fields(task.Options)}
+    everyone = options_by_name()
+    for key in options:
+        if key in taken:
+            continue
+        users = sorted(everyone.get(key, {}))
+        if not users:
+            raise bad_value(
+                "options", f"expected options of task {name!r} {sorted(taken)}, got {key!r}"
+            )
+        used_by = _join([repr(user) for user in users])
+        verb = "task uses" if len(users) == 1 else "tasks use"
+        raise bad_value(key, f"only the {used_by} {verb} it, got task {name!r}")
+    result: TaskOptions = task.Options(**options)
+    return result
+
+
+def _legacy_options(task: str, legacy: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of ``task`` among the top-level fields of a heatformer 0.1.0 spec."""
+    from heatformer.lab.tasks import resolve_task
+
+    taken = {f.name for f in dataclasses.fields(resolve_task(task).Options)}
+    return {key: value for key, value in legacy.items() if key in taken and value is not None}
+
+
+def _join(items: list[str]) -> str:
+    """``['a', 'b', 'c']`` -> ``"a, b and c"``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def split_layers(heads: str) -> str | tuple[str, ...]:
+    """Split a head schedule at ``;`` (or ``|``) outside brackets into one spec per layer.
+
+    Args:
+        heads: ``"attention:6,laplacian:2"`` (every layer) or
+            ``"attention:4;attention:2,laplacian:2"`` (one spec per layer).
+
+    Returns:
+        The stripped string when it names one spec for every layer, else the tuple of
+        layer specs.
+
+    Raises:
+        ValueError: an empty layer spec (``"a;;b"``).
+    """
+    from heatformer.models.heads import split_layers as split_layer_specs
+
+    layers = tuple(split_layer_specs(heads))
+    if len(layers) == 1:
+        return layers[0]
+    if any(not part for part in layers):
+        raise bad_value("heads", f"expected a non-empty spec between every ';', got {heads!r}")
+    return layers
+
+
+def check_heads(heads: str, *, n_layer: int, n_head: int | None = None) -> None:
+    """Check a head schedule: syntax, operator names and parameters, layers, head counts.
+
+    Each layer spec is finally parsed by :func:`heatformer.models.parse_heads`, exactly
+    as the model will parse it, so a schedule that passes here builds.
+
+    Args:
+        heads: a head schedule (see the module docstring).
+        n_layer: number of layers of the model.
+        n_head: heads per layer, or ``None`` to infer it from the counts.
+
+    Raises:
+        ValueError: bad syntax, an unknown operator (valid names listed), bad operator
+            parameters, a per-layer schedule whose length is not ``n_layer``, counts that
+            do not sum to ``n_head``, or layers with different head totals.
+    """
+    from heatformer.models import parse_heads
+    from heatformer.models.heads import count_heads
+
+    if not isinstance(heads, str) or not heads.strip():
+        raise bad_value("heads", f"expected a non-empty schedule string, got {heads!r}")
+    layers = split_layers(heads)
+    specs = (layers,) if isinstance(layers, str) else layers
+    if not isinstance(layers, str) and len(specs) != n_layer:
+        raise bad_value(
+            "heads",
+            f"expected {n_layer} layer specs separated by ';' (n_layer={n_layer}), "
+            f"got {len(specs)} in {heads!r}",
+        )
+    totals = set()
+    for spec in specs:
+        total = count_heads(spec)
+        if total is not None:
+            totals.add(total)
+    if len(totals) > 1:
+        raise bad_value(
+            "heads",
+            f"expected the same number of heads in every layer, got {sorted(totals)} in {heads!r}",
+        )
+    if n_head is not None and totals and totals != {n_head}:
+        raise bad_value(
+            "heads",
+            f"expected head counts summing to n_head={n_head}, got {totals.pop()} in {heads!r}",
+        )
+    num_heads = n_head if n_head is not None else infer_num_heads(heads)
+    for spec in specs:
+        parse_heads(spec, num_heads)
+
+
+def infer_num_heads(heads: str) -> int:
+    """Heads per layer implied by a schedule's counts (4 when it gives no counts).
+
+    Args:
+        heads: a head schedule.
+
+    Returns:
+        The sum of the counts of the first layer spec with counts, else 4.
+    """
+    from heatformer.models.heads import count_heads
+
+    layers = split_layers(heads)
+    for spec in (layers,) if isinstance(layers, str) else layers:
+        total = count_heads(spec)
+        if total is not None:
+            return total
+    return _DEFAULT_NUM_HEADS
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """Parse ``--seeds``: a count (``"3"`` -> 0, 1, 2) or a comma list (``"4,7"``).
+
+    Args:
+        text: the flag's value.
+
+    Returns:
+        The seeds.
+
+    Raises:
+        ValueError: not a positive count or a list of non-negative ints.
+    """
+    text = text.strip()
+    try:
+        if "," in text:
+            seeds = tuple(int(part) for part in text.split(",") if part.strip())
+            if not seeds or any(seed < 0 for seed in seeds):
+                raise ValueError
+            return seeds
+        count = int(text)
+    except ValueError:
+        raise bad_value(
+            "seeds",
+            f"expected a count (e.g. 3) or a comma list (e.g. 0,5,7), got {text!r}",
+        ) from None
+    if count < 1:
+        raise bad_value("seeds", f"expected a count >= 1, got {count}")
+    return tuple(range(count))
+
+
+#: Named settings for ``heatformer compare --preset NAME``; explicit flags override them.
+PRESETS: dict[str, dict[str, Any]] = {
+    # attention only vs 2 Laplacian heads vs 2 heat heads, small GPT on the stdlib corpus;
+    # about 80 s on 2 CPU cores with --threads 1 (see docs/reproducing.md).
+    "demo": {
+        "task": "chars",
+        "heads": ("attention:4", "attention:2,laplacian:2", "attention:2,heat:2"),
+        "seeds": (0, 1, 2),
+        "steps": 300,
+        "batch_size": 16,
+        "lr": 2e-3,
+        "n_layer": 2,
+        "n_embd": 64,
+        "eval_every": 50,
+        "options": {"seq_len": 64, "eval_size": 64},
+        "name": "demo",
+    },
+}

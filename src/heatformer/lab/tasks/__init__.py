@@ -1,0 +1,248 @@
+"""The tasks of ``heatformer compare``: one module per task, one entry of :data:`TASKS` each.
+
+======== ================================== =========================== ======================
+task     data                               model                       metrics
+======== ================================== =========================== ======================
+chars    bytes of text, split by file       causal GPT                  ``val_bpc``, ``val_loss``
+digits   8×8 digit images (or an ``.npz``)  ViT                         ``test_acc``, ``test_loss``
+recall   synthetic key/value recall         causal sequence classifier  ``val_acc``, ``val_loss``
+stdlib   source snippets labelled by        bidirectional sequence      ``test_acc``, ``test_loss``
+         package, split by file             classifier (mean pooling)
+masked   the bytes of ``chars``, 15 % of    bidirectional GPT encoder   ``val_bpc``, ``val_acc``,
+         each window hidden (self-                                      ``val_loss`` (masked
+         supervised)                                                    bytes only)
+======== ================================== =========================== ======================
+
+A task is a :class:`Task` subclass (its options with their defaults, data, model, batches,
+metrics; see :mod:`heatformer.lab.tasks.base`) registered with :func:`register_task`,
+which checks the entry at once. A spec names it (``CompareSpec(task="chars")``, ``--task
+chars``) and :func:`resolve_task` turns the name into the class, listing the valid names when
+it is wrong. The command line makes one flag per option of the registered tasks and refuses
+a flag the chosen task does not take. A task from outside the library is one subclass and one
+:func:`register_task` call (see ``examples/custom_task.py``).
+
+Nothing here imports torch at import time: the command line reads the options of every task
+for its help pages before torch is loaded.
+
+Examples:
+    >>> resolve_task("recall").Options().seq_len
+    128
+    >>> sorted(options_by_name()["seq_len"])
+    ['chars', 'masked', 'recall', 'stdlib']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from typing import Any
+
+from heatformer.checks import bad_type, bad_value, check_choice
+from heatformer.lab.tasks._corpus import stdlib_source_root
+from heatformer.lab.tasks.base import Task, TaskOptions, autocast, option
+from heatformer.lab.tasks.chars import (
+    Chars,
+    CharsOptions,
+    CharsTask,
+    bits_per_char,
+    load_chars,
+)
+from heatformer.lab.tasks.digits import Digits, DigitsOptions, DigitsTask, load_digits_task
+from heatformer.lab.tasks.masked import MaskedChars, MaskedCharsOptions
+from heatformer.lab.tasks.recall import Recall, RecallOptions, RecallTask
+from heatformer.lab.tasks.stdlib import (
+    Stdlib,
+    StdlibOptions,
+    StdlibTask,
+    load_stdlib_task,
+)
+
+__all__ = [
+    "TASKS",
+    "TASK_NAMES",
+    "Chars",
+    "CharsOptions",
+    "CharsTask",
+    "Digits",
+    "DigitsOptions",
+    "DigitsTask",
+    "MaskedChars",
+    "MaskedCharsOptions",
+    "Recall",
+    "RecallOptions",
+    "RecallTask",
+    "Stdlib",
+    "StdlibOptions",
+    "StdlibTask",
+    "Task",
+    "TaskOptions",
+    "autocast",
+    "bits_per_char",
+    "load_chars",
+    "load_digits_task",
+    "load_stdlib_task",
+    "load_task",
+    "option",
+    "options_by_name",
+    "register_task",
+    "resolve_task",
+    "stdlib_source_root",
+]
+
+#: name -> task; the one place a ``--task`` name becomes a task. Add to it with
+#: :func:`register_task`, which checks the entry.
+TASKS: dict[str, type[Task]] = {}
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
+
+
+def check_task(cls: object) -> type[Task]:
+    """Check that ``cls`` is a complete task entry; return it.
+
+    Raises:
+        TypeError: ``cls`` is not a :class:`Task` subclass, or its ``Options`` is not a
+            frozen :class:`TaskOptions` dataclass.
+        ValueError: a missing name, method, metric or default, an option field not made with
+            :func:`option`, or an option that clashes with a spec field or with another
+            task's option of the same name (the message says which).
+    """
+    from heatformer.lab.spec import CompareSpec
+
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise bad_type("task", f"expected a subclass of heatformer.lab.Task, got {cls!r}")
+    where = f"task {cls.__name__}"
+    if not isinstance(cls.name, str) or not _NAME.match(cls.name):
+        raise bad_value("task", f"{where}: expected a name such as 'parity', got {cls.name!r}")
+    if inspect.isabstract(cls):
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        raise bad_value("task", f"{where}: expected the methods {missing}, got none")
+    options = cls.Options
+    if not (
+        isinstance(options, type)
+        and issubclass(options, TaskOptions)
+        and options is not TaskOptions
+        and dataclasses.is_dataclass(options)
+        and options.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    ):
+        raise bad_type(
+            "task", f"{where}: expected Options, a frozen TaskOptions dataclass, got {options!r}"
+        )
+    spec_fields = {f.name for f in dataclasses.fields(CompareSpec)}
+    for f in dataclasses.fields(options):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise bad_value("task", f"{where}: expected a default for option {f.name!r}")
+        if "help" not in f.metadata:
+            raise bad_value(
+                "task", f"{where}: expected option {f.name!r} made with option(default, help)"
+            )
+        if f.name in spec_fields:
+            raise bad_value(
+                "task", f"{where}: option {f.name!r} clashes with the spec field of that name"
+            )
+        for other, field in options_by_name().get(f.name, {}).items():
+            if other != cls.name and field.metadata["parse"] is not f.metadata["parse"]:
+                raise bad_value(
+                    "task",
+                    f"{where}: option {f.name!r} is parsed by {f.metadata['parse']!r}, but "
+                    f"task {other!r} parses its {f.name!r} with {field.metadata['parse']!r} "
+                    "(one flag serves both)",
+                )
+    metrics = cls.metric_names
+    if not (isinstance(metrics, tuple) and metrics and all(isinstance(m, str) for m in metrics)):
+        raise bad_value(
+            "task", f"{where}: expected metric_names, a tuple of names, got {metrics!r}"
+        )
+    if len(cls.higher_is_better) != len(metrics):
+        raise bad_value(
+            "task",
+            f"{where}: expected one higher_is_better flag per metric {list(metrics)}, "
+            f"got {cls.higher_is_better!r}",
+        )
+    if cls.eval_loss_name not in metrics:
+        raise bad_value(
+            "task",
+            f"{where}: expected eval_loss_name to be one of {list(metrics)}, "
+            f"got {cls.eval_loss_name!r}",
+        )
+    return cls
+
+
+def register_task(cls: type[Task], *, replace: bool = False) -> type[Task]:
+    """Add the task ``cls`` to :data:`TASKS` under ``cls.name``, after checking it.
+
+    Usable as a class decorator. Registering is the whole of adding a task: specs, the
+    runner and the command line (``--task NAME`` and a flag per option) take it from here.
+
+    Args:
+        cls: a :class:`Task` subclass.
+        replace: allow replacing another task of the same name.
+
+    Returns:
+        ``cls``.
+
+    Raises:
+        TypeError, ValueError: an incomplete entry (see :func:`check_task`), or a name that is
+            taken by another task (without ``replace``).
+    """
+    check_task(cls)
+    taken = TASKS.get(cls.name)
+    if taken is not None and taken is not cls and not replace:
+        raise bad_value(
+            "task", f"{cls.name!r} is already registered ({taken.__name__}); pass replace=True"
+        )
+    TASKS[cls.name] = cls
+    return cls
+
+
+def resolve_task(name: object) -> type[Task]:
+    """The task registered as ``name``, checked.
+
+    Raises:
+        ValueError: an unknown name (the registered names are listed, the closest suggested)
+            or an incomplete entry.
+        TypeError: ``name`` is not a string.
+    """
+    if not isinstance(name, str):
+        raise bad_type("task", f"expected a task name, got {type(name).__name__}")
+    cls = TASKS[check_choice("task", name, sorted(TASKS))]
+    return check_task(cls)  # an entry put into TASKS by hand is checked here
+
+
+def options_by_name() -> dict[str, dict[str, dataclasses.Field[Any]]]:
+    """Option name -> {task name: its field}, over every registered task, in registry order."""
+    table: dict[str, dict[str, dataclasses.Field[Any]]] = {}
+    for task_name, cls in TASKS.items():
+        for f in dataclasses.fields(cls.Options):
+            table.setdefault(f.name, {})[task_name] = f
+    return table
+
+
+def load_task(name: str, **kwargs: Any) -> Any:
+    """Build the data of a task from its name and the data factory's keyword arguments.
+
+    Args:
+        name: ``"chars"`` (:func:`load_chars`), ``"digits"`` (:func:`load_digits_task`),
+            ``"recall"`` (:class:`RecallTask`), ``"stdlib"`` (:func:`load_stdlib_task`),
+            ``"masked"`` (:func:`load_chars`, its data are ``chars``'s), or another registered
+            task with a ``data_factory``.
+        **kwargs: keyword arguments of that factory.
+
+    Returns:
+        The task's data object.
+
+    Raises:
+        ValueError: unknown ``name`` (the valid names are listed), or a task whose data come
+            from its options only.
+    """
+    cls = resolve_task(name)
+    if cls.data_factory is None:
+        raise bad_value("task", f"{name!r} builds its data from its options only")
+    return cls.data_factory(**kwargs)
+
+
+for _task in (Chars, Digits, Recall, Stdlib, MaskedChars):
+    register_task(_task)
+
+#: The built-in tasks (:data:`TASKS` also holds the ones registered since).
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)

@@ -1,0 +1,313 @@
+r"""Fair tuning: each configuration at its own best optimiser setting, chosen on validation data.
+
+``heatformer compare --sweep lr=1e-3,2e-3,4e-3 --select-by val_loss`` crosses the listed
+values of an optimiser field (:data:`TUNABLE`) with every head configuration: each
+``(configuration, setting, seed)`` is one run. Several such sweeps (``--sweep lr=...
+--sweep weight_decay=0,0.1``) make a grid; the value a swept field has in the spec itself is
+not used.
+
+Selection on a held-out split. With ``select_by`` the evaluation set of every run is split in
+two by example parity (:meth:`~heatformer.lab.tasks.base.Task.evaluate`): the even
+examples (0, 2, 4, ...) are the *validation* half, whose metrics are recorded as
+``validation/<metric>``; the odd examples are the *test* half, which the usual metric names
+report. For each configuration, :func:`select` takes the setting whose validation
+``select_by`` metric has the best mean over seeds (lowest, or highest for a metric where
+higher is better; ties go to the first setting listed; a setting with a NaN run is taken only
+when every one has); the report's numbers -- the table, the paired differences, the primary
+endpoints -- are then the test-half metrics of the chosen setting's runs. So every
+configuration is compared at its own best learning rate, and the number that compares them
+was not used to choose it. ``results.json`` keeps every candidate's validation scores and the
+choice (``"selection"``), and ``"runs"`` every run. A candidate whose training diverges (a
+non-finite loss, :class:`~heatformer.lab.trainer.TrainingDiverged`) does not stop the
+comparison: its run is recorded as finished with NaN metrics and ``"diverged"`` (step, loss),
+and selection passes over it.
+
+This module imports no torch.
+
+Examples:
+    >>> parse_tune("lr=1e-3,2e-3")
+    ('lr', (0.001, 0.002))
+    >>> labels = [setting_label(s) for s in settings(("lr=1e-3,2e-3", "warmup_steps=0,10"))]
+    >>> len(labels), labels[0], labels[-1]
+    (4, 'lr=0.001 warmup_steps=0', 'lr=0.002 warmup_steps=10')
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from heatformer.checks import bad_type, bad_value
+
+if TYPE_CHECKING:
+    from heatformer.lab.spec import CompareSpec
+
+__all__ = [
+    "TUNABLE",
+    "VALIDATION",
+    "check_study",
+    "format_selection",
+    "is_tune_sweep",
+    "parse_tune",
+    "resolve_metric",
+    "select",
+    "setting_label",
+    "settings",
+]
+
+#: The optimiser fields ``--sweep FIELD=V1,V2,...`` takes, with the type of their values.
+TUNABLE: dict[str, type] = {
+    "lr": float,
+    "weight_decay": float,
+    "min_lr_ratio": float,
+    "grad_clip": float,
+    "warmup_steps": int,
+    "dropout": float,
+}
+
+#: The prefix of the validation-half metrics in a run's ``final`` and ``evals``.
+VALIDATION = "validation/"
+
+_TUNE = re.compile(r"^\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
+
+
+def is_tune_sweep(text: str) -> bool:
+    """Whether the ``--sweep`` value ``text`` sweeps an optimiser field (``lr=...``), not heads."""
+    match = _TUNE.match(text) if isinstance(text, str) else None
+    return match is not None and match.group(1) in TUNABLE
+
+
+def parse_tune(text: str) -> tuple[str, tuple[Any, ...]]:
+    """``"lr=1e-3,2e-3"`` -> ``("lr", (0.001, 0.002))``.
+
+    Args:
+        text: ``FIELD=V1,V2,...`` with ``FIELD`` one of :data:`TUNABLE`.
+
+    Returns:
+        The field and its values, distinct, in the order given.
+
+    Raises:
+        ValueError: bad syntax, an unknown field, a value that does not parse or is out of the
+            field's range, or a repeated value; the message names ``sweep``.
+    """
+    if not isinstance(text, str):
+        raise bad_type("sweep", f"expected a string FIELD=V1,V2, got {type(text).__name__}")
+    match = _TUNE.match(text)
+    if match is None or match.group(1) not in TUNABLE:
+        raise bad_value(
+            "sweep",
+            f"expected FIELD=V1,V2,... with FIELD one of {sorted(TUNABLE)} (e.g. "
+            f"lr=1e-3,2e-3,4e-3), got {text!r}",
+        )
+    name, kind = match.group(1), TUNABLE[match.group(1)]
+    values = []
+    for part in match.group(2).split(","):
+        try:
+            value = kind(part.strip())
+        except ValueError:
+            raise bad_value(
+                "sweep", f"expected {kind.__name__} values for {name} in {text!r}, got {part!r}"
+            ) from None
+        if not _in_range(name, value):
+            raise bad_value("sweep", f"expected {name} values {_RANGES[name]}, got {part.strip()}")
+        values.append(value)
+    if len(set(values)) != len(values):
+        raise bad_value("sweep", f"expected distinct values in {text!r}, got {values}")
+    return name, tuple(values)
+
+
+_RANGES = {
+    "lr": "> 0",
+    "weight_decay": ">= 0",
+    "grad_clip": ">= 0",
+    "min_lr_ratio": "in [0, 1]",
+    "warmup_steps": ">= 0",
+    "dropout": "in [0, 1)",
+}
+
+
+def _in_range(name: str, value: float) -> bool:
+    if not math.isfinite(value):
+        return False
+    if name == "lr":
+        return value > 0
+    if name == "min_lr_ratio":
+        return 0 <= value <= 1
+    if name == "dropout":
+        return 0 <= value < 1
+    return value >= 0
+
+
+def settings(tune: Sequence[str]) -> list[dict[str, Any]]:
+    """Every setting of the grid the sweeps ``tune`` make (``[{}]`` with none), first sweep
+    slowest.
+
+    Raises:
+        ValueError: a bad sweep (see :func:`parse_tune`) or a field swept twice.
+    """
+    parsed = [parse_tune(text) for text in tune]
+    names = [name for name, _ in parsed]
+    if len(set(names)) != len(names):
+        raise bad_value("sweep", f"expected each field swept once, got {names}")
+    return [dict(zip(names, values)) for values in itertools.product(*(v for _, v in parsed))]
+
+
+def setting_label(setting: Mapping[str, Any]) -> str:
+    """``{"lr": 0.002}`` -> ``"lr=0.002"`` (``""`` for no setting)."""
+    return " ".join(f"{name}={value:g}" for name, value in setting.items())
+
+
+def resolve_metric(task_cls: Any, name: str, argument: str) -> str:
+    """The task's final metric called ``name``, or the one that is ``name`` after a
+    ``val_``/``test_`` prefix (``bpc`` -> ``val_bpc`` on ``chars``).
+
+    Raises:
+        ValueError: no such metric, or several; the message names ``argument``.
+    """
+    names = tuple(task_cls.metric_names)
+    if name in names:
+        return name
+    found = [m for m in names if m in (f"val_{name}", f"test_{name}")]
+    if len(found) == 1:
+        return found[0]
+    raise bad_value(
+        argument, f"expected a metric of task {task_cls.name!r} {list(names)}, got {name!r}"
+    )
+
+
+def _check_primary(task_cls: Any, text: str, spec: CompareSpec) -> str:
+    """``"bpc"`` -> ``"val_bpc"``; ``"within_seq_frac@-1"`` as it is, checked against the
+    model's layers and ``spec.analysis``."""
+    if not isinstance(text, str) or not text.strip():
+        raise bad_value("primary", f"expected METRIC or METRIC@LAYER, got {text!r}")
+    metric, at, layer = (part.strip() for part in text.partition("@"))
+    if not at:
+        return resolve_metric(task_cls, metric, "primary")
+    analysis = tuple(task_cls.analysis_names)
+    if metric not in analysis:
+        raise bad_value(
+            "primary",
+            f"expected METRIC@LAYER with METRIC one of the per-layer metrics {list(analysis)}, "
+            f"got {text!r}",
+        )
+    if layer != "last" and not re.fullmatch(r"-?\d+", layer):
+        raise bad_value("primary", f"expected a layer index (0, 3, -1) or 'last', got {text!r}")
+    if layer != "last" and not -spec.n_layer <= int(layer) < spec.n_layer:
+        raise bad_value(
+            "primary", f"expected a layer in [-{spec.n_layer}, {spec.n_layer}), got {text!r}"
+        )
+    if not spec.analysis:
+        raise bad_value("primary", f"expected the per-layer analysis for {text!r}, got it off")
+    return f"{metric}@{layer}"
+
+
+def check_study(spec: CompareSpec) -> dict[str, Any]:
+    """Check ``tune``, ``select_by`` and ``primary`` of ``spec``; their canonical values.
+
+    Returns:
+        ``{"tune", "select_by", "primary"}`` as the spec should hold them (tuples, metric
+        names resolved).
+
+    Raises:
+        ValueError: a bad sweep, a metric the task does not have, ``select_by`` without a
+            sweep of an optimiser field (or a sweep without it), ``primary`` that is not
+            ``METRIC[@LAYER]``; each message names its argument.
+    """
+    from heatformer.lab.tasks import resolve_task
+
+    task_cls = resolve_task(spec.task)
+    for name in ("tune", "primary"):
+        if isinstance(getattr(spec, name), str):
+            raise bad_type(name, f"expected a sequence of strings, got {getattr(spec, name)!r}")
+    tune = tuple(spec.tune)
+    settings(tune)
+    select_by = spec.select_by
+    if select_by is not None:
+        if not isinstance(select_by, str):
+            raise bad_type("select_by", f"expected a metric name, got {select_by!r}")
+        select_by = resolve_metric(task_cls, select_by, "select_by")
+        if not tune:
+            raise bad_value(
+                "select_by",
+                "expected a sweep of an optimiser field to select from (e.g. --sweep "
+                f"lr=1e-3,2e-3,4e-3), got none; fields: {sorted(TUNABLE)}",
+            )
+    elif tune:
+        raise bad_value(
+            "select_by",
+            f"expected the metric that picks each configuration's setting of {list(tune)} "
+            f"on the validation half (e.g. --select-by {task_cls.eval_loss_name}), got none",
+        )
+    primary = tuple(_check_primary(task_cls, text, spec) for text in spec.primary)
+    if len(set(primary)) != len(primary):
+        raise bad_value("primary", f"expected distinct endpoints, got {list(primary)}")
+    return {"tune": tune, "select_by": select_by, "primary": primary}
+
+
+def select(
+    records: Sequence[Mapping[str, Any]],
+    heads_order: Sequence[str],
+    metric: str,
+    higher_is_better: bool,
+) -> tuple[list[Mapping[str, Any]], list[dict[str, Any]]]:
+    """Each configuration's best setting on the validation half, and the runs it keeps.
+
+    Args:
+        records: run records, each with ``heads``, ``seed``, ``setting`` (a dict) and
+            ``final[VALIDATION + metric]``.
+        heads_order: the configurations, in report order.
+        metric: the metric that selects (a final metric of the task).
+        higher_is_better: whether larger values of ``metric`` are better.
+
+    Returns:
+        ``(kept, selection)``: the records of the chosen settings, and per configuration
+        ``{"heads", "metric", "chosen", "chosen_label", "candidates": [{"setting", "label",
+        "seeds", "values", "mean"}]}`` (the candidates in the order first seen).
+    """
+    kept: list[Mapping[str, Any]] = []
+    selection: list[dict[str, Any]] = []
+    for heads in heads_order:
+        groups: dict[str, list[Mapping[str, Any]]] = {}
+        for record in records:
+            if record["heads"] == heads:
+                groups.setdefault(setting_label(record.get("setting") or {}), []).append(record)
+        if not groups:
+            continue
+        candidates: list[dict[str, Any]] = []
+        for label, runs in groups.items():
+            runs = sorted(runs, key=lambda r: r["seed"])
+            values = [_number(r["final"].get(VALIDATION + metric)) for r in runs]
+            mean = math.fsum(values) / len(values)
+            candidates.append({"setting": dict(runs[0].get("setting") or {}), "label": label,
+                               "seeds": [r["seed"] for r in runs], "values": values,
+                               "mean": mean})  # fmt: skip
+        sign = -1.0 if higher_is_better else 1.0
+        finite = [c for c in candidates if math.isfinite(c["mean"])] or candidates[:1]
+        best = min(finite, key=lambda c: sign * c["mean"])  # first of equals (min is stable)
+        kept += sorted(groups[best["label"]], key=lambda r: r["seed"])
+        selection.append({"heads": heads, "metric": metric, "chosen": best["setting"],
+                          "chosen_label": best["label"], "candidates": candidates})  # fmt: skip
+    return kept, selection
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def format_selection(selection: Sequence[Mapping[str, Any]]) -> str:
+    """The selection as text: per configuration, each candidate's validation mean, ``*`` the
+    chosen one."""
+    if not selection:
+        return ""
+    metric = selection[0]["metric"]
+    lines = [f"selection by validation {metric} (mean over seeds; * chosen, reported on test):"]
+    for row in selection:
+        cells = [
+            f"{'*' if c['label'] == row['chosen_label'] else ' '}{c['label']}: {c['mean']:.4f}"
+            for c in row["candidates"]
+        ]
+        lines.append(f"  {row['heads']}:  " + "   ".join(cells))
+    return "\n".join(lines)
