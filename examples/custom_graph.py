@@ -2,7 +2,7 @@
 
 `DilatedBuilder` is a dilated band: query i attends to the keys j with |i - j| a multiple of
 `d` and at most `w * d` away (causal: only j <= i), a softmax over those keys. One subclass of
-GraphBuilder plus one registry entry, `GRAPHS["dilated"] = DilatedBuilder`, and the kind works
+GraphBuilder plus one registry entry, `GRAPHS.register(DilatedBuilder)`, and the kind works
 everywhere a graph spec does: `DiffusionAttention(..., graph="dilated[d=2,w=3]")`, model
 configs (`GPTConfig(graph=...)`, per-layer schedules such as "dilated[d=2,w=3];softmax"), and
 KV-cache generation, because the kind declares `incremental` and implements `decode`.
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
-    GRAPHS["dilated"] = DilatedBuilder  # the one registry entry
+    GRAPHS.register(DilatedBuilder)  # the one registry entry, checked once
 
     layer = DiffusionAttention(32, 4, "attention:2,laplacian:2", graph="dilated[d=2,w=3]",
                                causal=True)  # fmt: skip

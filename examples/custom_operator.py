@@ -9,7 +9,7 @@ for a few steps on a toy target (gradients reach the operator's own parameter).
 `LazyWalk` is a *fusable* operator: a lazy random walk y = (1 - a) P x + a x. It declares
 `affine_coefficients() = (1 - a, a)`, so a layer serves it from the one fused attention call
 with the attention and Laplacian heads, and a causal GPT generates with the KV cache. One
-registry entry, `OPERATORS["lazy"] = LazyWalk`, makes it usable in head specs
+registry entry, `OPERATORS.register(LazyWalk)`, makes it usable in head specs
 ("attention:2,lazy[a=0.3]:2").
 
     python examples/custom_operator.py --steps 50
@@ -83,7 +83,7 @@ class LazyWalk(DiffusionOperator):
 
 def fusable_operator_demo(tokens: int) -> None:
     """LazyWalk on the fused path, against a dense reference, and with the KV cache."""
-    OPERATORS["lazy"] = LazyWalk  # the one registry entry: now it is a head-spec name
+    OPERATORS.register(LazyWalk)  # the one registry entry (checked): now a head-spec name
     layer = DiffusionAttention(32, 4, "attention:1,lazy[a=0.3]:2,laplacian:1", causal=True)
     x = torch.randn(2, tokens, 32)
     q, k, v = layer.project_qkv(x)

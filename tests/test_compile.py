@@ -28,8 +28,8 @@ import pytest
 import torch
 import torch._dynamo as dynamo
 
+from heatformer._spec import format_entry
 from heatformer.graph_ops import GRAPHS, OPERATORS
-from heatformer.graph_ops._spec import format_entry
 from heatformer.models import DiffusionAttention
 
 #: the oldest torch these tests hold on: the newest (2.13) passes them; torch 2.5, the declared

@@ -14,7 +14,16 @@ SRC = ROOT / "src" / "heatformer"
 DESIGN = (ROOT / "docs" / "design.md").read_text()
 
 #: top-level private helpers and the argument checks, which any package may import
-HELPERS = {"checks", "_atomic", "_progress", "_suggest", "_torch_compat", "heatformer"}
+HELPERS = {
+    "checks",
+    "registry",
+    "_spec",
+    "_atomic",
+    "_progress",
+    "_suggest",
+    "_torch_compat",
+    "heatformer",
+}
 #: what each package imports besides HELPERS: the table of design.md's "Dependencies"
 ALLOWED = {
     "graph_ops": set(),

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from device_helpers import DEVICES, TOL, tolerance
+from heatformer._spec import format_entry
 from heatformer.graph_ops import (
     GRAPHS,
     OPERATORS,
@@ -55,7 +56,6 @@ from heatformer.graph_ops import (
     resolve_graph,
     resolve_operator,
 )
-from heatformer.graph_ops._spec import format_entry
 from heatformer.models import GPT, DiffusionAttention, GPTConfig, KVCache
 from heatformer.models.heads import format_operator
 

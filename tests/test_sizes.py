@@ -23,6 +23,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from heatformer._spec import format_entry
 from heatformer.graph_ops import (
     DenseGraph,
     DiffusionOperator,
@@ -31,7 +32,6 @@ from heatformer.graph_ops import (
     resolve_graph,
     resolve_operator,
 )
-from heatformer.graph_ops._spec import format_entry
 from heatformer.models import DiffusionAttention
 from test_matrix import (
     GRAPH_CASES,

@@ -40,8 +40,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import heatformer.graph_ops.sparsify as sparsify
+from heatformer._spec import format_entry
 from heatformer.graph_ops import GRAPHS, OPERATORS, DiffusionOperator, resolve_graph
-from heatformer.graph_ops._spec import format_entry
 from heatformer.models import DiffusionAttention, KVCache
 from heatformer.models.heads import format_operator, parse_heads
 

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sharding_cases as _worker
+from heatformer._spec import format_entry
 from heatformer.checks import ArgumentTypeError, ArgumentValueError
 from heatformer.graph_ops import (
     GRAPHS,
@@ -29,7 +30,6 @@ from heatformer.graph_ops import (
     resolve_operator,
     shard_graph,
 )
-from heatformer.graph_ops._spec import format_entry
 from heatformer.graph_ops.builders import WindowBuilder
 from heatformer.graph_ops.sharding import ShardedWindowBuilder, ShardedWindowGraph
 

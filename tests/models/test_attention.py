@@ -22,6 +22,7 @@ from torch import nn
 
 import model_helpers as mh
 from device_helpers import TIGHT
+from heatformer._spec import format_entry
 from heatformer.graph_ops import (
     GRAPHS,
     GraphBuilder,
@@ -29,7 +30,6 @@ from heatformer.graph_ops import (
     Laplacian,
     SoftmaxGraph,
 )
-from heatformer.graph_ops._spec import format_entry
 from heatformer.models import DiffusionAttention, KVCache
 
 F64 = torch.float64

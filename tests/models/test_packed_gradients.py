@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import model_helpers as mh
+from heatformer._spec import format_entry
 from heatformer.graph_ops import GRAPHS, OPERATORS
-from heatformer.graph_ops._spec import format_entry
 from heatformer.models import _packed, attention
 from heatformer.models._packed import unbind_packed
 from heatformer.models.heads import format_operator

@@ -19,13 +19,12 @@ An entry declares what it supports -- causal masking, key masks, any dense mask 
 (:meth:`GraphBuilder.cache_keep`), what a graph costs in memory (:meth:`GraphBuilder.edges_per_row`,
 :meth:`GraphBuilder.saved_bytes_per_edge`, which the memory preflight of ``heatformer compare``
 reads) -- and code that uses a kind asks the entry, never its class.
-A new kind from outside the library is one subclass and ``GRAPHS["name"] = MyBuilder`` (see
-``examples/custom_graph.py``).
+A new kind, from inside the library or outside it, is one subclass and one registration,
+``GRAPHS.register(MyBuilder)``, which checks it once (see ``examples/custom_graph.py``).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,14 +33,15 @@ from torch import Tensor
 
 from heatformer import _torch_compat
 from heatformer import checks as V
+from heatformer._spec import format_entry
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
-from heatformer.graph_ops._spec import format_entry, parse_entry
 from heatformer.graph_ops._window_layout import window_allowed
 from heatformer.graph_ops.protocol import Graph, _check_key_mask
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import _stable_topk_indices
 from heatformer.graph_ops.window import WindowGraph, check_qk
+from heatformer.registry import Registry
 
 if TYPE_CHECKING:
     from heatformer.graph_ops.sharding import SequenceShard
@@ -422,15 +422,19 @@ class WindowBuilder(GraphBuilder):
 
 
 #: name -> graph kind; the one place strings become graph builders.
-GRAPHS: dict[str, type[GraphBuilder]] = {
-    "softmax": SoftmaxBuilder,
-    "topk": TopkBuilder,
-    "window": WindowBuilder,
-}
+#: name -> graph kind; the one place a graph spec becomes a builder
+#: (:class:`~heatformer.registry.Registry`: ``GRAPHS.register(cls)`` adds one, checked).
+GRAPHS: Registry[type[GraphBuilder]] = Registry(
+    "graph kind", argument="graph", base=GraphBuilder, case_insensitive=True, examples=True
+)
+for _kind in (SoftmaxBuilder, TopkBuilder, WindowBuilder):
+    GRAPHS.register(_kind)
 
 
 def resolve_graph(spec: str | GraphBuilder) -> GraphBuilder:
     """Turn a graph spec (``"softmax"``, ``"topk[k=32]"``) into a builder; a builder passes.
+
+    :meth:`GRAPHS.resolve <heatformer.registry.Registry.resolve>`.
 
     Raises:
         ValueError: an unknown kind (the valid names are listed, the closest suggested), bad
@@ -443,32 +447,5 @@ def resolve_graph(spec: str | GraphBuilder) -> GraphBuilder:
         >>> resolve_graph("topk[k=32]").incremental
         True
     """
-    if isinstance(spec, GraphBuilder):
-        return spec
-    if not isinstance(spec, str):
-        raise V.bad_type("graph", f"expected a graph spec string, got {type(spec).__name__}")
-    name, params = parse_entry(spec, what="graph")
-    key = V.check_choice("graph", name.lower(), sorted(GRAPHS), context=f" in {spec!r}")
-    factory = GRAPHS[key]
-    aliases = getattr(factory, "spec_aliases", {})
-    named: dict[str, object] = {}
-    spelled: dict[str, str] = {}
-    for name, value in params.items():  # a spec name and its alias name one parameter
-        arg = aliases.get(name, name)
-        if arg in named:
-            raise V.bad_value(
-                "graph",
-                f"expected one of {spelled[arg]!r} and {name!r} in {spec!r} (both set {arg!r})",
-            )
-        named[arg], spelled[arg] = value, name
-    params = named
-    accepted = [p for p in inspect.signature(factory).parameters if p not in ("self", "params")]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise V.bad_value(
-            "graph", f"{key}: unknown parameter(s) {unknown} in {spec!r}; expected {accepted}"
-        )
-    try:
-        return factory(**params)
-    except (TypeError, ValueError) as err:
-        raise V.bad_value("graph", f"in {spec!r}: {err}") from None
+    builder: GraphBuilder = GRAPHS.resolve(spec)
+    return builder

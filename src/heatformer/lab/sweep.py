@@ -185,7 +185,7 @@ def _operator_key(spec: str) -> str:
 
 def _layer_counts(heads: str, n_layer: int, n_head: int) -> list[dict[str, int]] | None:
     """Per layer, ``{operator spec: heads}``; ``None`` when the schedule cannot be read."""
-    from heatformer.graph_ops._spec import split_outside_brackets
+    from heatformer._spec import split_outside_brackets
 
     layers = [part.strip() for part in split_outside_brackets(heads, "|;")]
     if len(layers) == 1:

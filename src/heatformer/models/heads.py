@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from heatformer import checks
+from heatformer._spec import format_entry, parse_params, split_outside_brackets
 from heatformer.graph_ops import DiffusionOperator, resolve_operator
-from heatformer.graph_ops._spec import format_entry, parse_params, split_outside_brackets
 
 __all__ = [
     "adds_identity",

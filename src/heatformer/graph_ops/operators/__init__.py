@@ -2,19 +2,17 @@
 
 See :mod:`heatformer.graph_ops.operators.base` for the contract. A new operator is a module
 with a :class:`DiffusionOperator` subclass (its ``name``, ``examples`` and capabilities) plus
-one line in :data:`OPERATORS` -- or, from outside the library,
-``OPERATORS["name"] = MyOperator`` (see ``examples/custom_operator.py``).
+one registration, ``OPERATORS.register(MyOperator)``, from inside the library or outside it
+(see ``examples/custom_operator.py``); the registration checks the class once.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 
 from heatformer import checks as V
-from heatformer._suggest import did_you_mean
 from heatformer.graph_ops.operators.attention import Attention
 from heatformer.graph_ops.operators.base import DiffusionOperator, NormalizedOperator
 from heatformer.graph_ops.operators.center import Centering
@@ -24,6 +22,7 @@ from heatformer.graph_ops.operators.mean import MeanPooling
 from heatformer.graph_ops.operators.polynomial import Polynomial
 from heatformer.graph_ops.operators.ppr import PPR_METHODS, PersonalizedPageRank, ppr_order
 from heatformer.graph_ops.operators.skip import UntiedSkip
+from heatformer.registry import Registry
 
 __all__ = [
     "OPERATORS",
@@ -43,23 +42,33 @@ __all__ = [
 ]
 
 
-#: name -> operator class; the one place strings become operators.
-OPERATORS: dict[str, type[DiffusionOperator]] = {
-    "attention": Attention,
-    "laplacian": Laplacian,
-    "heat": HeatKernel,
-    "ppr": PersonalizedPageRank,
-    "polynomial": Polynomial,
-    "mean": MeanPooling,
-    "center": Centering,
-    "skip": UntiedSkip,
-}
-_ALIASES = {
-    "pagerank": "ppr",
-    "personalized_pagerank": "ppr",
-    "poly": "polynomial",
-    "untied_skip": "skip",
-}
+#: name -> operator class; the one place strings become operators
+#: (:class:`~heatformer.registry.Registry`: ``OPERATORS.register(cls)`` adds one, checked).
+OPERATORS: Registry[type[DiffusionOperator]] = Registry(
+    "operator",
+    argument="name",
+    base=DiffusionOperator,
+    examples=True,
+    aliases={
+        "pagerank": "ppr",
+        "personalized_pagerank": "ppr",
+        "poly": "polynomial",
+        "untied_skip": "skip",
+    },
+    case_insensitive=True,
+    factory_kwargs=("device", "dtype"),
+)
+for _operator in (
+    Attention,
+    Laplacian,
+    HeatKernel,
+    PersonalizedPageRank,
+    Polynomial,
+    MeanPooling,
+    Centering,
+    UntiedSkip,
+):
+    OPERATORS.register(_operator)
 
 
 def resolve_operator(
@@ -70,6 +79,9 @@ def resolve_operator(
     **kwargs: Any,
 ) -> DiffusionOperator:
     """Turn a name (and keyword arguments) into an operator; an operator passes through.
+
+    :meth:`OPERATORS.resolve <heatformer.registry.Registry.resolve>` with the factory keywords:
+    ``name`` may also be a spec entry such as ``"heat[t=0.5]"``.
 
     Args:
         name: one of ``"attention"``, ``"laplacian"``, ``"heat"``, ``"ppr"`` (alias
@@ -88,38 +100,7 @@ def resolve_operator(
         >>> resolve_operator("heat", t=2.0)
         HeatKernel(t=2, normalization='rw', method='auto', tol=1e-06, learnable=False)
     """
-    if isinstance(name, DiffusionOperator):
-        if kwargs:
-            raise V.bad_type(
-                "kwargs", "an operator instance was given; it takes no keyword arguments"
-            )
-        return name
-    if not isinstance(name, str):
-        raise V.bad_type(
-            "name", f"expected an operator name or instance, got {type(name).__name__}"
-        )
-    key = name.strip().lower()
-    key = _ALIASES.get(key, key)
-    if key not in OPERATORS:
-        raise V.bad_value(
-            "name",
-            f"unknown operator {name!r}{did_you_mean(key, [*OPERATORS, *_ALIASES])}; "
-            f"expected one of {sorted(OPERATORS)} (aliases: {sorted(_ALIASES)})",
-        )
-    factory = OPERATORS[key]
-    signature = inspect.signature(factory).parameters
-    accepted = [p for p in signature if p not in _FACTORY_KWARGS]
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise V.bad_type(key, f"unknown parameter(s) {unknown}; expected some of {accepted}")
-    factory_kwargs = {
-        k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None and k in signature
-    }
-    try:
-        return factory(**kwargs, **factory_kwargs)
-    except TypeError as err:
-        raise V.bad_type(key, f"{err}") from None
-
-
-#: constructor arguments that are not operator parameters (never written in a head spec)
-_FACTORY_KWARGS = ("device", "dtype")
+    if isinstance(name, DiffusionOperator) and kwargs:
+        raise V.bad_type("kwargs", "an operator instance was given; it takes no keyword arguments")
+    op: DiffusionOperator = OPERATORS.resolve(name, device=device, dtype=dtype, **kwargs)
+    return op
