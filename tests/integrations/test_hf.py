@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -424,6 +425,101 @@ def test_bad_arguments_name_themselves(make_model: MakeModel) -> None:
     with pytest.raises(ValueError, match="was not converted") as err:
         model(**model_inputs("gpt2"))
     assert err.value.argument == "model"  # type: ignore[attr-defined]
+
+
+# ---- attention modules found by what a model declares ------------------------------------------
+
+
+def _declaring(family: str) -> Any:
+    """A tiny model of a tested family, or of Mistral or DiffLlama (Llama-like; DiffLlama's
+    layers call the attention function twice, once per half of the values), with sdpa."""
+    llama_like = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
+                  "max_position_embeddings": 64}  # fmt: skip
+    cls, config = {
+        **configs(),
+        "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig(**llama_like)),
+        "diffllama": (
+            transformers.DiffLlamaForCausalLM,
+            transformers.DiffLlamaConfig(**llama_like),
+        ),
+    }[family]
+    torch.manual_seed(0)
+    return cls._from_config(config, attn_implementation="sdpa", dtype=F32).eval()
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "mistral", "diffllama"])
+def test_the_declared_attention_modules_are_those_that_call_the_interface(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The modules found from what the model declares (its class's
+    ``_supports_attention_backend``, the attention classes of its ``_can_record_outputs``) are
+    the modules that call the attention function in a forward pass, in order; no source is
+    read (``inspect`` refuses to here), and the converted model equals the model's sdpa."""
+    model = _declaring(family)
+    helper_family = family if family in FAMILIES else "llama"
+    inputs = model_inputs(helper_family)
+    with torch.no_grad():
+        expected = output_of(helper_family, model(**inputs))
+    callers: list[torch.nn.Module] = []
+
+    def recording(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        callers.append(module)
+        return transformers.integrations.sdpa_attention.sdpa_attention_forward(
+            module, *args, **kwargs
+        )
+
+    name = "heatformer_test_discovery"
+    transformers.AttentionInterface.register(name, recording)
+    transformers.masking_utils.AttentionMaskInterface.register(
+        name, transformers.masking_utils.sdpa_mask
+    )
+    model.set_attn_implementation(name)
+    with torch.no_grad():
+        model(**inputs)
+    model.set_attn_implementation("sdpa")
+    called = list({id(m): m for m in callers}.values())  # DiffLlama's layers call it twice
+
+    def no_source(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("read the source of a transformers module")
+
+    for reader in ("getsource", "getsourcelines", "findsource"):
+        monkeypatch.setattr(inspect, reader, no_source)
+    found = hf.attention_modules(model)
+    assert len(found) == 2 and [m for _, m in found] == called
+    converted = hf.convert(model, "attention")
+    with torch.no_grad():
+        got = output_of(helper_family, converted(**inputs))
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_a_model_that_declares_no_attention_backend_is_refused(make_model: MakeModel) -> None:
+    """A model whose class does not set ``_supports_attention_backend = True`` is refused, by
+    name, although its layers call the interface (GPT-2's, under a class that declares
+    nothing); so is one that declares it and names no attention module."""
+    model = make_model("gpt2")
+    model.__class__ = type("UndeclaredGPT2", (type(model),), {"_supports_attention_backend": False})
+    inputs = model_inputs("gpt2")
+    undeclared = (
+        r"^model: found no attention module in UndeclaredGPT2 that calls transformers' "
+        r"AttentionInterface: UndeclaredGPT2 does not declare it: its class does not set "
+        r"_supports_attention_backend = True"
+    )
+    calls: list[Callable[[], object]] = [
+        lambda: hf.convert(model, "attention"),
+        lambda: hf.attention_graphs(model, **inputs),
+        lambda: hf.attention_modules(model),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=undeclared) as err:
+            call()
+        assert err.value.argument == "model"  # type: ignore[attr-defined]
+    assert model.config._attn_implementation == "sdpa"  # nothing half-done
+    assert not hasattr(model.config, "heatformer")
+    base = model.transformer  # GPT2Model declares the backend; here it names no attention class
+    base.__class__ = type("Unrecorded", (type(base),), {"_can_record_outputs": {}})
+    with pytest.raises(ValueError, match=r"^model: .*: Unrecorded names no attention module in "):
+        hf.convert(base, "attention")
 
 
 # ---- saving and loading a converted model ------------------------------------------------------

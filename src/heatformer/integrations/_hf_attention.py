@@ -12,7 +12,6 @@ re-exports the public names; this module is imported only through it.
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -44,7 +43,7 @@ def check_transformers_version(version: str) -> None:
 
 try:
     import transformers
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, PreTrainedModel
     from transformers.masking_utils import (
         AttentionMaskInterface,
         bidirectional_mask_function,
@@ -210,29 +209,102 @@ def register() -> None:
 
 # ---- models ----------------------------------------------------------------------------------
 
+#: a :func:`_recorders` entry: the class, the class name or name suffix, and the layer name of
+#: the modules that one ``_can_record_outputs`` entry names
+_Recorder = tuple[type | None, str | None, str | None]
 
-def _calls_attention_interface(cls: type[nn.Module]) -> bool:
-    """Whether ``cls.forward`` looks its attention function up in ``ALL_ATTENTION_FUNCTIONS``."""
-    try:
-        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
-    except (OSError, TypeError):
+
+def _declares_backend(model: nn.Module) -> bool:
+    """Whether ``model``'s class declares that its attention layers call transformers'
+    ``AttentionInterface``: ``_supports_attention_backend = True``, the flag
+    ``PreTrainedModel.is_backend_compatible`` reads (``False`` on ``PreTrainedModel``)."""
+    return getattr(type(model), "_supports_attention_backend", False) is True
+
+
+def _recorders(model: nn.Module) -> list[_Recorder]:
+    """The attention modules ``model``'s class declares in ``_can_record_outputs``: its
+    ``"attentions"``, ``"cross_attentions"``, ... entries (each a class, a class name, an
+    ``OutputRecorder`` or a list of them), the modules whose output ``[1]`` transformers
+    returns as ``outputs.attentions``: what the attention function returned as weights."""
+    declared = getattr(type(model), "_can_record_outputs", None) or {}
+    found: list[_Recorder] = []
+    for key, specs in declared.items():
+        if not str(key).endswith("attentions"):
+            continue
+        for spec in specs if isinstance(specs, (list, tuple)) else [specs]:
+            if isinstance(spec, type):
+                found.append((spec, None, None))
+            elif isinstance(spec, str):
+                found.append((None, spec, None))
+            else:  # an OutputRecorder(target_class, index, layer_name, class_name)
+                names = (getattr(spec, "class_name", None), getattr(spec, "layer_name", None))
+                found.append((getattr(spec, "target_class", None), *names))
+    return found
+
+
+def _recorded(name: str, module: nn.Module, recorder: _Recorder) -> bool:
+    """Whether the module ``name`` is one that ``recorder`` names: an instance of its class,
+    or of its class name, or a module whose name ends with that name (as transformers reads a
+    name), inside a layer of its layer name when it gives one."""
+    cls, class_name, layer_name = recorder
+    of_class = cls is not None and isinstance(module, cls)
+    of_name = class_name is not None and (
+        type(module).__name__ == class_name or name.endswith(class_name)
+    )
+    if not (of_class or of_name):
         return False
+    return layer_name is None or f".{layer_name.strip('.')}." in f".{name}."
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, module)`` of every attention module of ``model`` that calls transformers'
-    ``AttentionInterface`` (one per layer in GPT-2, Llama, BERT, ViT), in module order."""
+    """``(name, module)`` of every attention module of ``model``, in module order (one per
+    layer in GPT-2, Llama, Mistral, BERT, ViT; GPT-2 and BERT decoders have cross-attention
+    modules too): the modules that call transformers' ``AttentionInterface``, found by what the
+    model declares, never by reading its source.
+
+    Two declarations of transformers' models (>= 5) say it. The model's class sets
+    ``_supports_attention_backend = True``: its attention layers call the attention function
+    registered for ``config._attn_implementation`` (the flag vLLM and TGI read, through
+    ``is_backend_compatible``). And ``_can_record_outputs`` names the classes of those layers
+    (``"attentions"``, ``"cross_attentions"``): transformers records their second output
+    (the attention function's weights) as ``outputs.attentions``. A submodel (a
+    ``PreTrainedModel`` inside the model, as the ``transformer`` of ``GPT2LMHeadModel``)
+    names the attention modules inside it, as transformers reads it.
+
+    Raises:
+        TypeError: ``model`` is not a module.
+        ValueError: ``model`` is not a transformers model, its class does not declare
+            ``_supports_attention_backend = True``, or it declares no attention module.
+    """
     if not isinstance(model, nn.Module):
         raise checks.bad_type("model", f"expected a transformers model, got {type(model).__name__}")
-    known: dict[type[nn.Module], bool] = {}
-    found = []
-    for name, module in model.named_modules():
-        cls = type(module)
-        if cls not in known:
-            known[cls] = _calls_attention_interface(cls)
-        if known[cls]:
-            found.append((name, module))
-    return found
+    name_of = type(model).__name__
+    if not isinstance(model, PreTrainedModel):
+        reason = f"{name_of} is not a transformers model (a PreTrainedModel)"
+    elif not _declares_backend(model):
+        reason = (
+            f"{name_of} does not declare it: its class does not set "
+            "_supports_attention_backend = True, which transformers sets on the models that "
+            "take custom attention functions (GPT-2, Llama, Mistral, BERT, ViT, ...)"
+        )
+    else:
+        reason = f"{name_of} names no attention module in _can_record_outputs"
+        recorders: dict[str, list[_Recorder]] = {}
+        found = []
+        for name, module in model.named_modules():
+            if isinstance(module, PreTrainedModel):  # the model, or a submodel: its own names
+                recorders[name] = _recorders(module)
+            else:
+                recorders[name] = recorders[name.rpartition(".")[0]]
+            if any(_recorded(name, module, r) for r in recorders[name]):
+                found.append((name, module))
+        if found:
+            return found
+    raise checks.bad_value(
+        "model",
+        f"found no attention module in {name_of} that calls transformers' AttentionInterface: "
+        f"{reason}",
+    )
 
 
 def num_heads(module: nn.Module) -> int:

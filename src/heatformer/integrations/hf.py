@@ -1,13 +1,14 @@
 r"""Hugging Face ``transformers`` models with heatformer's diffusion heads.
 
 :func:`convert` switches a loaded model (GPT-2, Llama-family with grouped-query attention,
-BERT, ViT, and any model whose attention layers call transformers' ``AttentionInterface``)
-to heatformer heads, in place: each attention layer keeps its projections, rotary embeddings,
-KV cache and weights, and its heads apply the operators of a head spec to the layer's own
-``q``, ``k``, ``v``. :func:`attention_graphs` returns the attention graph of every layer, for
-analysis and teaching, on a converted or an unconverted model, and
-:func:`attention_snapshots` the same with values and operators, as the teaching pictures take
-them (``heatformer demo --hf-model DIR``).
+BERT, ViT, and any model that declares attention layers calling transformers'
+``AttentionInterface``: see :func:`attention_modules`) to heatformer heads, in place: each
+attention layer keeps its projections, rotary embeddings, KV cache and weights, and its heads
+apply the operators of a head spec to the layer's own ``q``, ``k``, ``v``.
+:func:`attention_graphs` returns the attention graph of every layer, for analysis and
+teaching, on a converted or an unconverted model, and :func:`attention_snapshots` the same
+with values and operators, as the teaching pictures take them (``heatformer demo --hf-model
+DIR``).
 
 How it plugs in: transformers looks up two functions by the model's attention implementation
 name, one that builds the attention mask and one that attends. This module registers both
@@ -31,7 +32,8 @@ heads refuse a cache and ask for ``generate(..., use_cache=False)``.
 Cross-attention (keys from an encoder) has a rectangular graph without ``I' v``: it is
 recognized when the module says so (``is_cross_attention``, as GPT-2's) or its class is a
 ``*CrossAttention``; attention heads work there, other heads are refused, so give such modules
-their own spec in a per-module schedule. Models that decide per call (BART) are not told apart.
+their own spec in a per-module schedule. Modules that decide per call (one class for self-
+and cross-attention, told apart by the call's arguments) are not told apart.
 
 Example:
     >>> import torch
@@ -121,15 +123,11 @@ def _convertible(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The attention modules :func:`convert` gives heads to.
 
     Raises:
-        ValueError: no attention module; a model saved converted and loaded without its heads.
+        ValueError: a model that declares no attention module calling the
+            ``AttentionInterface`` (:func:`attention_modules`); a model saved converted and
+            loaded without its heads.
     """
     modules = attention_modules(model)
-    if not modules:
-        raise checks.bad_value(
-            "model",
-            f"found no attention module in {type(model).__name__} that calls transformers' "
-            "AttentionInterface (models written for transformers >= 5 do)",
-        )
     restore = restore_call(getattr(model, "config", None))
     if restore is not None and not all(hasattr(m, HEADS_ATTRIBUTE) for _, m in modules):
         raise checks.bad_value(
@@ -185,7 +183,9 @@ def convert(
         ``model``, with ``config._attn_implementation == "heatformer"``.
 
     Raises:
-        ValueError: no attention module that calls the ``AttentionInterface``; a head spec
+        ValueError: a model whose class does not declare attention modules that call the
+            ``AttentionInterface`` (``_supports_attention_backend``, see
+            :func:`attention_modules`); a head spec
             that does not fit a layer's head count; a model that cannot switch its attention
             implementation; a model saved converted and loaded without its heads (their
             learned parameters would be lost: use :func:`from_pretrained`).
