@@ -43,7 +43,7 @@ from _common import PeakRSS, fmt_bytes, fmt_ratio, fmt_time, print_machine, prin
 
 from heatformer.graph_ops import HeatKernel, SequenceShard, shard_graph
 from heatformer.graph_ops.builders import WindowBuilder
-from heatformer.graph_ops.sharding import ShardedWindowGraph
+from heatformer.graph_ops.window.sharding import ShardedWindowGraph
 
 
 def _inputs(n: int, heads: int, c: int, seed: int) -> tuple[torch.Tensor, ...]:

@@ -196,14 +196,14 @@ class Env:
 def _eager_flex() -> None:
     """Dry run: FlexAttention's eager reference instead of a CPU compile per shape (about
     30 s each on two cores); the GPU run compiles."""
-    from heatformer.graph_ops import _flex
+    from heatformer.graph_ops.window import flex as window_flex
 
-    if not _flex.flex_available():
+    if not window_flex.flex_available():
         return
     from torch.nn.attention import flex_attention as fa
 
     fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
-    _flex._kernel = lambda: fa.flex_attention  # type: ignore[method-assign]
+    window_flex._kernel = lambda: fa.flex_attention  # type: ignore[method-assign]
 
 
 def _ratio(a: dict[str, Any], b: dict[str, Any]) -> float | None:
@@ -355,7 +355,8 @@ def _window_case(env: Env, n: int, budget: float) -> dict[str, Any]:
     """One N of :func:`section_window_long`: timings, ratios to the peer, peak memory."""
     torch = env.torch
     import heatformer.graph_ops.window as window_module
-    from heatformer.graph_ops import WindowGraph, _flex
+    from heatformer.graph_ops import WindowGraph
+    from heatformer.graph_ops.window import flex as window_flex
 
     s = env.sizes["window"]
     h, dh, w = s["H"], s["Dh"], s["w"]
@@ -365,10 +366,10 @@ def _window_case(env: Env, n: int, budget: float) -> dict[str, Any]:
         for _ in range(3)
     )
     t0 = time.perf_counter()
-    peer_mask = _flex.window_block_mask(WindowGraph(q, k, window=w, causal=True).layout)
+    peer_mask = window_flex.window_block_mask(WindowGraph(q, k, window=w, causal=True).layout)
     env.sync()
     mask_s = time.perf_counter() - t0
-    peer_kernel = _flex._kernel()
+    peer_kernel = window_flex._kernel()
 
     def finish(y: Any) -> None:
         if backward:
@@ -397,9 +398,9 @@ def _window_case(env: Env, n: int, budget: float) -> dict[str, Any]:
         fns["heatformer flex"] = heatformer("flex")
     graph = WindowGraph(q.detach(), k.detach(), window=w, causal=True, num_global=1)
     record: dict[str, Any] = {
-        "auto_backend": "flex" if _flex.use_flex(graph, "auto") else "kernels",
+        "auto_backend": "flex" if window_flex.use_flex(graph, "auto") else "kernels",
         "peer_mask_build_s": mask_s,
-        "block_mask_bytes": _flex.block_mask_bytes(n),
+        "block_mask_bytes": window_flex.block_mask_bytes(n),
     }
     timings = env.compare(fns, budget_s=budget)
     base = timings["flex sliding window (peer)"]
@@ -416,7 +417,7 @@ def _window_case(env: Env, n: int, budget: float) -> dict[str, Any]:
 
 
 def section_window_long(env: Env, rec: Recorder, budget: float) -> None:
-    from heatformer.graph_ops import _flex
+    from heatformer.graph_ops.window import flex as window_flex
 
     s = env.sizes["window"]
     rec.put(
@@ -428,17 +429,17 @@ def section_window_long(env: Env, rec: Recorder, budget: float) -> None:
             "B": 1,
             "dtype": str(env.dtype),
             "device": str(env.device),
-            "block_size": _flex.DEFAULT_BLOCK_SIZE,
+            "block_size": window_flex.DEFAULT_BLOCK_SIZE,
             "pass": "forward + backward" if env.flex_backward else "forward only (CPU flex)",
             "peer": "flex_attention with a sliding-window BlockMask from kv blocks "
             "(create_block_mask is O(N^2)), built once outside the timing",
         },
     )
-    if not _flex.flex_available():  # torch < 2.6: no BlockMask.from_kv_blocks(seq_lengths=)
+    if not window_flex.flex_available():  # torch < 2.6: no BlockMask.from_kv_blocks(seq_lengths=)
         version = env.torch.__version__
         rec.result("all", {"skipped": f"FlexAttention unavailable in torch {version}"})
         return
-    _flex._kernel()  # a broken FlexAttention fails the section here
+    window_flex._kernel()  # a broken FlexAttention fails the section here
     start = time.perf_counter()
     for n in s["Ns"]:
         left = budget - (time.perf_counter() - start)
@@ -529,7 +530,7 @@ def section_hf_gpt2(env: Env, rec: Recorder, budget: float) -> None:
 def section_moonshot(env: Env, rec: Recorder, budget: float) -> None:
     torch = env.torch
     import heatformer.graph_ops.window as window_module
-    from heatformer.graph_ops import _flex
+    from heatformer.graph_ops.window import flex as window_flex
     from heatformer.models import DiffusionAttention
 
     s, lay = env.sizes["moon"], env.sizes["moon_layer"]
@@ -586,8 +587,12 @@ def section_moonshot(env: Env, rec: Recorder, budget: float) -> None:
     for n in s["Ns"]:
         left = budget - (time.perf_counter() - start)
         estimate = probe_s * n / probe_n * 1.3
-        tiles = -(-n // _flex.DEFAULT_BLOCK_SIZE)
-        flex = env.cuda and _flex.flex_available() and tiles * tiles <= _flex.MAX_TILE_PAIRS
+        tiles = -(-n // window_flex.DEFAULT_BLOCK_SIZE)
+        flex = (
+            env.cuda
+            and window_flex.flex_available()
+            and tiles * tiles <= window_flex.MAX_TILE_PAIRS
+        )
         backend = "flex" if flex else "kernels"
         if estimate > left - 5:
             rec.result(f"N={n}", {"skipped": f"estimated {estimate:.0f} s > {left:.0f} s left"})

@@ -213,26 +213,26 @@ def test_a_compiled_checkpointed_model_trains_as_eager(graph: str) -> None:
 
 
 def test_the_flex_probe_is_marked_constant_as_the_decorator_marks() -> None:
-    """``_flex._probe`` carries the flag that ``torch.compiler.assume_constant_result`` sets
+    """``flex._probe`` carries the flag that ``torch.compiler.assume_constant_result`` sets
     (set by hand, so that importing heatformer does not import dynamo): the decorator still sets
     that flag and nothing else, and a fullgraph trace that meets the probe first treats its
     result as a constant."""
-    from heatformer.graph_ops import _flex
+    from heatformer.graph_ops.window import flex
 
     def fn() -> bool:
         return True
 
     assert torch.compiler.assume_constant_result(fn) is fn
     assert vars(fn) == {"_dynamo_marked_constant": True}
-    assert vars(_flex._probe) == {"_dynamo_marked_constant": True}
-    saved, _flex._AVAILABLE = _flex._AVAILABLE, None  # not probed yet, as in a fresh process
+    assert vars(flex._probe) == {"_dynamo_marked_constant": True}
+    saved, flex._AVAILABLE = flex._AVAILABLE, None  # not probed yet, as in a fresh process
     try:
         dynamo.reset()
         compiled = torch.compile(
-            lambda x: x * 2 if _flex.flex_available() else x - 1, backend="eager", fullgraph=True
+            lambda x: x * 2 if flex.flex_available() else x - 1, backend="eager", fullgraph=True
         )
         x = torch.arange(3.0)
-        expected = x * 2 if _flex._probe() else x - 1
+        expected = x * 2 if flex._probe() else x - 1
         torch.testing.assert_close(compiled(x), expected, rtol=0, atol=0)
     finally:
-        _flex._AVAILABLE = saved
+        flex._AVAILABLE = saved

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from heatformer.graph_ops._flex import flex_available
+from heatformer.graph_ops.window.flex import flex_available
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"

@@ -293,9 +293,9 @@ def test_window_graphs_through_the_fallbacks_equal_the_dense_graph(
     """Products, a heat series and their gradients in q, k, x (one graph used many times, a
     retained graph's second pass and a pass that stops short of q and k, which the per-pass
     counter must keep apart) equal the dense masked softmax's."""
-    from heatformer.graph_ops import _window_attention
+    from heatformer.graph_ops.window import kernels
 
-    monkeypatch.setattr(_window_attention, "FUSED_CPU", fused)
+    monkeypatch.setattr(kernels, "FUSED_CPU", fused)
     n, w = 23, 3
     gen = torch.Generator().manual_seed(7)
     q, k, x = (torch.randn(2, 2, n, 3, generator=gen, dtype=F64, requires_grad=True)

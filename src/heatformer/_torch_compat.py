@@ -1,6 +1,6 @@
 r"""The private PyTorch ops heatformer calls, each behind a probe and a public fallback.
 
-The window kernels (:mod:`heatformer.graph_ops._window_attention`) use four names that are not
+The window kernels (:mod:`heatformer.graph_ops.window.kernels`) use four names that are not
 PyTorch's public API and may change or go away between releases:
 
 ====================================================  ==========================================

@@ -1,6 +1,6 @@
 """The FlexAttention backend of window graphs against the window kernels and the predicate.
 
-- The block mask built from kv blocks (``_flex.window_block_mask``, ``O(N w)``) equals, tile by
+- The block mask built from kv blocks (``flex.window_block_mask``, ``O(N w)``) equals, tile by
   tile, what the dense predicate allows, and ``create_block_mask``'s ``O(N^2)`` answer: the
   oracle of the arithmetic.
 - ``WindowGraph.propagate`` with ``BACKEND = "flex"`` equals the window kernels' for every
@@ -22,10 +22,11 @@ import torch
 
 import heatformer.graph_ops.window as window_module
 from graph_helpers import band_mask
-from heatformer.graph_ops import OPERATORS, WindowGraph, _flex, resolve_operator
+from heatformer.graph_ops import OPERATORS, WindowGraph, resolve_operator
+from heatformer.graph_ops.window import flex
 
 pytestmark = pytest.mark.skipif(
-    not _flex.flex_available(),
+    not flex.flex_available(),
     reason="FlexAttention with BlockMask.from_kv_blocks needs torch>=2.6",
 )
 
@@ -83,7 +84,7 @@ GEOMETRIES = [
 
 @pytest.mark.parametrize(("n", "w", "causal", "g", "bs"), GEOMETRIES)
 def test_block_mask_from_kv_blocks_equals_the_dense_predicate(n, w, causal, g, bs):
-    bm = _flex.window_block_mask(layout(n, w, causal, g), block_size=bs)
+    bm = flex.window_block_mask(layout(n, w, causal, g), block_size=bs)
     assert bm.shape == (1, 1, n, n) and bm.BLOCK_SIZE == (bs, bs)
     partial, full = mask_parts(bm)
     any_, all_ = tiles(n, w, causal, g, bs)
@@ -105,9 +106,9 @@ def test_block_mask_from_kv_blocks_equals_the_dense_predicate(n, w, causal, g, b
 def test_block_mask_equals_create_block_mask(n, w, causal, g):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    mod = _flex.window_mask_mod(layout(n, w, causal, g))
+    mod = flex.window_mask_mod(layout(n, w, causal, g))
     ref = create_block_mask(mod, 1, 1, n, n, device="cpu", BLOCK_SIZE=16)
-    bm = _flex.window_block_mask(layout(n, w, causal, g), block_size=16)
+    bm = flex.window_block_mask(layout(n, w, causal, g), block_size=16)
     assert torch.equal(bm.to_dense(), ref.to_dense())
     assert torch.equal(mask_parts(bm)[1], mask_parts(ref)[1])
 
@@ -119,13 +120,13 @@ def test_mask_mod_is_the_predicate_with_a_key_mask(causal, drop):
     key_mask = torch.rand(3, n, generator=torch.Generator().manual_seed(0)) > 0.3
     key_mask[2] = False  # a batch row with no key at all
     edges = layout(n, w, causal, g, key_mask, drop)
-    mod = _flex.window_mask_mod(edges)
+    mod = flex.window_mask_mod(edges)
     b = torch.arange(3)[:, None, None]
     i, j = torch.arange(n)[None, :, None], torch.arange(n)[None, None, :]
     got = mod(b, torch.zeros((), dtype=torch.long), i, j)
     assert torch.equal(got, dense_allowed(n, w, causal, g, key_mask, drop))
     # with a key mask no tile is full, and the tiles are the structural ones
-    bm = _flex.window_block_mask(edges, block_size=8)
+    bm = flex.window_block_mask(edges, block_size=8)
     partial, full = mask_parts(bm)
     assert not full.any()
     assert torch.equal(partial, tiles(n, w, causal, g, 8)[0])
@@ -135,9 +136,9 @@ def test_block_mask_rejects_bad_sizes():
     """The window's own arguments are the graph's to check (``test_sharding``: one function for
     both graph constructors); the block mask refuses what no graph checks for it."""
     with pytest.raises(ValueError, match="num_nodes"):
-        _flex.window_block_mask(layout(0, 3))
+        flex.window_block_mask(layout(0, 3))
     with pytest.raises(ValueError, match="block_size"):
-        _flex.window_block_mask(layout(5, 3), block_size=0)
+        flex.window_block_mask(layout(5, 3), block_size=0)
 
 
 def test_block_mask_work_is_linear_in_n():
@@ -146,7 +147,7 @@ def test_block_mask_work_is_linear_in_n():
     import time
 
     t0 = time.perf_counter()
-    bm = _flex.window_block_mask(layout(1 << 16, 128, causal=True, g=1))
+    bm = flex.window_block_mask(layout(1 << 16, 128, causal=True, g=1))
     assert time.perf_counter() - t0 < 10.0
     nb = bm.kv_num_blocks.shape[-1]
     assert nb == 512
@@ -165,8 +166,8 @@ def eager_flex(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.nn.attention import flex_attention as fa
 
     monkeypatch.setattr(fa, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
-    monkeypatch.setattr(_flex, "_kernel", lambda: fa.flex_attention)
-    monkeypatch.setattr(_flex, "DEFAULT_BLOCK_SIZE", 16)
+    monkeypatch.setattr(flex, "_kernel", lambda: fa.flex_attention)
+    monkeypatch.setattr(flex, "DEFAULT_BLOCK_SIZE", 16)
 
 
 CONFIGS = [  # n, w, causal, g, masked, drop
@@ -275,7 +276,7 @@ def test_compiled_cpu_kernel_reads_the_tiles_and_matches_the_kernels(monkeypatch
     tiles, N not a multiple of the tile; bidirectional with global tokens and a key mask in
     float32, causal with a global token in float16 with logits past float16's range (the
     kernel's scores are float32). About a minute: each case compiles its kernel."""
-    monkeypatch.setattr(_flex, "DEFAULT_BLOCK_SIZE", 16)
+    monkeypatch.setattr(flex, "DEFAULT_BLOCK_SIZE", 16)
     cases = [
         ((70, 9, False, 2, True, True), F32, 1.0, 1e-6),
         ((70, 9, True, 1, False, False), torch.float16, 100.0, 2e-3),
@@ -313,7 +314,7 @@ def test_flex_backward_on_cpu_is_refused_clearly(monkeypatch):
 
 def test_auto_keeps_the_kernels_on_cpu_and_bad_backends_are_refused(monkeypatch):
     graph, x = make_graph(20, 4, True, 1, False, False)
-    assert not _flex.use_flex(graph, "auto") and _flex.use_flex(graph, "flex")
+    assert not flex.use_flex(graph, "auto") and flex.use_flex(graph, "flex")
     monkeypatch.setattr(window_module, "BACKEND", "fast")
     with pytest.raises(ValueError, match="BACKEND: expected one of 'auto', 'kernels', 'flex'"):
         graph.propagate(x)
@@ -362,7 +363,7 @@ def test_cuda_auto_takes_flex_and_long_sequences_stay_linear_in_memory(monkeypat
     k = torch.randn(1, 2, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
     x = torch.randn(1, 2, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
     graph = WindowGraph(q, k, window=128, causal=True, num_global=1)
-    assert _flex.use_flex(graph, "auto")
+    assert flex.use_flex(graph, "auto")
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     y = resolve_operator("heat")(graph, x)

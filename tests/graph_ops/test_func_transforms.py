@@ -20,7 +20,7 @@ import model_helpers as mh
 from heatformer import _torch_compat
 from heatformer._spec import format_entry
 from heatformer.graph_ops import GRAPHS, OPERATORS, resolve_graph
-from heatformer.graph_ops._window_attention import WindowAttention
+from heatformer.graph_ops.window.kernels import WindowAttention
 from heatformer.models.heads import format_operator
 
 #: every registered operator (its first example) on both heads

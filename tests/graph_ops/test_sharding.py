@@ -1,4 +1,4 @@
-"""A sequence split over processes (:mod:`heatformer.graph_ops.sharding`) equals one process.
+"""A sequence split over processes (:mod:`heatformer.graph_ops.window.sharding`) equals one process.
 
 The equality tests run on pooled groups of 2 and 4 CPU processes (gloo, a file store in a
 temporary folder: loopback only; ``sequence_parallel_helpers.GroupPool``, started once per
@@ -31,7 +31,7 @@ from heatformer.graph_ops import (
     shard_graph,
 )
 from heatformer.graph_ops.builders import WindowBuilder
-from heatformer.graph_ops.sharding import ShardedWindowBuilder, ShardedWindowGraph
+from heatformer.graph_ops.window.sharding import ShardedWindowBuilder, ShardedWindowGraph
 
 needs_gloo = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -220,14 +220,14 @@ def test_dense_views_of_a_sharded_graph_are_refused_naming_graph() -> None:
 def test_a_product_keeps_the_block_and_the_halo_rows_not_the_extended_copy(
     transpose: bool,
 ) -> None:
-    """:func:`~heatformer.graph_ops._halo.saved_as_parts`: what the window kernels save of an
+    """:func:`~heatformer.graph_ops.window.halo.saved_as_parts`: what the window kernels save of an
     extended block (received rows around this rank's block, a fresh copy) is kept as the block
     and the received rows; the backward rebuilds it (gradients equal to saving the copy), the
     copy itself is freed after the forward, and a block changed in place is refused at the
     backward as autograd refuses a changed saved tensor."""
     import weakref
 
-    from heatformer.graph_ops._halo import saved_as_parts
+    from heatformer.graph_ops.window.halo import saved_as_parts
 
     gen = torch.Generator().manual_seed(3)
     q, k = (torch.randn(2, 11, 4, generator=gen, dtype=torch.float64) for _ in range(2))

@@ -101,9 +101,9 @@ def test_propagate_gradcheck(monkeypatch, causal: bool, g: int, masked: bool, pa
     """The backward of ``propagate`` (used twice on one graph) against finite differences, in
     float64, with a last block shorter than the others: the fused CPU kernels (values as wide
     as the keys), the generic recomputing path (forced, and for narrower values)."""
-    from heatformer.graph_ops import _window_attention
+    from heatformer.graph_ops.window import kernels
 
-    monkeypatch.setattr(_window_attention, "FUSED_CPU", path == "fused")
+    monkeypatch.setattr(kernels, "FUSED_CPU", path == "fused")
     n = 11
     gen = torch.Generator().manual_seed(3)
     q, k, x = (torch.randn(1, 2, n, d, generator=gen, dtype=F64, requires_grad=True)
@@ -264,10 +264,11 @@ def test_interior_runs_share_one_mask_and_equal_the_dense_graph(monkeypatch, cau
     """Long enough for interior blocks (one shared mask pattern, expanded) and small runs (a
     lowered SLAB_ELEMENTS): runs never straddle the interior's ends, interior masks take no
     memory per block, and products, gradients and a heat series equal the dense graph's."""
-    from heatformer.graph_ops import _window_attention, _window_layout
+    from heatformer.graph_ops.window import kernels
+    from heatformer.graph_ops.window import layout as window_layout
 
-    monkeypatch.setattr(_window_attention, "FUSED_CPU", fused)
-    monkeypatch.setattr(_window_layout, "SLAB_ELEMENTS", 300)
+    monkeypatch.setattr(kernels, "FUSED_CPU", fused)
+    monkeypatch.setattr(window_layout, "SLAB_ELEMENTS", 300)
     n, w, rb = 61, 3, 4
     gen = torch.Generator().manual_seed(7)
     q, k, x = (torch.randn(2, 2, n, 3, generator=gen, dtype=F64, requires_grad=True)
@@ -420,9 +421,9 @@ def test_large_logits_in_half_precision_agree_with_the_dense_graph_in_float64(
     were NaN in float16 (their scores were formed in the input's dtype). Every method is now
     finite and within ten units of rounding of the dense masked softmax in float64 on the same
     rounded inputs, forward and backward, on the fused and the generic kernel path."""
-    from heatformer.graph_ops import _window_attention
+    from heatformer.graph_ops.window import kernels
 
-    monkeypatch.setattr(_window_attention, "FUSED_CPU", path == "fused")
+    monkeypatch.setattr(kernels, "FUSED_CPU", path == "fused")
     n, w = 23, 4
     gen = torch.Generator().manual_seed(8)
     q, k = (torch.randn(2, 2, n, 4, generator=gen, dtype=F64) * 256 for _ in "qk")
@@ -482,10 +483,11 @@ def test_queries_at_an_offset_equal_the_zero_padded_queries(
     series and the gradients in ``q`` (those rows of the padded one's), ``k`` and ``x`` --
     on the fused and the generic path, runs that straddle the offset (row_block 4, lowered
     SLAB_ELEMENTS), and a ``q`` with no rows."""
-    from heatformer.graph_ops import _window_attention, _window_layout
+    from heatformer.graph_ops.window import kernels
+    from heatformer.graph_ops.window import layout as window_layout
 
-    monkeypatch.setattr(_window_attention, "FUSED_CPU", fused)
-    monkeypatch.setattr(_window_layout, "SLAB_ELEMENTS", 300)
+    monkeypatch.setattr(kernels, "FUSED_CPU", fused)
+    monkeypatch.setattr(window_layout, "SLAB_ELEMENTS", 300)
     n, w = 20, 3
     gen = torch.Generator().manual_seed(11)
     q_full, k, x = (torch.randn(2, n, 3, generator=gen, dtype=F64) for _ in range(3))
@@ -532,19 +534,22 @@ def _rows(bf: int, r: int, x: int, token_major: bool) -> torch.Tensor:
 def test_global_key_products_equal_bmm(bf: int, g: int, token_major: bool) -> None:
     """The block-diagonal products on token-major rows (one matrix product for all heads)
     equal ``bmm``; other layouts, one head, or too many columns take ``bmm`` itself."""
-    from heatformer.graph_ops import _window_attention as wa
+    from heatformer.graph_ops.window import kernels
 
     rows, dy = _rows(bf, 37, 5, token_major), _rows(bf, 37, 6, token_major)
     mats = torch.randn(bf, 5, g, dtype=torch.float64)
-    scores = wa._rows_times(rows, mats)
+    scores = kernels._rows_times(rows, mats)
     torch.testing.assert_close(scores, torch.bmm(rows, mats), rtol=1e-13, atol=1e-13)
-    fast = token_major and bf > 1 and bf * g <= wa._TOKEN_MAJOR_COLUMNS
-    assert (wa._token_major(rows, g) is not None) == fast
+    fast = token_major and bf > 1 and bf * g <= kernels._TOKEN_MAJOR_COLUMNS
+    assert (kernels._token_major(rows, g) is not None) == fast
     torch.testing.assert_close(
-        wa._t_times_rows(scores, dy), torch.bmm(scores.transpose(1, 2), dy), rtol=1e-13, atol=1e-13
+        kernels._t_times_rows(scores, dy),
+        torch.bmm(scores.transpose(1, 2), dy),
+        rtol=1e-13,
+        atol=1e-13,
     )
     out, values = _rows(bf, 37, 6, token_major), torch.randn(bf, g, 6, dtype=torch.float64)
-    assert (wa._token_major(out, g) is not None) == fast  # added into in place
+    assert (kernels._token_major(out, g) is not None) == fast  # added into in place
     before = out.clone()
-    wa._add_rows_times(out, scores, values)
+    kernels._add_rows_times(out, scores, values)
     torch.testing.assert_close(out, before + torch.bmm(scores, values), rtol=1e-13, atol=1e-13)

@@ -6,12 +6,12 @@ operator ever needs the ``N x N`` matrix. One module per concept:
 
 - :mod:`~heatformer.graph_ops.protocol` -- the :class:`Graph` protocol (knows no kind);
 - :mod:`~heatformer.graph_ops.dense`, :mod:`~heatformer.graph_ops.softmax`,
-  :mod:`~heatformer.graph_ops.sparse`, :mod:`~heatformer.graph_ops.window`,
-  :mod:`~heatformer.graph_ops.symmetrized` -- the kinds;
+  :mod:`~heatformer.graph_ops.sparse`, :mod:`~heatformer.graph_ops.symmetrized` -- the kinds,
+  and :mod:`~heatformer.graph_ops.window`, the window kind in its own folder (its layout,
+  kernels, FlexAttention path and a sequence split over processes);
 - :mod:`~heatformer.graph_ops.sparsify` -- top-k, thresholding; :mod:`~heatformer.graph_ops.
   interop` -- NetworkX, SciPy, PyG;
 - :mod:`~heatformer.graph_ops.builders` -- graph kinds for layers (:data:`GRAPHS`);
-  :mod:`~heatformer.graph_ops.sharding` -- a sequence split over processes;
 - :mod:`~heatformer.graph_ops.laplacian`, :mod:`~heatformer.graph_ops.heat` and
   :mod:`~heatformer.graph_ops.operators` -- Laplacians, heat methods, diffusion operators.
 """
@@ -42,12 +42,12 @@ from heatformer.graph_ops.operators import (
     resolve_operator,
 )
 from heatformer.graph_ops.protocol import Graph
-from heatformer.graph_ops.sharding import SequenceShard, shard_graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import topk_graph
 from heatformer.graph_ops.symmetrized import SymmetrizedGraph
-from heatformer.graph_ops.window import WindowGraph
+from heatformer.graph_ops.window import SequenceShard, WindowGraph
+from heatformer.graph_ops.window.sharding import shard_graph
 
 __all__ = [
     "GRAPHS",

@@ -35,16 +35,16 @@ from heatformer import _torch_compat
 from heatformer import checks as V
 from heatformer._spec import format_entry
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
-from heatformer.graph_ops._window_layout import window_allowed
 from heatformer.graph_ops.protocol import Graph, _check_key_mask
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import _stable_topk_indices
 from heatformer.graph_ops.window import WindowGraph, check_qk
+from heatformer.graph_ops.window.layout import window_allowed
 from heatformer.registry import Registry
 
 if TYPE_CHECKING:
-    from heatformer.graph_ops.sharding import SequenceShard
+    from heatformer.graph_ops.window import SequenceShard
 
 __all__ = [
     "GRAPHS",
@@ -140,12 +140,12 @@ class GraphBuilder:
 
     def sharded(self, shard: SequenceShard) -> GraphBuilder:
         """This kind over a sequence split by ``shard``
-        (:class:`~heatformer.graph_ops.sharding.SequenceShard`): its :meth:`build` takes this
+        (:class:`~heatformer.graph_ops.SequenceShard`): its :meth:`build` takes this
         rank's ``q``, ``k`` ``(..., n_local, E)`` and key mask ``(B, n_local)`` and gives a
         graph over this rank's ``n_local`` rows (``propagate(x_local) -> (..., n_local, C)``,
         :meth:`~heatformer.graph_ops.Graph.propagate_transpose` and the degrees over the
         local rows; the messages happen inside), equal to those rows of the single-process
-        graph (:mod:`heatformer.graph_ops.sharding`).
+        graph (:mod:`heatformer.graph_ops.window.sharding`).
 
         Raises:
             ValueError: naming ``graph``, for a kind that does not shard (:attr:`shards` is
@@ -414,9 +414,9 @@ class WindowBuilder(GraphBuilder):
 
     def sharded(self, shard: SequenceShard) -> GraphBuilder:
         """The window over a sequence split by ``shard``: a
-        :class:`~heatformer.graph_ops.sharding.ShardedWindowBuilder` (the same :attr:`spec`;
+        :class:`~heatformer.graph_ops.window.sharding.ShardedWindowBuilder` (the same :attr:`spec`;
         halo and global rows exchanged inside the products; no incremental decoding)."""
-        from heatformer.graph_ops.sharding import ShardedWindowBuilder
+        from heatformer.graph_ops.window.sharding import ShardedWindowBuilder
 
         return ShardedWindowBuilder(self, shard)
 

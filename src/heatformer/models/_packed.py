@@ -6,7 +6,7 @@ backward of that unbind stacks the three gradients into a fresh ``(B, N, 3, H, D
 copy of ``3 B N H Dh`` elements). :func:`unbind_packed` is the same unbind whose backward
 first asks whether the three gradients already *are* that tensor: three views of one buffer
 at the offsets and strides the parts have in the projection, as the window graph's backward
-writes them (:class:`~heatformer.graph_ops._window_attention.GradSink`). Then it returns the
+writes them (:class:`~heatformer.graph_ops.window.kernels.GradSink`). Then it returns the
 buffer as it is; otherwise it stacks, as autograd would.
 """
 

@@ -15,12 +15,12 @@ applies), and the key is not padding (``key_mask``). The weights are the softmax
 ``q k^T * scale`` over the allowed keys, exactly as :class:`~heatformer.graph_ops.SoftmaxGraph`
 with the corresponding ``N x N`` mask -- but nothing of size ``N x N`` is ever formed.
 
-How (:mod:`~heatformer.graph_ops._window_layout`: the one predicate of the edges, and the
+How (:mod:`~heatformer.graph_ops.window.layout`: the one predicate of the edges, and the
 blocks and slabs derived from it): queries are cut into blocks of ``b`` rows; block ``[s, s + b)``
 needs only the keys of a slab of ``b + w - 1`` positions (``b + 2w`` bidirectional) plus the
 ``g`` global keys, so :meth:`WindowGraph.propagate` is a batched, masked softmax product over
 runs of blocks whose backward recomputes the weights instead of storing them or the slabs
-(:mod:`heatformer.graph_ops._window_attention`: ``O(N (w + g + b) d)`` work, ``O(N d)`` memory
+(:mod:`heatformer.graph_ops.window.kernels`: ``O(N (w + g + b) d)`` work, ``O(N d)`` memory
 beyond its inputs, one log-sum-exp per row). A causal global row's keys are global keys, in its
 block; bidirectional global rows are dense rows over all ``N`` keys, ``O(g N)``. Transpose
 products and top-k work on the same slabs, block by block, in ``O(N (w + g))`` memory.
@@ -39,12 +39,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+import heatformer.graph_ops.window as package  # its BACKEND, the switch, read at every call
 from heatformer import _torch_compat
 from heatformer import checks as V
-from heatformer.graph_ops import _flex
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
-from heatformer.graph_ops._window_attention import GradSink, shared, window_attention
-from heatformer.graph_ops._window_layout import WindowLayout, check_window, flat_key_mask
 from heatformer.graph_ops.protocol import (
     UNIFORM_DIM,
     Graph,
@@ -55,16 +53,11 @@ from heatformer.graph_ops.protocol import (
     _row_normalize,
 )
 from heatformer.graph_ops.sparse import SparseGraph
+from heatformer.graph_ops.window import flex
+from heatformer.graph_ops.window.kernels import GradSink, shared, window_attention
+from heatformer.graph_ops.window.layout import WindowLayout, check_window, flat_key_mask
 
-__all__ = ["BACKEND", "WindowGraph", "check_qk"]
-
-#: The engine of :meth:`WindowGraph.propagate`, read at every call: ``"kernels"`` (the window
-#: kernels of :mod:`~heatformer.graph_ops._window_attention`, every device), ``"flex"``
-#: (FlexAttention on a block mask built from the window's arithmetic,
-#: :mod:`~heatformer.graph_ops._flex`; forward only on the CPU in torch 2.13) or ``"auto"``:
-#: FlexAttention on CUDA where it applies (:func:`~heatformer.graph_ops._flex.use_flex`), the
-#: kernels elsewhere. Transpose products, degrees and top-k always use the window kernels.
-BACKEND = "auto"
+__all__ = ["WindowGraph", "check_qk"]
 
 
 def _tracing() -> bool:
@@ -192,10 +185,10 @@ class WindowGraph(Graph):
         mask and the flags by :func:`check_qk` and its own checks in ``build``): the public
         constructor's checks are not made again on every forward.
 
-        ``q_offset`` (a :class:`~heatformer.graph_ops.sharding.ShardedWindowGraph`'s extended
+        ``q_offset`` (a :class:`~heatformer.graph_ops.window.sharding.ShardedWindowGraph`'s extended
         block): ``q`` ``(..., R, E)`` holds the queries of graph rows ``q_offset ... q_offset +
         R - 1`` of the ``N = k.shape[-2]`` rows, the others' are zeros (never read; see
-        :class:`~heatformer.graph_ops._window_layout.WindowLayout`).
+        :class:`~heatformer.graph_ops.window.layout.WindowLayout`).
 
         The public constructor is its checks, then this."""
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
@@ -218,7 +211,7 @@ class WindowGraph(Graph):
         ``q_offset`` says otherwise), ``k`` ``(..., N, E)`` of one batch shape."""
         self.q = self._tensor = q
         self.k = k
-        #: The edges and blocks (:class:`~heatformer.graph_ops._window_layout.WindowLayout`),
+        #: The edges and blocks (:class:`~heatformer.graph_ops.window.layout.WindowLayout`),
         #: shared with the autograd function of :meth:`propagate` and the FlexAttention backend.
         self.layout = layout
         self.window, self.causal, self.num_global = layout.window, layout.causal, layout.num_global
@@ -261,7 +254,7 @@ class WindowGraph(Graph):
         ``q_offset`` says otherwise): made once per grad mode (a copy when ``q`` is a
         strided view, e.g. of a fused projection) and shared by every product, so that a heat
         series keeps one copy for its backward, not one per term. With gradients they pass
-        through :func:`~heatformer.graph_ops._window_attention.shared`, so that every
+        through :func:`~heatformer.graph_ops.window.kernels.shared`, so that every
         propagation adds its gradient in ``q``, ``k`` into one buffer each (:attr:`_sink`)."""
         grad = torch.is_grad_enabled()
         if self._flat_qk is None or self._flat_qk[0] != grad:
@@ -304,8 +297,8 @@ class WindowGraph(Graph):
     # ---- protocol ------------------------------------------------------------------------
 
     def propagate(self, x: Tensor) -> Tensor:
-        if _flex.use_flex(self, BACKEND):  # FlexAttention (see BACKEND)
-            return _flex.window_propagate(self, x)
+        if flex.use_flex(self, package.BACKEND):  # FlexAttention (see BACKEND)
+            return flex.window_propagate(self, x)
         xf, unfold = _fold(self._check_x(x), self.batch_shape)
         q, k = self._flat()
         n, g = self.num_nodes, self.layout.dense_rows
@@ -326,16 +319,16 @@ class WindowGraph(Graph):
         """The rows of :meth:`propagate` that ``q`` holds (``q_offset ... q_offset + R - 1``),
         ``(Bf, R, C)`` for ``x`` ``(Bf, N, C)``: without the slice of the whole output (whose
         backward fills a zero copy of it), where no dense global row or other engine is
-        involved (:class:`~heatformer.graph_ops.sharding.ShardedWindowGraph`'s products)."""
+        involved (:class:`~heatformer.graph_ops.window.sharding.ShardedWindowGraph`'s products)."""
         off, r = self.layout.q_offset, int(self.q.shape[-2])
-        if _flex.use_flex(self, BACKEND) or _tracing() or self.layout.dense_rows:
+        if flex.use_flex(self, package.BACKEND) or _tracing() or self.layout.dense_rows:
             return self.propagate(x)[:, off : off + r]
         q, k = self._flat()
         return window_attention(self.layout, q, k, x, self._sink, rows=(off, off + r))
 
     def _traced_products(self, q: Tensor, k: Tensor, x: Tensor) -> Tensor:
-        """``P x`` block by block, ``(Bf, nb, b, C)``, as :class:`~heatformer.graph_ops.
-        _window_attention.WindowAttention`'s forward computes it on its generic path, for
+        """``P x`` block by block, ``(Bf, nb, b, C)``, as :class:`~heatformer.graph_ops.window.
+        kernels.WindowAttention`'s forward computes it on its generic path, for
         :func:`torch.compile` and the :mod:`torch.func` transforms (:func:`_tracing`): one
         SDPA call per run of blocks, differentiated by autograd (which a tracer derives and
         fuses, and a transform composes) instead of the recomputing backward and the shared

@@ -2,7 +2,7 @@
 
 :class:`SequenceShard` says which contiguous block of positions a rank holds (the first
 ``N % P`` ranks one more), takes it from a full tensor, and gathers the full tensor back
-(differentiably). The graphs over such a block are in :mod:`heatformer.graph_ops.sharding`.
+(differentiably). The graphs over such a block are in :mod:`heatformer.graph_ops.window.sharding`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
-from heatformer.graph_ops._halo import CommStats, all_reduce_sum, block_bounds
+from heatformer.graph_ops.window.halo import CommStats, all_reduce_sum, block_bounds
 
 __all__ = ["SequenceShard"]
 
@@ -38,7 +38,7 @@ class SequenceShard:
         world_size: ``P``.
         group: a :mod:`torch.distributed` process group; None = the default group.
         comm: what this rank sent in the products of graphs built on this shard
-            (:class:`~heatformer.graph_ops._halo.CommStats`: bytes, messages, bytes per kind);
+            (:class:`~heatformer.graph_ops.window.halo.CommStats`: bytes, messages, bytes per kind);
             not part of equality.
 
     Example:

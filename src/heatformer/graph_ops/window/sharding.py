@@ -30,7 +30,7 @@ backward of :class:`~heatformer.graph_ops.WindowGraph`), plus ``O(g N / P)`` for
 rows' weights over the local keys. On a rank that receives a halo each product's input is a
 fresh copy of the extended block; what the window kernels save of it for their backward is
 kept as the block (saved anyway, as the previous product's output) and the ``O(w)`` received
-rows (:func:`~heatformer.graph_ops._halo.saved_as_parts`), so a series of ``K`` products holds
+rows (:func:`~heatformer.graph_ops.window.halo.saved_as_parts`), so a series of ``K`` products holds
 no more per term than one process does (``benchmarks/bench_sharded.py`` measures each rank).
 
 Rules of use (as for any collective code):
@@ -65,24 +65,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
-from heatformer.graph_ops._halo import (
-    CommStats,
+from heatformer.graph_ops._precision import attention_scores
+from heatformer.graph_ops.builders import GraphBuilder, WindowBuilder, resolve_graph
+from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph, _check_key_mask, _fold, _numel
+from heatformer.graph_ops.window.graph import WindowGraph, check_qk
+from heatformer.graph_ops.window.halo import (
     GlobalRows,
     HaloPlan,
     all_reduce_max,
     all_reduce_sum,
     saved_as_parts,
 )
-from heatformer.graph_ops._precision import attention_scores
-from heatformer.graph_ops._window_layout import check_window, flat_key_mask, window_allowed
-from heatformer.graph_ops.builders import GraphBuilder, WindowBuilder, resolve_graph
-from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph, _check_key_mask, _fold, _numel
-from heatformer.graph_ops.sequence_shard import SequenceShard
-from heatformer.graph_ops.window import WindowGraph, check_qk
+from heatformer.graph_ops.window.layout import check_window, flat_key_mask, window_allowed
+from heatformer.graph_ops.window.shard import SequenceShard
 
 __all__ = [
-    "CommStats",
-    "SequenceShard",
     "ShardedWindowBuilder",
     "ShardedWindowGraph",
     "shard_graph",
@@ -215,7 +212,7 @@ class ShardedWindowGraph(Graph):
         key_mask: bool ``(B, n_local)``, this rank's part of the key mask.
 
     How: the rank's **extended block** (its rows, the halo of ``w`` positions around them and
-    the global positions; :class:`~heatformer.graph_ops._halo.HaloPlan`) is a short sequence
+    the global positions; :class:`~heatformer.graph_ops.window.halo.HaloPlan`) is a short sequence
     whose window graph (a :class:`~heatformer.graph_ops.WindowGraph`, with the global keys in
     front when they are not next to the block) holds the block's rows exactly. Its keys are
     received once, at construction; :meth:`propagate` receives the values of the extended

@@ -50,13 +50,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
-from heatformer.graph_ops._window_layout import WindowLayout, window_allowed
 from heatformer.graph_ops.protocol import _fold
+from heatformer.graph_ops.window.layout import WindowLayout, window_allowed
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
 
-    from heatformer.graph_ops.window import WindowGraph
+    from heatformer.graph_ops.window.graph import WindowGraph
 
 __all__ = [
     "BACKENDS",

@@ -22,7 +22,7 @@ global rows are dense rows over all ``N`` keys (:attr:`WindowLayout.dense_rows`)
 
 :class:`WindowLayout` is plain data (ints and the key mask), shared by
 :class:`~heatformer.graph_ops.WindowGraph` and its autograd function
-(:mod:`~heatformer.graph_ops._window_attention`), which saves the mask with
+(:mod:`~heatformer.graph_ops.window.kernels`), which saves the mask with
 ``save_for_backward`` and rebuilds the layout from :meth:`WindowLayout.spec` in the backward.
 """
 
@@ -52,9 +52,9 @@ def check_window(
 ) -> None:
     """The arguments of a window graph of ``num_nodes`` nodes besides ``q``, ``k`` and the key
     mask, checked (by :class:`~heatformer.graph_ops.WindowGraph`,
-    :class:`~heatformer.graph_ops.sharding.ShardedWindowGraph` and the FlexAttention block mask):
-    ``window``, ``num_global``, ``causal``, ``drop`` (``drop_masked_queries``) and ``row_block``
-    (None passes).
+    :class:`~heatformer.graph_ops.window.sharding.ShardedWindowGraph` and the FlexAttention
+    block mask): ``window``, ``num_global``, ``causal``, ``drop`` (``drop_masked_queries``) and
+    ``row_block`` (None passes).
 
     Raises:
         TypeError: a window, ``num_global`` or ``row_block`` that is not an int, flags that
@@ -128,7 +128,7 @@ class WindowLayout:
         q_offset: graph rows before the first row of the queries ``q``: the queries of
             those rows (and of the rows past ``q``'s end) are never read but taken as zeros,
             so that a graph whose first rows are not its own (the halo of a
-            :class:`~heatformer.graph_ops.sharding.ShardedWindowGraph`) needs no padded copy
+            :class:`~heatformer.graph_ops.window.sharding.ShardedWindowGraph`) needs no padded copy
             of ``q``. Their outputs are computed (uniform rows) and meant to be discarded.
         device: where the masks are made.
         key_mask: bool ``(Bf, N)`` or None.

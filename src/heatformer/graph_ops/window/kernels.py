@@ -21,7 +21,7 @@ the weights are recomputed from plain products, as flash attention does:
 ``dq = s dS k_slab`` and ``dk_slab = s dS^T q`` (``s`` the scale), the slab gradients folded back
 onto positions. Memory is ``O(run)`` beyond the inputs and outputs: each run of blocks pads
 and copies only its own rows, and an interior run's mask is one shared ``(b, g + L)`` pattern.
-On the fused path an interior run (:meth:`~heatformer.graph_ops._window_layout.WindowLayout.
+On the fused path an interior run (:meth:`~heatformer.graph_ops.window.layout.WindowLayout.
 interior`) copies nothing: the kernel reads the overlapping slab views of ``k`` and ``x``, and
 the ``g`` global keys, which every interior row attends, are merged in by the log-sum-exp
 (:func:`_interior_forward`; the backward passes the merged output and log-sum-exp to the
@@ -46,7 +46,7 @@ no derivative -- and autograd differentiates its plain products.
 Measured (``benchmarks/bench_versions.py --threads 1 --only "window layer" --clock cpu``:
 window(128) + 1 global token, causal, H = 4, Dh = 64, N = 65536, fwd + bwd, one thread, quiet
 machine): 0.78-0.80 of the CPU time of the code before
-:mod:`~heatformer.graph_ops._window_layout` (dense global row, slab copies, a stacked
+:mod:`~heatformer.graph_ops.window.layout` (dense global row, slab copies, a stacked
 projection gradient); each step's figures are in docs/benchmarks.md.
 
 Measured earlier (``benchmarks/bench_long.py``, window(128) layer of heat heads, t = 1, tol 1e-6,
@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import _torch_compat
-from heatformer.graph_ops._window_layout import Spec, WindowLayout
+from heatformer.graph_ops.window.layout import Spec, WindowLayout
 
 __all__ = ["GradSink", "WindowAttention", "shared", "window_attention"]
 
