@@ -15,7 +15,7 @@ $(VENV)/.installed-base: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[viz]"
+	$(PY) -m pip install -q -e ".[lab]"
 	touch $@
 
 # The tests also cover the integrations: transformers (the hf extra) and timm. timm requires
@@ -24,7 +24,7 @@ $(VENV)/.installed-base: setup.cfg pyproject.toml
 # says; heatformer.integrations.timm.import_timm() imports it with a placeholder for the
 # torchvision names its vision transformers never call.
 $(VENV)/.installed-dev: $(VENV)/.installed-base
-	$(PY) -m pip install -q -e ".[dev,viz,hf,timm]"
+	$(PY) -m pip install -q -e ".[dev,lab,viz,pyg,hf,timm]"
 	$(PY) -m pip install -q --no-deps "timm>=1.0.3"
 	touch $@
 
@@ -97,7 +97,7 @@ $(OLDEST_VENV)/.installed: setup.cfg pyproject.toml $(OLDEST_PINS)
 	@$(OLDEST_PY) -c 'import sys; v = sys.version_info[:2]; v == (3, 10) or print("test-oldest: \
 	no Python 3.10 here (the oldest setup.cfg declares): Python %d.%d instead" % v)'
 	$(OLDEST_PY) -m pip install -q --upgrade pip
-	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) -e ".[dev,viz,hf,timm]"
+	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) -e ".[dev,lab,viz,pyg,hf,timm]"
 	$(OLDEST_PY) -m pip install -q -c $(OLDEST_PINS) --no-deps timm
 	touch $@
 

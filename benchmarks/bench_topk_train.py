@@ -98,7 +98,8 @@ def child(
 
     import torch
 
-    from heatformer.lab import CompareSpec, resolve_task
+    from heatformer.lab.spec import CompareSpec
+    from heatformer.lab.tasks import resolve_task
 
     torch.set_num_threads(1)
     try:
@@ -110,7 +111,8 @@ def child(
     extra = {"activation_checkpointing": True} if checkpointing else {}
 
     def step_at(length: int) -> None:
-        spec = CompareSpec(task="recall", heads=("attention:4",), topk=KINDS[kind],
+        graph = "softmax" if KINDS[kind] is None else f"topk[k={KINDS[kind]}]"
+        spec = CompareSpec(task="recall", heads=("attention:4",), graph=graph,
                            options={"seq_len": length}, **extra)  # fmt: skip
         task = resolve_task("recall")(spec)
         torch.manual_seed(0)

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from heatformer import checks
-from heatformer.lab import Task, TaskOptions, option, register_task
 from heatformer.lab.cli import main as heatformer_main
+from heatformer.lab.tasks import Task, TaskOptions, option, register_task
 from heatformer.models import SequenceClassifier, SequenceClassifierConfig
 
 

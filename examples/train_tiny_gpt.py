@@ -1,7 +1,7 @@
 """Train a tiny byte-level GPT with Laplacian heads on the built-in `chars` corpus.
 
 A plain training loop (nanoGPT style) on the Python standard library's own source code
-(heatformer.lab.load_chars: no download), reporting the validation loss in bits per
+(heatformer.lab.tasks.load_chars: no download), reporting the validation loss in bits per
 character before and after. For the full experiment runner with seeds, resumable runs and
 reports see `heatformer compare --help`.
 
@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from heatformer.lab import load_chars
+from heatformer.lab.tasks import load_chars
 from heatformer.models import GPT, GPTConfig
 
 

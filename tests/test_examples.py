@@ -128,9 +128,9 @@ def test_custom_task_compares_on_a_task_the_library_does_not_have(tmp_path: Path
 @pytest.fixture()
 def custom_task_module() -> Iterator[ModuleType]:
     """examples/custom_task.py imported here (it registers its task; removed afterwards)."""
-    from heatformer.lab import TASKS
+    from heatformer.lab.tasks import TASKS
 
-    before = dict(TASKS)
+    before = list(TASKS)
     spec = importlib.util.spec_from_file_location("custom_task", EXAMPLES / "custom_task.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -140,14 +140,15 @@ def custom_task_module() -> Iterator[ModuleType]:
         yield module
     finally:
         del sys.modules[spec.name]
-        TASKS.clear()
-        TASKS.update(before)
+        for name in [name for name in TASKS if name not in before]:
+            TASKS.unregister(name)
 
 
 def test_custom_task_data_are_what_the_example_defines(custom_task_module: ModuleType) -> None:
     import torch
 
-    from heatformer.lab import CompareSpec, resolve_task
+    from heatformer.lab.spec import CompareSpec
+    from heatformer.lab.tasks import resolve_task
 
     assert resolve_task("majority") is custom_task_module.Majority
     spec = CompareSpec(task="majority", heads=("attention:2",), n_layer=1, n_embd=16,

@@ -19,8 +19,8 @@ HELPERS = {
     "registry",
     "_spec",
     "_atomic",
-    "_progress",
     "_suggest",
+    "_optional",
     "_torch_compat",
     "heatformer",
 }

@@ -100,6 +100,13 @@ def test_the_wheel_carries_license_types_and_metadata(dist: Path) -> None:
     assert metadata["Requires-Python"] == ">=3.10"
     assert "Typing :: Typed" in (metadata.get_all("Classifier") or [])
     assert metadata["Version"] == _version()
+    requires = metadata.get_all("Requires-Dist") or []
+    always = {r.split(">")[0].split("=")[0].strip() for r in requires if "extra ==" not in r}
+    assert always == {"torch", "numpy"}, requires  # the library; everything else an extra
+    lab = {r.split(">")[0].strip() for r in requires if 'extra == "lab"' in r}
+    assert {"scipy", "scikit-learn", "tqdm", "matplotlib", "networkx"} <= lab, requires
+    entry = [n for n in names if n.endswith("entry_points.txt")]
+    assert entry, "no console script"
 
 
 def _version() -> str:

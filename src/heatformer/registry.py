@@ -77,7 +77,7 @@ class Registry(Generic[T]):
         *,
         argument: str,
         base: type,
-        check: Callable[[Any], None] | None = None,
+        check: Callable[[Any], object] | None = None,
         aliases: Mapping[str, str] | None = None,
         case_insensitive: bool = False,
         factory_kwargs: tuple[str, ...] = (),
@@ -87,7 +87,7 @@ class Registry(Generic[T]):
         self.aliases = dict(aliases or {})
         self.case_insensitive = case_insensitive
         self.factory_kwargs = factory_kwargs
-        self._checks: list[Callable[[Any], None]] = [self._check_examples] if examples else []
+        self._checks: list[Callable[[Any], object]] = [self._check_examples] if examples else []
         self._checks += [check] if check is not None else []
         self._entries: dict[str, T] = {}
 
@@ -121,7 +121,7 @@ class Registry(Generic[T]):
         self._entries[name] = cls
         return cls
 
-    def add_check(self, check: Callable[[Any], None]) -> None:
+    def add_check(self, check: Callable[[Any], object]) -> None:
         """Add a check that every entry must pass: run now on the registered ones, and at the
         registration of every later one (a rule that another part of the code owns, e.g. the
         lab's: no task option may share a name with a spec field)."""
@@ -140,8 +140,8 @@ class Registry(Generic[T]):
         if not isinstance(name, str) or not _NAME.match(name):
             raise V.bad_value(
                 self.argument,
-                f"{self.kind} {cls.__name__}: expected a name such as 'parity' (a letter or '_', "
-                f"then letters, digits, '_' or '-'), got {name!r}",
+                f"{self.kind} {cls.__name__}: expected a name such as 'parity', got {name!r} (a "
+                "letter or '_', then letters, digits, '_' or '-')",
             )
         if self.case_insensitive and name != name.lower():
             raise V.bad_value(
@@ -179,7 +179,7 @@ class Registry(Generic[T]):
 
     def __setitem__(self, name: str, cls: T) -> None:
         raise TypeError(
-            f"{self.kind}s are added with .register(cls), which checks them (_name_of(cls) is the "
+            f"{self.kind}s are added with .register(cls), which checks them (cls.name is the "
             f"key), not by assignment"
         )
 
@@ -206,7 +206,7 @@ class Registry(Generic[T]):
         if key in self._entries:
             return self._entries[key]
         if not self.aliases:
-            V.check_choice(self.argument, key, list(self._entries), context=context)
+            V.check_choice(self.argument, key, sorted(self._entries), context=context)
         hint = did_you_mean(key, [*self._entries, *self.aliases])
         raise V.bad_value(
             self.argument,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heatformer.lab import (
+from heatformer.lab.tasks import (
     TASK_NAMES,
     CharsTask,
     DigitsTask,

@@ -28,8 +28,9 @@ from heatformer._atomic import LOCK_NAME, FolderInUse, FolderLock, holds_lock
 from heatformer.lab.checkpoint import remove_stale_temporaries
 from heatformer.lab.cli import main
 from heatformer.lab.compare import INVOCATIONS_NAME, run_compare
+from heatformer.lab.resume import CHECKPOINT_NAME
 from heatformer.lab.spec import CompareSpec
-from heatformer.lab.trainer import CHECKPOINT_NAME, TrainingInterrupted
+from heatformer.lab.stop import TrainingInterrupted
 
 fcntl = pytest.importorskip("fcntl")
 

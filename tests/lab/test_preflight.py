@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from heatformer.graph_ops import resolve_graph
-from heatformer.lab import CompareSpec, preflight
+from heatformer.lab import preflight
 from heatformer.lab.cli import main
 from heatformer.lab.compare import validate_spec
 from heatformer.lab.preflight import (
@@ -35,6 +35,7 @@ from heatformer.lab.preflight import (
     evaluations_per_run,
     plan_time,
 )
+from heatformer.lab.spec import CompareSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +45,8 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from heatformer.lab.cli import main
-from heatformer.lab import CompareSpec, preflight
+from heatformer.lab.spec import CompareSpec
+from heatformer.lab import preflight
 from heatformer.lab.compare import validate_spec
 from heatformer.lab.cli._heap import fix_mmap_threshold
 from heatformer.lab.trainer import train_run
@@ -77,7 +79,7 @@ CASES = {
     "chars heat": {"task": "chars", "n_layer": 2, "heads": ["attention:2,heat:2"],
                    "options": {"eval_size": 64}},  # c_op
 }  # fmt: skip
-TOPK = {"task": "recall", "n_layer": 2, "topk": 16,
+TOPK = {"task": "recall", "n_layer": 2, "graph": "topk[k=16]",
         "options": {"seq_len": 256, "eval_size": 32, "analysis_size": 32}}  # fmt: skip
 STEPS = {"steps": 4, "eval_every": 4}
 
@@ -174,7 +176,7 @@ def test_estimate_grows_linearly_in_batch_and_edges() -> None:
     one, two = (estimate_memory(task, "attention", batch_size=b).training for b in (8, 16))
     assert two == pytest.approx(2 * one, rel=1e-6)
     soft = estimate_memory(task, "attention").training
-    topk = estimate_memory(validate_spec(CompareSpec(task="recall", topk=16, options={
+    topk = estimate_memory(validate_spec(CompareSpec(task="recall", graph="topk[k=16]", options={
         "seq_len": 64, "eval_size": 8}, analysis=False)), "attention").training  # fmt: skip
     # 4 layers x 4 heads x 16 edges x 21 bytes per token
     assert topk - soft == pytest.approx(32 * 64 * 4 * 4 * 16 * 21, rel=1e-3)
@@ -190,7 +192,7 @@ def test_checkpointed_estimate_keeps_the_inputs_and_one_layer() -> None:
             validate_spec(
                 CompareSpec(
                     task="recall",
-                    topk=16,
+                    graph="topk[k=16]",
                     options=options,
                     analysis=False,
                     activation_checkpointing=on,

@@ -16,18 +16,13 @@ import pytest
 import torch
 from torch import nn
 
-from heatformer.lab import RecallTask, Task, resolve_task
 from heatformer.lab.checkpoint import load_checkpoint, save_checkpoint
 from heatformer.lab.compare import analyze, run_compare
+from heatformer.lab.resume import CHECKPOINT_NAME
 from heatformer.lab.spec import CompareSpec
-from heatformer.lab.trainer import (
-    CHECKPOINT_NAME,
-    RESULT_NAME,
-    StopRequested,
-    StopSignal,
-    TrainingDiverged,
-    TrainingInterrupted,
-)
+from heatformer.lab.stop import StopRequested, StopSignal, TrainingInterrupted
+from heatformer.lab.tasks import RecallTask, Task, resolve_task
+from heatformer.lab.trainer import RESULT_NAME, TrainingDiverged
 
 SpecFactory = Callable[..., CompareSpec]
 
@@ -563,71 +558,16 @@ def test_analyze_keeps_the_training_environment_and_wall_time(
 
 # ----------------------------------------------------------------------------- old folders
 
-#: ``spec.json`` of a ``heatformer train --stop-at-step`` folder written by heatformer 0.1.0
-#: (task options at the top level, for every task alike; no graph field), as it was on disk.
-LEGACY_SPECS = {
-    "chars": {
-        "task": "chars", "heads": ["attention:2"], "seeds": [0], "steps": 4, "batch_size": 4,
-        "lr": 0.001, "weight_decay": 0.01, "warmup_steps": 0, "min_lr_ratio": 0.1,
-        "grad_clip": 1.0, "eval_every": 2, "ckpt_every": 2, "seq_len": 16, "n_layer": 2,
-        "n_head": None, "n_embd": 16, "topk": None, "dropout": 0.0, "patch_size": 2,
-        "text": "CORPUS", "npz": None, "max_bytes": 2000000, "eval_size": 4, "analysis": True,
-        "analysis_size": 4, "device": "cpu", "bf16": False, "compile": False, "name": "",
-    },
-    "digits": {
-        "task": "digits", "heads": ["attention:2"], "seeds": [0], "steps": 2, "batch_size": 4,
-        "lr": 0.001, "weight_decay": 0.01, "warmup_steps": 0, "min_lr_ratio": 0.1,
-        "grad_clip": 1.0, "eval_every": 1, "ckpt_every": 1, "seq_len": None, "n_layer": 1,
-        "n_head": None, "n_embd": 16, "topk": 5, "dropout": 0.0, "patch_size": 4, "text": None,
-        "npz": None, "max_bytes": 2000000, "eval_size": 128, "analysis": True,
-        "analysis_size": 512, "device": "cpu", "bf16": False, "compile": False, "name": "",
-    },
-}  # fmt: skip
 
-
-def _legacy_key(spec: dict, heads: str, seed: int) -> dict:
-    """The run key heatformer 0.1.0 wrote into a checkpoint (its spec fingerprint)."""
-    dropped = ("name", "heads", "seeds", "device", "compile", "analysis", "analysis_size")
-    return {"spec": {k: v for k, v in spec.items() if k not in dropped}, "heads": heads,
-            "seed": seed}  # fmt: skip
-
-
-@pytest.mark.parametrize("task", ["chars", "digits"])
-def test_a_folder_written_by_0_1_0_resumes_to_the_same_numbers(
-    task: str, corpus: Path, tmp_path: Path
-) -> None:
-    legacy = {**LEGACY_SPECS[task]}
-    if legacy["text"] == "CORPUS":
-        legacy["text"] = str(corpus)
-    spec = CompareSpec.from_dict(legacy)  # task options moved into options, others dropped
-    assert spec.task == task and spec.graph == "softmax"
-    if task == "chars":
-        assert spec.options.seq_len == 16 and spec.options.text == str(corpus)
-        assert (spec.options.eval_size, spec.options.analysis_size) == (4, 4)
-    else:
-        assert (spec.options.patch_size, spec.options.analysis_size, spec.topk) == (4, 512, 5)
-    reference = run_compare(spec, tmp_path / "ref").results["runs"]
-
-    out = tmp_path / "old"
-    with pytest.raises(TrainingInterrupted) as info:
-        run_compare(spec, out, stop_at_step=1)
-    (out / "spec.json").write_text(json.dumps({"spec": legacy, "created": "2026-11-30"}))
-    path = info.value.run_dir / CHECKPOINT_NAME
-    state = load_checkpoint(path)
-    state["key"] = _legacy_key(legacy, "attention:2", 0)  # as 0.1.0 wrote it
-    save_checkpoint(path, {k: v for k, v in state.items() if k != "format"})
-
-    resumed = run_compare(CompareSpec.from_dict(legacy), out, resume=True).results
-    assert [r["train_loss"] for r in resumed["runs"]] == [r["train_loss"] for r in reference]
-    assert [r["final"] for r in resumed["runs"]] == [r["final"] for r in reference]
-    assert resumed["spec"]["options"] == spec.options.__dict__  # the report: today's layout
-    # a checkpoint key of 0.1.0 is still told apart from another configuration's
-    state["key"]["spec"]["lr"] = 0.5
-    run_dir = info.value.run_dir
-    (run_dir / RESULT_NAME).unlink()
-    save_checkpoint(path, {k: v for k, v in state.items() if k != "format"})
-    with pytest.raises(ValueError, match=r"lr: saved 0\.5, now 0\.001"):
-        run_compare(CompareSpec.from_dict(legacy), out, resume=True)
+def test_a_spec_of_0_1_0_is_refused_with_the_fields_it_has() -> None:
+    """0.1.0 (never published) kept the task options at the top level; no reader of that
+    layout is kept, so its ``spec.json`` is refused naming the fields, not half-read."""
+    legacy = {"task": "chars", "heads": ["attention:2"], "seq_len": 16, "topk": None}
+    with pytest.raises(ValueError, match=r"^spec: unknown fields \['seq_len'\]"):
+        CompareSpec.from_dict(legacy)
+    with pytest.raises(ValueError, match=r"^topk: expected graph='topk\[k=5\]' instead"):
+        CompareSpec.from_dict({"task": "chars", "topk": 5})
+    assert CompareSpec.from_dict({"task": "chars", "topk": None}) == CompareSpec(task="chars")
 
 
 def test_default_eval_every_is_the_specs(tiny_spec: SpecFactory, tmp_path: Path) -> None:
@@ -650,7 +590,7 @@ def test_task_must_be_a_task(tmp_path: Path) -> None:
     before a folder is written."""
     data = RecallTask(seq_len=40)
     with pytest.raises(
-        TypeError, match=r"^task: expected a heatformer.lab.Task or None, got RecallTask"
+        TypeError, match=r"^task: expected a heatformer.lab.tasks.Task or None, got RecallTask"
     ):
         run_compare(CompareSpec(task="recall", device="cpu"), tmp_path / "out", task=data)  # type: ignore[arg-type]
     assert not (tmp_path / "out").exists()

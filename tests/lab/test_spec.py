@@ -12,66 +12,8 @@ from hypothesis import strategies as st
 
 from heatformer.lab.folder import run_name
 from heatformer.lab.report import aggregate, format_table, mean_std
-from heatformer.lab.spec import (
-    PRESETS,
-    CompareSpec,
-    check_heads,
-    infer_num_heads,
-    parse_seeds,
-    split_layers,
-)
+from heatformer.lab.spec import PRESETS, CompareSpec, parse_seeds
 from heatformer.lab.tasks import resolve_task
-
-# ----------------------------------------------------------------------------- schedules
-
-
-def test_split_layers_keeps_brackets_and_accepts_both_separators() -> None:
-    assert split_layers(" attention:6,laplacian:2 ") == "attention:6,laplacian:2"
-    assert split_layers("attention:4;attention:2,laplacian:2") == (
-        "attention:4",
-        "attention:2,laplacian:2",
-    )
-    assert split_layers("attention:4|heat[t=0.5;normalization=sym]:4") == (
-        "attention:4",
-        "heat[t=0.5;normalization=sym]:4",
-    )
-    with pytest.raises(ValueError, match="non-empty spec between every ';'"):
-        split_layers("attention:4;;attention:4")
-
-
-@pytest.mark.parametrize(
-    ("heads", "expected"),
-    [("attention:6,heat:2", 8), ("attention", 4), ("laplacian[normalization=sym]:3", 3),
-     ("attention;attention:2,laplacian:2", 4)],
-)  # fmt: skip
-def test_infer_num_heads(heads: str, expected: int) -> None:
-    assert infer_num_heads(heads) == expected
-
-
-@pytest.mark.parametrize(
-    ("heads", "kwargs", "message"),
-    [
-        ("laplacain:2", {}, "unknown operator 'laplacain'.*'attention', 'center', 'heat'"),
-        ("attention:two", {}, "positive head count"),
-        ("attention:0", {}, "positive head count"),
-        ("attention:4;attention:4", {"n_layer": 3}, "expected 3 layer specs"),
-        ("attention:4;attention:2", {"n_layer": 2}, "same number of heads in every layer"),
-        ("attention:6,laplacian:2", {"n_head": 4}, "summing to n_head=4, got 8"),
-        ("heat[t=-1]:4", {}, "t: expected a finite value >= 0"),
-        ("attention:2 laplacian:2", {}, "expected entries like"),
-        ("", {}, "non-empty schedule"),
-    ],
-)
-def test_check_heads_refuses_bad_schedules(heads: str, kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        check_heads(heads, n_layer=kwargs.get("n_layer", 4), n_head=kwargs.get("n_head"))
-
-
-def test_check_heads_accepts_good_schedules() -> None:
-    check_heads("attention:6,laplacian:2", n_layer=4)
-    check_heads("attention:4;attention:2,laplacian:2", n_layer=2, n_head=4)
-    check_heads("attention:2,heat[t=0.5]:1,ppr:1", n_layer=1)
-    check_heads("pagerank:4", n_layer=1)  # alias
 
 
 def test_run_names_are_unique_and_filesystem_safe() -> None:
@@ -140,28 +82,34 @@ def test_spec_refuses_nan_and_non_positive_values(field: str, value: float, mess
 @pytest.mark.parametrize(
     ("task", "seq_len", "limit"), [("chars", 32, 32), ("chars", None, 128), ("recall", 16, 16)]
 )
-def test_topk_is_at_most_the_sequence_length(task: str, seq_len: int | None, limit: int) -> None:
+def test_a_topk_graph_is_at_most_the_sequence_length(
+    task: str, seq_len: int | None, limit: int
+) -> None:
+    """The graph kind's own check (the command line names ``--topk`` when the user wrote the
+    shorthand: tests/test_cli.py)."""
     options = {} if seq_len is None else {"seq_len": seq_len}
-    assert CompareSpec(task=task, options=options, topk=limit).topk == limit  # k = N: dense
+    assert CompareSpec(task=task, options=options, graph=f"topk[k={limit}]").graph == (
+        f"topk[k={limit}]"
+    )  # k = N: dense
     message = (
-        f"topk: topk[k={limit + 1}]: expected k at most the {limit} tokens a sequence can "
+        f"graph: topk[k={limit + 1}]: expected k at most the {limit} tokens a sequence can "
         f"hold, got {limit + 1}"
-    )  # the graph kind's own check, naming the option the user gave
+    )
     with pytest.raises(ValueError, match=re.escape(message)) as info:
-        CompareSpec(task=task, options=options, topk=limit + 1)
-    assert info.value.argument == "topk"  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match=re.escape(f"graph: topk[k={limit + 1}]: expected k")):
         CompareSpec(task=task, options=options, graph=f"topk[k={limit + 1}]")
+    assert info.value.argument == "graph"  # type: ignore[attr-defined]
 
 
-def test_topk_of_a_vit_is_at_most_its_tokens() -> None:
-    task = resolve_task("digits")(CompareSpec(task="digits", options={"patch_size": 4}, topk=5))
+def test_a_topk_graph_of_a_vit_is_at_most_its_tokens() -> None:
+    spec = CompareSpec(task="digits", options={"patch_size": 4}, graph="topk[k=5]")
+    task = resolve_task("digits")(spec)
     model = task.build_model("attention")  # 4 patches + cls
-    assert model.blocks[0].attn.topk == 5
+    assert model.blocks[0].attn.graph_kind.spec == "topk[k=5]"
     assert model(task.data.test_images[:3]).shape == (3, 10)  # k = N tokens runs
-    message = "topk: expected at most the 5 tokens a sequence can hold"  # the ViT config's
+    message = "graph: topk[k=6]: expected k at most the 5 tokens a sequence can hold"
     with pytest.raises(ValueError, match=re.escape(message)):  # refused when the task loads
-        resolve_task("digits")(CompareSpec(task="digits", options={"patch_size": 4}, topk=6))
+        resolve_task("digits")(CompareSpec(task="digits", options={"patch_size": 4},
+                                           graph="topk[k=6]"))  # fmt: skip
 
 
 def test_fingerprint_ignores_runtime_fields_only() -> None:

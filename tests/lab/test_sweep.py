@@ -23,9 +23,9 @@ from heatformer.lab.report import (
     paired_difference,
     t_interval,
 )
-from heatformer.lab.spec import CompareSpec, check_heads
+from heatformer.lab.spec import CompareSpec
 from heatformer.lab.sweep import baseline_heads, expand_sweep, find_sweeps
-from heatformer.models.heads import format_operator
+from heatformer.models.heads import check_heads, format_operator
 
 SpecFactory = Callable[..., CompareSpec]
 

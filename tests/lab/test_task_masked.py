@@ -9,9 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from heatformer.lab import CharsTask, CompareSpec, load_chars, resolve_task
 from heatformer.lab.compare import run_compare
-from heatformer.lab.tasks import TASKS, MaskedChars, MaskedCharsOptions, options_by_name
+from heatformer.lab.spec import CompareSpec
+from heatformer.lab.tasks import (
+    TASKS,
+    CharsTask,
+    MaskedChars,
+    MaskedCharsOptions,
+    load_chars,
+    options_by_name,
+    resolve_task,
+)
 from heatformer.lab.tasks.masked import MASK_ID, mask_bytes
 from heatformer.models import GPT, GPTConfig
 

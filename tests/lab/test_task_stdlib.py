@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from heatformer.lab import CompareSpec, resolve_task
 from heatformer.lab.compare import run_compare
+from heatformer.lab.spec import CompareSpec
 from heatformer.lab.tasks import (
     TASKS,
     Stdlib,
@@ -22,6 +22,7 @@ from heatformer.lab.tasks import (
     load_stdlib_task,
     load_task,
     options_by_name,
+    resolve_task,
 )
 from heatformer.lab.tasks._corpus import hash_fraction, stdlib_source_root
 

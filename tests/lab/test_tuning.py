@@ -21,9 +21,9 @@ from heatformer.checks import ArgumentValueError
 from heatformer.lab.cli import main
 from heatformer.lab.compare import validate_spec
 from heatformer.lab.report import many_to_one, primary_endpoints
+from heatformer.lab.resume import load_run_checkpoint
 from heatformer.lab.spec import CompareSpec
 from heatformer.lab.sweep import expand_sweep, find_sweeps
-from heatformer.lab.trainer import load_run_checkpoint
 from heatformer.lab.tuning import (
     VALIDATION,
     format_selection,

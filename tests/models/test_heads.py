@@ -23,6 +23,7 @@ from heatformer.models import (
     parse_heads,
     parse_layer_heads,
 )
+from heatformer.models.heads import HeadSchedule, check_heads, infer_num_heads, split_schedule
 
 
 def names(ops) -> list[str]:
@@ -169,3 +170,71 @@ def test_every_registered_operator_has_a_reference(name) -> None:
         np.testing.assert_allclose(
             mh.operator_ref(op, p, v, 0), mh.spectral_ref(op, graph, v), atol=1e-8
         )
+
+
+# ------------------------------------------------ schedules, parsed once (from the lab's spec)
+
+
+def test_split_layers_keeps_brackets_and_accepts_both_separators() -> None:
+    assert split_schedule(" attention:6,laplacian:2 ") == "attention:6,laplacian:2"
+    assert split_schedule("attention:4;attention:2,laplacian:2") == (
+        "attention:4",
+        "attention:2,laplacian:2",
+    )
+    assert split_schedule("attention:4|heat[t=0.5;normalization=sym]:4") == (
+        "attention:4",
+        "heat[t=0.5;normalization=sym]:4",
+    )
+    with pytest.raises(ValueError, match="non-empty spec between every ';'"):
+        split_schedule("attention:4;;attention:4")
+
+
+@pytest.mark.parametrize(
+    ("heads", "expected"),
+    [("attention:6,heat:2", 8), ("attention", 4), ("laplacian[normalization=sym]:3", 3),
+     ("attention;attention:2,laplacian:2", 4)],
+)  # fmt: skip
+def test_infer_num_heads(heads: str, expected: int) -> None:
+    assert infer_num_heads(heads) == expected
+
+
+@pytest.mark.parametrize(
+    ("heads", "kwargs", "message"),
+    [
+        ("laplacain:2", {}, "unknown operator 'laplacain'.*'attention', 'center', 'heat'"),
+        ("attention:two", {}, "positive head count"),
+        ("attention:0", {}, "positive head count"),
+        ("attention:4;attention:4", {"n_layer": 3}, "expected 3 layer specs"),
+        ("attention:4;attention:2", {"n_layer": 2}, "same number of heads in every layer"),
+        ("attention:6,laplacian:2", {"n_head": 4}, "summing to n_head=4, got 8"),
+        ("heat[t=-1]:4", {}, "t: expected a finite value >= 0"),
+        ("attention:2 laplacian:2", {}, "expected entries like"),
+        ("", {}, "non-empty schedule"),
+    ],
+)
+def test_check_heads_refuses_bad_schedules(heads: str, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_heads(heads, n_layer=kwargs.get("n_layer", 4), n_head=kwargs.get("n_head"))
+
+
+def test_check_heads_accepts_good_schedules() -> None:
+    check_heads("attention:6,laplacian:2", n_layer=4)
+    check_heads("attention:4;attention:2,laplacian:2", n_layer=2, n_head=4)
+    check_heads("attention:2,heat[t=0.5]:1,ppr:1", n_layer=1)
+    check_heads("pagerank:4", n_layer=1)  # alias
+
+
+def test_a_schedule_is_parsed_once_into_what_a_config_takes() -> None:
+    per_layer = HeadSchedule.parse("attention:4;attention:2,laplacian:2", n_layer=2)
+    assert (per_layer.config_heads, per_layer.num_heads) == (
+        ("attention:4", "attention:2,laplacian:2"),
+        4,
+    )
+    every = check_heads(" attention:6,heat:2 ", n_layer=3)
+    assert (every.config_heads, every.num_heads, every.n_layer, str(every)) == (
+        "attention:6,heat:2",
+        8,
+        3,
+        " attention:6,heat:2 ",
+    )
+    assert check_heads("attention", n_layer=1, n_head=2).num_heads == 2

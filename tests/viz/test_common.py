@@ -33,7 +33,7 @@ DEMO = Path(heatformer.lab.demo.__file__).parent
 
 def test_missing_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
-    with pytest.raises(ImportError, match=r"pip install heatformer\[viz\]"):
+    with pytest.raises(ImportError, match=r"pip install 'heatformer\[viz\]'"):
         require_matplotlib()
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer._optional import require
 from heatformer.graph_ops._precision import accumulation_dtype
 from heatformer.graph_ops.protocol import Graph
 
@@ -95,7 +96,6 @@ class DenseGraph(Graph):
             weight: edge attribute holding the weight (missing = 1).
             dtype: floating dtype (default: torch's default dtype).
         """
-        import networkx as nx
-
+        nx = require("networkx", feature="DenseGraph.from_networkx")
         a = nx.to_numpy_array(graph, weight=weight)
         return cls(torch.as_tensor(a, dtype=dtype or torch.get_default_dtype()))

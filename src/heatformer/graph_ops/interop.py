@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer._optional import require
 from heatformer.graph_ops.dense import DenseGraph
 from heatformer.graph_ops.protocol import Graph
 
@@ -61,8 +62,7 @@ def to_networkx(graph: Graph, index: Index = None) -> nx.DiGraph:
 
     Edge ``i -> j`` carries ``W[i, j]`` (for attention: query ``i`` attends to key ``j``).
     """
-    import networkx as nx
-
+    nx = require("networkx", feature="to_networkx")
     w = single_graph(graph, index).cpu().double().numpy()
     g = nx.DiGraph()
     g.add_nodes_from(range(w.shape[0]))
@@ -75,9 +75,8 @@ def to_networkx(graph: Graph, index: Index = None) -> nx.DiGraph:
 
 def to_scipy(graph: Graph, index: Index = None) -> scipy.sparse.csr_array:
     """One graph of the batch as a :class:`scipy.sparse.csr_array` (row ``i`` = out-edges)."""
-    import scipy.sparse
-
-    return scipy.sparse.csr_array(single_graph(graph, index).cpu().numpy())
+    sparse = require("scipy.sparse", feature="to_scipy")
+    return sparse.csr_array(single_graph(graph, index).cpu().numpy())
 
 
 def to_pyg(graph: Graph, index: Index = None, *, flow: str = "target_to_source") -> Any:
@@ -89,7 +88,7 @@ def to_pyg(graph: Graph, index: Index = None, *, flow: str = "target_to_source")
     layers' default flow, ``[col; row]``). A default PyG layer on the default edges computes
     ``W^T x``.
     """
-    from torch_geometric.data import Data
+    Data = require("torch_geometric.data", feature="to_pyg").Data
 
     sub = DenseGraph(single_graph(graph, index))
     edge_index, edge_weight = sub.to_edge_index(flow)

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer._optional import require
 from heatformer.graph_ops._csr import CSRStructure, TransposeCache, csr_matmul, index_dtype
 from heatformer.graph_ops._precision import accumulation_dtype
 from heatformer.graph_ops.protocol import Graph, _fold, _numel, _safe_reciprocal
@@ -281,8 +282,8 @@ class SparseGraph(Graph):
             weight: edge attribute holding the weight (missing = 1).
             dtype: floating dtype (default: torch's default dtype).
         """
-        import networkx as nx
-
+        nx = require("networkx", feature="SparseGraph.from_networkx")
+        require("scipy", feature="SparseGraph.from_networkx")  # networkx's sparse arrays
         matrix = nx.to_scipy_sparse_array(graph, weight=weight, format="csr")
         return cls.from_scipy(matrix, dtype=dtype or torch.get_default_dtype())
 

@@ -55,7 +55,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heatformer._progress import Progress
 from heatformer.checks import bad_type, bad_value
 from heatformer.lab.checkpoint import atomic_write_json, hold_folder, read_json
 from heatformer.lab.distributed import DistContext, resolve_device
@@ -69,6 +68,7 @@ from heatformer.lab.folder import (
     run_name,
     total_time,
 )
+from heatformer.lab.progress import Progress
 from heatformer.lab.report import (
     add_paired,
     aggregate,
@@ -77,21 +77,20 @@ from heatformer.lab.report import (
     primary_endpoints,
     write_csv,
 )
+from heatformer.lab.resume import ModelFactory, load_run_checkpoint
 from heatformer.lab.spec import SPEC_NAME, CompareSpec
+from heatformer.lab.stop import StopSignal, TrainingInterrupted
 from heatformer.lab.sweep import baseline_heads, find_sweeps
 from heatformer.lab.tasks import Task, resolve_task
+from heatformer.lab.tasks.base import VALIDATION
 from heatformer.lab.trainer import (
     RESULT_NAME,
-    ModelFactory,
-    StopSignal,
     TrainingDiverged,
-    TrainingInterrupted,
     analyze_run,
     is_finished,
-    load_run_checkpoint,
     train_run,
 )
-from heatformer.lab.tuning import VALIDATION, select, setting_label, settings
+from heatformer.lab.tuning import select, setting_label, settings
 
 __all__ = [
     "INVOCATIONS_NAME",
@@ -205,7 +204,9 @@ def _check_task(task: object) -> Task | None:
     """``task`` if it is a :class:`Task` or None (the task's data go in ``data=``)."""
     if task is None or isinstance(task, Task):
         return task
-    raise bad_type("task", f"expected a heatformer.lab.Task or None, got {type(task).__name__}")
+    raise bad_type(
+        "task", f"expected a heatformer.lab.tasks.Task or None, got {type(task).__name__}"
+    )
 
 
 def _selected(
@@ -324,7 +325,7 @@ def run_compare(
         stop: a stop flag (set by Ctrl-C via :meth:`StopSignal.installed`).
         stop_at_step: stop every run at this step, as if interrupted (tests).
         progress: report progress on stderr, overall and per run (rank 0 only; see
-            :mod:`heatformer._progress`: bars on a terminal, plain lines otherwise).
+            :mod:`heatformer.lab.progress`: bars on a terminal, plain lines otherwise).
         model_factory: builds a model from ``(task, heads)``; default the reference
             model of the task.
         task: the task, already made by :func:`validate_spec` (skips loading and checking).
@@ -479,7 +480,7 @@ def analyze(
             reference model.
         data: the task's data, prebuilt (tests).
         device: where to run the models.
-        progress: report progress on stderr (see :mod:`heatformer._progress`).
+        progress: report progress on stderr (see :mod:`heatformer.lab.progress`).
         task: the task, already made for this folder's spec (skips loading its data).
         analysis: new values of the spec's analysis options, by name (``{"analysis_split":
             "train"}``); ``None`` or empty keeps the folder's.

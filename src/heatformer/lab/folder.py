@@ -7,6 +7,8 @@ described there.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 import re
@@ -63,7 +65,16 @@ def load_spec(out_dir: str | Path) -> CompareSpec:
         raise FileNotFoundError(
             f"{out_dir}: expected a comparison folder holding {SPEC_NAME}, found none"
         )
-    return CompareSpec.from_dict(read_json(path)["spec"])
+    data = read_json(path)
+    return _spec_of(json.dumps(data["spec"], sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _spec_of(text: str) -> CompareSpec:
+    """The spec of a ``spec.json``'s ``"spec"`` entry (canonical JSON text), validated once:
+    a spec is a function of that text, and a resume reads the file three times (the command,
+    the checks before the folder's lock and under it)."""
+    return CompareSpec.from_dict(json.loads(text))
 
 
 def _leftovers(out_dir: Path) -> list[str]:

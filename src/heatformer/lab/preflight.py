@@ -36,7 +36,7 @@ examples of one evaluation or analysis pass:
   one layer's values at a time under ``no_grad`` (its input, ``q, k, v``, the heads' output,
   the MLP's hidden layer before and after GELU), and the logits, for the evaluation and the
   analysis passes, which run ``B_e`` examples at a time (the larger of their batches, in
-  slices of :attr:`~heatformer.lab.Task.sequences_per_pass`).
+  slices of :attr:`~heatformer.lab.tasks.Task.sequences_per_pass`).
 - ``R_0 = 64 MiB``: what the first run loads and keeps whatever the model (kernels, lazily
   imported modules, caches, the code pages of torch's libraries it touches). It depends on the
   machine more than the rest: measured here, a first run peaks 26-41 MiB above a second run of
@@ -194,7 +194,7 @@ def _logits_shape(task: Task, model: nn.Module) -> tuple[int, int]:
 
 def _pass_size(task: Task) -> int:
     """``B_e``: examples per no-grad pass -- the larger of the first evaluation batch and the
-    analysis batch, in slices of at most :attr:`~heatformer.lab.Task.
+    analysis batch, in slices of at most :attr:`~heatformer.lab.tasks.Task.
     sequences_per_pass`."""
     inputs, _ = next(iter(task.eval_batches()))
     largest = max(inputs.shape[0], task.analysis_batch()[0].shape[0] if task.spec.analysis else 0)
@@ -272,7 +272,7 @@ def time_steps(
     """
     import torch
 
-    from heatformer.lab.trainer import backward_pass, build_optimizer, optimizer_step
+    from heatformer.lab.step import backward_pass, build_optimizer, optimizer_step
 
     spec = task.spec
     if steps < 1:

@@ -65,13 +65,6 @@ def _run_key(task: Task, heads: str, seed: int) -> dict[str, Any]:
     return {"spec": task.spec.fingerprint(), "heads": heads, "seed": seed}
 
 
-def _upgraded_key(saved: Any) -> Any:
-    """A saved run key with its spec fingerprint in today's form (older checkpoints)."""
-    if isinstance(saved, dict) and isinstance(saved.get("spec"), dict):
-        return {**saved, "spec": CompareSpec.upgrade_fingerprint(saved["spec"])}
-    return saved
-
-
 def _describe_mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str:
     diffs = []
     for key in sorted(set(saved) | set(now)):
@@ -86,9 +79,6 @@ def _describe_mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str:
 
 def load_run_checkpoint(task: Task, heads: str, seed: int, run_dir: Path) -> dict[str, Any] | None:
     """The checkpoint of an unfinished run, checked against the run it should continue.
-
-    Checkpoints written by heatformer 0.1.0 (task options at the top level of the key) are
-    compared in today's form (:meth:`CompareSpec.upgrade_fingerprint`).
 
     Args:
         task: the task (holds the resolved spec).
@@ -106,7 +96,7 @@ def load_run_checkpoint(task: Task, heads: str, seed: int, run_dir: Path) -> dic
     path = Path(run_dir) / CHECKPOINT_NAME
     saved = load_checkpoint(path)
     key = _run_key(task, heads, seed)
-    saved_key = _upgraded_key(saved.get("key")) if saved is not None else None
+    saved_key = saved.get("key") if saved is not None else None
     if saved is not None and saved_key != key:
         mismatch = _describe_mismatch(saved_key if isinstance(saved_key, dict) else {}, key)
         raise ValueError(

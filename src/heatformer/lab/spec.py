@@ -6,8 +6,9 @@ for every configuration. Everything that determines the numbers lives in one fro
 :class:`CompareSpec`, which is stored as ``spec.json`` in the run folder, so
 ``--resume`` and ``heatformer analyze`` rebuild exactly what ran.
 
-Head schedules are strings, turned into model arguments only here (the CLI/config
-boundary):
+Head schedules are strings in the spec (and in ``spec.json``), parsed and checked once, when
+the spec is made, into :class:`~heatformer.models.heads.HeadSchedule` objects
+(:meth:`CompareSpec.schedule`) that the tasks build their models from:
 
 - ``"attention:6,laplacian:2"`` -- the same heads in every layer; the counts sum to the
   number of heads per layer. A bare ``"attention"`` means all heads. Operator
@@ -18,26 +19,30 @@ boundary):
   The number of layer specs must equal ``n_layer``.
 
 Graph kinds (``graph``) use the same syntax: ``"topk[k=32]"`` in every layer, or
-``"topk[k=8];softmax"`` one per layer (see :data:`heatformer.graph_ops.GRAPHS`); ``topk=K``
-is shorthand for ``graph="topk[k=K]"``. The options of the chosen task (``seq_len``,
-``text``, ...) live in ``options``; each task declares them, with their defaults, in its
-module (:mod:`heatformer.lab.tasks`).
+``"topk[k=8];softmax"`` one per layer (see :data:`heatformer.graph_ops.GRAPHS`); the command
+line's ``--topk K`` is shorthand for ``graph="topk[k=K]"``. The options of the chosen task
+(``seq_len``, ``text``, ...) live in ``options``; each task declares them, with their
+defaults, in its module (:mod:`heatformer.lab.tasks`).
+
+A spec is validated once, when it is made: :meth:`CompareSpec.resolved` fills in the derived
+fields without validating again, and the runner passes the one spec (or, per optimiser
+setting, one per run) down to the task, the trainer and the checkpoints.
 
 This module imports no torch at import time (the models and the data are imported inside
 the functions that need them): the command line reads the defaults of :class:`CompareSpec`
 and the :data:`PRESETS` for its help pages before torch is loaded.
 
 Examples:
-    >>> split_layers("attention:4;attention:2,laplacian:2")
+    >>> spec = CompareSpec(heads=("attention:4;attention:2,laplacian:2",), n_layer=2)
+    >>> spec.schedule(spec.heads[0]).config_heads
     ('attention:4', 'attention:2,laplacian:2')
-    >>> infer_num_heads("attention:6,heat:2")
-    8
     >>> parse_seeds("3"), parse_seeds("4,7")
     ((0, 1, 2), (4, 7))
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
@@ -52,20 +57,20 @@ from heatformer.checks import (
     check_choice,
     check_int,
     check_positive_int,
-    resolve_topk,
 )
+from heatformer.lab.tasks import TASKS, options_by_name
+from heatformer.lab.tasks.base import Task
+from heatformer.lab.tasks.options import TaskOptions
+from heatformer.lab.tuning import check_study
 
 if TYPE_CHECKING:
-    from heatformer.lab.tasks.base import TaskOptions
+    from heatformer.models.heads import HeadSchedule
 
 __all__ = [
     "PRESETS",
     "SPEC_NAME",
     "CompareSpec",
-    "check_heads",
-    "infer_num_heads",
     "parse_seeds",
-    "split_layers",
 ]
 
 #: The file of a comparison folder that holds its :class:`CompareSpec` (``OUT/spec.json``).
@@ -74,16 +79,6 @@ SPEC_NAME = "spec.json"
 #: The values of the spec's analysis options that take a name.
 _ANALYSIS_CHOICES = {"analysis_split": ("test", "train"), "analysis_point": ("pre_ln", "post_ln")}
 
-#: Heads per layer when the schedule gives no counts (a bare ``"attention"``).
-_DEFAULT_NUM_HEADS = 4
-
-#: Task options that ``spec.json`` files (and checkpoint keys) of heatformer 0.1.0 kept at the
-#: top level, for every task alike; :meth:`CompareSpec.from_dict` moves the chosen task's into
-#: ``options`` and drops the others (they never changed a number of that task).
-_LEGACY_TASK_FIELDS = frozenset(
-    {"seq_len", "patch_size", "text", "npz", "max_bytes", "eval_size", "analysis_size"}
-)
-
 
 @dataclass(frozen=True)
 class CompareSpec:
@@ -91,7 +86,7 @@ class CompareSpec:
 
     The fields are what every task shares (the budget, the model's sizes, head schedules and
     graph kinds); ``options`` holds the chosen task's own options (``seq_len``, ``text``, ...;
-    see :data:`heatformer.lab.TASKS`): give a mapping with the ones to change, and the
+    see :data:`heatformer.lab.tasks.TASKS`): give a mapping with the ones to change, and the
     spec keeps an instance of the task's ``Options`` dataclass with every other at its
     default. ``None`` in ``n_head``, ``eval_every``, ``ckpt_every`` and ``warmup_steps``
     means "derive it" (see :meth:`resolved`).
@@ -104,7 +99,7 @@ class CompareSpec:
         50
     """
 
-    task: str = "chars"  # a name of heatformer.lab.TASKS
+    task: str = "chars"  # a name of heatformer.lab.tasks.TASKS
     heads: tuple[str, ...] = ("attention",)  # one head schedule per configuration
     seeds: tuple[int, ...] = (0,)  # every configuration runs with every seed
     steps: int = 500  # optimizer steps per run
@@ -122,7 +117,6 @@ class CompareSpec:
     # graph kind(s) of the attention layers: "softmax", "topk[k=32]", or one per layer
     # separated by ';' ("topk[k=8];softmax"); see heatformer.graph_ops.GRAPHS
     graph: str = "softmax"
-    topk: int | None = None  # shorthand for graph="topk[k=...]" in every layer
     dropout: float = 0.0
     # the task's options: a mapping of the ones to change, kept as the task's Options
     options: Any = field(default_factory=dict)
@@ -149,9 +143,7 @@ class CompareSpec:
     # ------------------------------------------------------------------ validation
 
     def __post_init__(self) -> None:
-        from heatformer.lab.tasks import resolve_task
-
-        task = resolve_task(self.task)
+        task = _task_class(self.task)
         object.__setattr__(self, "options", _task_options(task, self.task, self.options))
         if not self.heads:
             raise bad_value("heads", "expected at least one head schedule, got none")
@@ -163,17 +155,21 @@ class CompareSpec:
             check_bool(name, getattr(self, name))
         for name, choices in _ANALYSIS_CHOICES.items():
             check_choice(name, getattr(self, name), choices)
-        for name in ("eval_every", "ckpt_every", "n_head", "topk"):
+        for name in ("eval_every", "ckpt_every", "n_head"):
             check_positive_int(name, getattr(self, name), optional=True)
-        for heads in self.heads:
-            check_heads(heads, n_layer=self.n_layer, n_head=self.n_head)
-            num_heads = self.heads_per_layer(heads)
-            if self.n_embd % num_heads:
+        from heatformer.models.heads import HeadSchedule  # torch: not at import (the CLI's help)
+
+        schedules: dict[str, HeadSchedule] = {}
+        for heads in self.heads:  # parsed once; the tasks build their models from these
+            schedule = HeadSchedule.parse(heads, n_layer=self.n_layer, n_head=self.n_head)
+            if self.n_embd % schedule.num_heads:
                 raise bad_value(
                     "n_embd",
-                    f"expected a multiple of the {num_heads} heads per layer of {heads!r}, "
-                    f"got {self.n_embd}",
+                    f"expected a multiple of the {schedule.num_heads} heads per layer of "
+                    f"{heads!r}, got {self.n_embd}",
                 )
+            schedules[heads] = schedule
+        object.__setattr__(self, "_schedules", schedules)
         if not self.seeds:
             raise bad_value("seeds", "expected at least one seed, got none")
         if len(set(self.seeds)) != len(self.seeds) or any(
@@ -197,13 +193,19 @@ class CompareSpec:
             r"auto|cpu|cuda(:\d+)?", self.device
         ):
             raise bad_value("device", f"expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
-        from heatformer.lab.tuning import check_study
-
-        for name, value in check_study(self).items():  # canonical: tuples, metric names
+        study = check_study(
+            task,
+            tune=self.tune,
+            select_by=self.select_by,
+            primary=self.primary,
+            n_layer=self.n_layer,
+            analysis=self.analysis,
+        )
+        for name, value in study.items():  # canonical: tuples, metric names
             object.__setattr__(self, name, value)
 
     def _check_graphs(self) -> None:
-        """Graph kinds: known, one per layer, ``topk`` alone, within the task's longest sequence.
+        """Graph kinds: known, one per layer, within the task's longest sequence.
 
         The limits are the graph kinds' own
         (:meth:`~heatformer.graph_ops.GraphBuilder.check_nodes`); a task whose longest sequence
@@ -215,40 +217,57 @@ class CompareSpec:
 
         if not isinstance(self.graph, str) or not self.graph.strip():
             raise bad_type("graph", f"expected a graph spec string, got {self.graph!r}")
-        graph = resolve_topk(self.graph, self.topk)
         builders = [
-            resolve_graph(g) for g in dict.fromkeys(parse_layer_graphs(graph, self.n_layer))
+            resolve_graph(g) for g in dict.fromkeys(parse_layer_graphs(self.graph, self.n_layer))
         ]
         tokens = self.options.max_tokens()
-        if tokens is None:
-            return
-        for builder in builders:
-            try:
-                builder.check_nodes(tokens)
-            except ValueError as err:
-                if self.topk is None:
-                    raise
-                # the user wrote topk, so the error names it
-                raise bad_value("topk", getattr(err, "detail", str(err))) from None
+        for builder in builders if tokens is not None else ():
+            builder.check_nodes(tokens)
 
     # ------------------------------------------------------------------ derived
 
+    def schedule(self, heads: str) -> HeadSchedule:
+        """The parsed :class:`~heatformer.models.heads.HeadSchedule` of the schedule ``heads``:
+        for one of :attr:`heads`, the one made with the spec; another (a model of this spec's
+        sizes with other heads) is parsed and checked now, once.
+
+        Raises:
+            ValueError: a schedule that does not fit this spec's sizes (see
+                :meth:`~heatformer.models.heads.HeadSchedule.parse`).
+        """
+        from heatformer.models.heads import HeadSchedule
+
+        schedules: dict[str, HeadSchedule] = self._schedules  # type: ignore[attr-defined]
+        if heads not in schedules:
+            schedules[heads] = HeadSchedule.parse(heads, n_layer=self.n_layer, n_head=self.n_head)
+        return schedules[heads]
+
     def resolved(self) -> CompareSpec:
-        """A copy with every derived field (``None`` above) filled in."""
+        """The spec with every derived field (``None`` above) filled in; not validated again.
+
+        ``eval_every`` is ``max(1, steps // 10)``, ``ckpt_every`` ``eval_every`` and
+        ``warmup_steps`` ``min(100, steps // 10)`` where they are ``None``; a spec with none of
+        them ``None`` is returned as it is.
+        """
         eval_every = self.eval_every or max(1, self.steps // 10)
-        return dataclasses.replace(
-            self,
-            eval_every=eval_every,
-            ckpt_every=self.ckpt_every or eval_every,
-            warmup_steps=self._warmup_steps(),
-        )
+        derived = {
+            "eval_every": eval_every,
+            "ckpt_every": self.ckpt_every or eval_every,
+            "warmup_steps": self._warmup_steps(),
+        }
+        if all(getattr(self, name) == value for name, value in derived.items()):
+            return self
+        out = copy.copy(self)  # the validated fields and the parsed schedules, as they are
+        for name, value in derived.items():
+            object.__setattr__(out, name, value)
+        return out
 
     def _warmup_steps(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else min(100, self.steps // 10)
 
     def heads_per_layer(self, heads: str) -> int:
         """Heads per layer for the schedule ``heads``: ``n_head`` or the inferred count."""
-        return self.n_head if self.n_head is not None else infer_num_heads(heads)
+        return self.schedule(heads).num_heads
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based): linear warm-up, cosine decay.
@@ -280,11 +299,11 @@ class CompareSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CompareSpec:
-        """Inverse of :meth:`to_dict`; also reads the ``spec.json`` of heatformer 0.1.0.
+        """Inverse of :meth:`to_dict`.
 
-        Those kept the task options at the top level for every task (``seq_len``, ``npz``,
-        ...); the chosen task's go into ``options`` (``None``, "derive it", becomes the
-        task's default, the value it stood for), the other tasks' are dropped.
+        A ``"topk": null`` entry (what specs kept before ``topk`` became the command line's
+        shorthand for ``graph``) is dropped; a ``topk`` value is refused with what to write
+        instead.
 
         Args:
             data: a dict as written by :meth:`to_dict`.
@@ -297,15 +316,14 @@ class CompareSpec:
         """
         known = {f.name for f in dataclasses.fields(cls)}
         values = dict(data)
-        legacy = {key: values.pop(key) for key in list(values) if key in _LEGACY_TASK_FIELDS}
+        topk = values.pop("topk", None)
+        if topk is not None:
+            raise bad_value("topk", f"expected graph='topk[k={topk}]' instead, got topk={topk}")
         unknown = sorted(set(values) - known)
         if unknown:
             raise bad_value(
                 "spec", f"unknown fields {unknown}; expected a subset of {sorted(known)}"
             )
-        if legacy:
-            values["options"] = {**_legacy_options(values.get("task", "chars"), legacy),
-                                 **dict(values.get("options") or {})}  # fmt: skip
         for key in ("heads", "seeds", "tune", "primary"):
             if key in values:
                 values[key] = tuple(values[key])
@@ -336,32 +354,30 @@ class CompareSpec:
         out["options"] = self.options.fingerprint()
         return out
 
-    @staticmethod
-    def upgrade_fingerprint(saved: Mapping[str, Any]) -> dict[str, Any]:
-        """A fingerprint as :meth:`fingerprint` writes it, from one a checkpoint holds.
 
-        Checkpoints of heatformer 0.1.0 hold the task options at the top level (see
-        :meth:`from_dict`) and no ``graph``; newer ones are returned as they are.
-        """
-        out = dict(saved)
-        if "options" in out or "task" not in out:
-            return out
-        legacy = {key: out.pop(key) for key in list(out) if key in _LEGACY_TASK_FIELDS}
-        try:
-            from heatformer.lab.tasks import resolve_task
+def _task_class(name: object) -> type[Task]:
+    """The task registered as ``name`` (an unknown one listed with the others)."""
+    cls: type[Task] = TASKS.lookup(name)
+    return cls
 
-            options = resolve_task(out["task"]).Options(**_legacy_options(out["task"], legacy))
-        except (TypeError, ValueError):  # not a task of this installation: no match
-            return dict(saved)
-        out.setdefault("graph", "softmax")
-        out["options"] = options.fingerprint()
-        return out
+
+def _no_option_named_as_a_spec_field(cls: type[Task]) -> None:
+    """A task option may not take the name of a spec field: one flag serves both on the
+    command line (checked by :data:`~heatformer.lab.tasks.TASKS` at each registration)."""
+    fields = {f.name for f in dataclasses.fields(CompareSpec)}
+    for f in dataclasses.fields(cls.Options):
+        if f.name in fields:
+            raise bad_value(
+                "task",
+                f"task {cls.__name__}: option {f.name!r} clashes with the spec field of that name",
+            )
+
+
+TASKS.add_check(_no_option_named_as_a_spec_field)
 
 
 def _task_options(task: Any, name: str, options: object) -> TaskOptions:
     """``options`` as an instance of the task's ``Options``, refusing options it does not take."""
-    from heatformer.lab.tasks import options_by_name
-
     if isinstance(options, task.Options):
         return options
     if not isinstance(options, Mapping):
@@ -387,109 +403,9 @@ def _task_options(task: Any, name: str, options: object) -> TaskOptions:
     return result
 
 
-def _legacy_options(task: str, legacy: Mapping[str, Any]) -> dict[str, Any]:
-    """The options of ``task`` among the top-level fields of a heatformer 0.1.0 spec."""
-    from heatformer.lab.tasks import resolve_task
-
-    taken = {f.name for f in dataclasses.fields(resolve_task(task).Options)}
-    return {key: value for key, value in legacy.items() if key in taken and value is not None}
-
-
 def _join(items: list[str]) -> str:
     """``['a', 'b', 'c']`` -> ``"a, b and c"``."""
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
-
-
-def split_layers(heads: str) -> str | tuple[str, ...]:
-    """Split a head schedule at ``;`` (or ``|``) outside brackets into one spec per layer.
-
-    Args:
-        heads: ``"attention:6,laplacian:2"`` (every layer) or
-            ``"attention:4;attention:2,laplacian:2"`` (one spec per layer).
-
-    Returns:
-        The stripped string when it names one spec for every layer, else the tuple of
-        layer specs.
-
-    Raises:
-        ValueError: an empty layer spec (``"a;;b"``).
-    """
-    from heatformer.models.heads import split_layers as split_layer_specs
-
-    layers = tuple(split_layer_specs(heads))
-    if len(layers) == 1:
-        return layers[0]
-    if any(not part for part in layers):
-        raise bad_value("heads", f"expected a non-empty spec between every ';', got {heads!r}")
-    return layers
-
-
-def check_heads(heads: str, *, n_layer: int, n_head: int | None = None) -> None:
-    """Check a head schedule: syntax, operator names and parameters, layers, head counts.
-
-    Each layer spec is finally parsed by :func:`heatformer.models.parse_heads`, exactly
-    as the model will parse it, so a schedule that passes here builds.
-
-    Args:
-        heads: a head schedule (see the module docstring).
-        n_layer: number of layers of the model.
-        n_head: heads per layer, or ``None`` to infer it from the counts.
-
-    Raises:
-        ValueError: bad syntax, an unknown operator (valid names listed), bad operator
-            parameters, a per-layer schedule whose length is not ``n_layer``, counts that
-            do not sum to ``n_head``, or layers with different head totals.
-    """
-    from heatformer.models import parse_heads
-    from heatformer.models.heads import count_heads
-
-    if not isinstance(heads, str) or not heads.strip():
-        raise bad_value("heads", f"expected a non-empty schedule string, got {heads!r}")
-    layers = split_layers(heads)
-    specs = (layers,) if isinstance(layers, str) else layers
-    if not isinstance(layers, str) and len(specs) != n_layer:
-        raise bad_value(
-            "heads",
-            f"expected {n_layer} layer specs separated by ';' (n_layer={n_layer}), "
-            f"got {len(specs)} in {heads!r}",
-        )
-    totals = set()
-    for spec in specs:
-        total = count_heads(spec)
-        if total is not None:
-            totals.add(total)
-    if len(totals) > 1:
-        raise bad_value(
-            "heads",
-            f"expected the same number of heads in every layer, got {sorted(totals)} in {heads!r}",
-        )
-    if n_head is not None and totals and totals != {n_head}:
-        raise bad_value(
-            "heads",
-            f"expected head counts summing to n_head={n_head}, got {totals.pop()} in {heads!r}",
-        )
-    num_heads = n_head if n_head is not None else infer_num_heads(heads)
-    for spec in specs:
-        parse_heads(spec, num_heads)
-
-
-def infer_num_heads(heads: str) -> int:
-    """Heads per layer implied by a schedule's counts (4 when it gives no counts).
-
-    Args:
-        heads: a head schedule.
-
-    Returns:
-        The sum of the counts of the first layer spec with counts, else 4.
-    """
-    from heatformer.models.heads import count_heads
-
-    layers = split_layers(heads)
-    for spec in (layers,) if isinstance(layers, str) else layers:
-        total = count_heads(spec)
-        if total is not None:
-            return total
-    return _DEFAULT_NUM_HEADS
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

@@ -228,7 +228,7 @@ def _heads_of(schedule: str, n_head: Callable[[str], int] | int | None) -> int:
         return n_head(schedule)
     if n_head is not None:
         return n_head
-    from heatformer.lab.spec import infer_num_heads
+    from heatformer.models.heads import infer_num_heads
 
     return infer_num_heads(schedule)
 

@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from heatformer._progress import Progress
 from heatformer.checks import bad_value
 from heatformer.lab.checkpoint import (
     atomic_write_json,
@@ -41,17 +40,16 @@ from heatformer.lab.checkpoint import (
     read_json,
 )
 from heatformer.lab.distributed import DistContext
+from heatformer.lab.progress import Progress
 from heatformer.lab.resume import (
     CHECKPOINT_NAME,
     ModelFactory,
     RunState,
-    WorldSizeChanged,
-    load_run_checkpoint,
     make_model,
     resume_run,
     setup_run,
 )
-from heatformer.lab.step import backward_pass, build_optimizer, optimizer_step
+from heatformer.lab.step import backward_pass, optimizer_step
 from heatformer.lab.stop import (
     StopRequested,
     StopSignal,
@@ -61,20 +59,10 @@ from heatformer.lab.stop import (
 from heatformer.lab.tasks.base import Task
 
 __all__ = [
-    "CHECKPOINT_NAME",
     "RESULT_NAME",
-    "ModelFactory",
-    "StopRequested",
-    "StopSignal",
     "TrainingDiverged",
-    "TrainingInterrupted",
-    "WorldSizeChanged",
     "analyze_run",
-    "backward_pass",
-    "build_optimizer",
     "is_finished",
-    "load_run_checkpoint",
-    "optimizer_step",
     "train_run",
 ]
 
@@ -135,7 +123,7 @@ def train_run(
     If ``run_dir/result.json`` exists the run is finished and its record is returned
     as is. Otherwise this process becomes the one writer of ``run_dir`` (it holds its lock,
     :func:`~heatformer.lab.checkpoint.hold_folder`, unless it holds the lock of a
-    folder above it, as :func:`~heatformer.lab.run_compare` does) and the run
+    folder above it, as :func:`~heatformer.lab.compare.run_compare` does) and the run
     starts from ``run_dir/checkpoint.pt`` if there is one (made by the same spec, head
     schedule and seed -- else ``ValueError``), or from scratch, trains to ``spec.steps``,
     evaluates every ``eval_every`` steps and at the end, computes the per-layer analysis
@@ -152,7 +140,7 @@ def train_run(
         stop: a stop flag (e.g. set by Ctrl-C); checked after every step.
         stop_at_step: stop as if interrupted when the run reaches this step (for tests
             and time-sliced jobs); ignored if ``>= spec.steps``.
-        progress: report progress on stderr (rank 0 only; see :mod:`heatformer._progress`:
+        progress: report progress on stderr (rank 0 only; see :mod:`heatformer.lab.progress`:
             a bar on a terminal, one line per 10 % of the steps otherwise).
         model_factory: builds the model; default ``task.build_model``.
 

@@ -38,16 +38,13 @@ import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from heatformer.checks import bad_type, bad_value
-
-if TYPE_CHECKING:
-    from heatformer.lab.spec import CompareSpec
+from heatformer.lab.tasks.base import VALIDATION
 
 __all__ = [
     "TUNABLE",
-    "VALIDATION",
     "check_study",
     "format_selection",
     "is_tune_sweep",
@@ -67,9 +64,6 @@ TUNABLE: dict[str, type] = {
     "warmup_steps": int,
     "dropout": float,
 }
-
-#: The prefix of the validation-half metrics in a run's ``final`` and ``evals``.
-VALIDATION = "validation/"
 
 _TUNE = re.compile(r"^\s*([A-Za-z_]+)\s*=\s*(.*?)\s*$")
 
@@ -178,34 +172,42 @@ def resolve_metric(task_cls: Any, name: str, argument: str) -> str:
     )
 
 
-def _check_primary(task_cls: Any, text: str, spec: CompareSpec) -> str:
+def _check_primary(task_cls: Any, text: str, n_layer: int, analysis: bool) -> str:
     """``"bpc"`` -> ``"val_bpc"``; ``"within_seq_frac@-1"`` as it is, checked against the
-    model's layers and ``spec.analysis``."""
+    model's ``n_layer`` layers and whether the run has its ``analysis``."""
     if not isinstance(text, str) or not text.strip():
         raise bad_value("primary", f"expected METRIC or METRIC@LAYER, got {text!r}")
     metric, at, layer = (part.strip() for part in text.partition("@"))
     if not at:
         return resolve_metric(task_cls, metric, "primary")
-    analysis = tuple(task_cls.analysis_names)
-    if metric not in analysis:
+    names = tuple(task_cls.analysis_names)
+    if metric not in names:
         raise bad_value(
             "primary",
-            f"expected METRIC@LAYER with METRIC one of the per-layer metrics {list(analysis)}, "
+            f"expected METRIC@LAYER with METRIC one of the per-layer metrics {list(names)}, "
             f"got {text!r}",
         )
     if layer != "last" and not re.fullmatch(r"-?\d+", layer):
         raise bad_value("primary", f"expected a layer index (0, 3, -1) or 'last', got {text!r}")
-    if layer != "last" and not -spec.n_layer <= int(layer) < spec.n_layer:
-        raise bad_value(
-            "primary", f"expected a layer in [-{spec.n_layer}, {spec.n_layer}), got {text!r}"
-        )
-    if not spec.analysis:
+    if layer != "last" and not -n_layer <= int(layer) < n_layer:
+        raise bad_value("primary", f"expected a layer in [-{n_layer}, {n_layer}), got {text!r}")
+    if not analysis:
         raise bad_value("primary", f"expected the per-layer analysis for {text!r}, got it off")
     return f"{metric}@{layer}"
 
 
-def check_study(spec: CompareSpec) -> dict[str, Any]:
-    """Check ``tune``, ``select_by`` and ``primary`` of ``spec``; their canonical values.
+def check_study(
+    task_cls: Any,
+    *,
+    tune: Sequence[str],
+    select_by: str | None,
+    primary: Sequence[str],
+    n_layer: int,
+    analysis: bool,
+) -> dict[str, Any]:
+    """Check a comparison's ``tune``, ``select_by`` and ``primary`` (fields of its spec) for
+    the task ``task_cls``, a model of ``n_layer`` layers and whether it has the per-layer
+    ``analysis``; return their canonical values.
 
     Returns:
         ``{"tune", "select_by", "primary"}`` as the spec should hold them (tuples, metric
@@ -216,15 +218,11 @@ def check_study(spec: CompareSpec) -> dict[str, Any]:
             sweep of an optimiser field (or a sweep without it), ``primary`` that is not
             ``METRIC[@LAYER]``; each message names its argument.
     """
-    from heatformer.lab.tasks import resolve_task
-
-    task_cls = resolve_task(spec.task)
-    for name in ("tune", "primary"):
-        if isinstance(getattr(spec, name), str):
-            raise bad_type(name, f"expected a sequence of strings, got {getattr(spec, name)!r}")
-    tune = tuple(spec.tune)
+    for name, value in (("tune", tune), ("primary", primary)):
+        if isinstance(value, str):
+            raise bad_type(name, f"expected a sequence of strings, got {value!r}")
+    tune = tuple(tune)
     settings(tune)
-    select_by = spec.select_by
     if select_by is not None:
         if not isinstance(select_by, str):
             raise bad_type("select_by", f"expected a metric name, got {select_by!r}")
@@ -241,10 +239,10 @@ def check_study(spec: CompareSpec) -> dict[str, Any]:
             f"expected the metric that picks each configuration's setting of {list(tune)} "
             f"on the validation half (e.g. --select-by {task_cls.eval_loss_name}), got none",
         )
-    primary = tuple(_check_primary(task_cls, text, spec) for text in spec.primary)
-    if len(set(primary)) != len(primary):
-        raise bad_value("primary", f"expected distinct endpoints, got {list(primary)}")
-    return {"tune": tune, "select_by": select_by, "primary": primary}
+    checked = tuple(_check_primary(task_cls, text, n_layer, analysis) for text in primary)
+    if len(set(checked)) != len(checked):
+        raise bad_value("primary", f"expected distinct endpoints, got {list(checked)}")
+    return {"tune": tune, "select_by": select_by, "primary": checked}
 
 
 def select(

@@ -3,7 +3,13 @@
 from heatformer.models.attention import DiffusionAttention
 from heatformer.models.cache import KVCache
 from heatformer.models.configs import GPTConfig, SequenceClassifierConfig, ViTConfig
-from heatformer.models.heads import format_heads, parse_heads, parse_layer_graphs, parse_layer_heads
+from heatformer.models.heads import (
+    HeadSchedule,
+    format_heads,
+    parse_heads,
+    parse_layer_graphs,
+    parse_layer_heads,
+)
 from heatformer.models.transformer import (
     GPT,
     MLP,
@@ -19,6 +25,7 @@ __all__ = [
     "MLP",
     "DiffusionAttention",
     "GPTConfig",
+    "HeadSchedule",
     "KVCache",
     "SequenceClassifier",
     "SequenceClassifierConfig",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -26,15 +27,20 @@ from heatformer._spec import format_entry, parse_params, split_outside_brackets
 from heatformer.graph_ops import DiffusionOperator, resolve_operator
 
 __all__ = [
+    "DEFAULT_NUM_HEADS",
+    "HeadSchedule",
     "adds_identity",
+    "check_heads",
     "count_heads",
     "format_heads",
     "format_operator",
     "group_heads",
+    "infer_num_heads",
     "parse_heads",
     "parse_layer_graphs",
     "parse_layer_heads",
     "split_layers",
+    "split_schedule",
 ]
 
 _ENTRY = re.compile(r"^\s*([A-Za-z_]+)\s*(?:\[([^\]]*)\])?\s*(?::\s*(\S+))?\s*$")
@@ -310,3 +316,127 @@ def group_heads(ops: Sequence[DiffusionOperator]) -> list[tuple[DiffusionOperato
         else:
             groups.append((op, [h]))
     return groups
+
+
+# ------------------------------------------------------------------ schedules, parsed once
+
+#: Heads per layer when a schedule gives no counts (a bare ``"attention"``).
+DEFAULT_NUM_HEADS = 4
+
+
+def split_schedule(heads: str) -> str | tuple[str, ...]:
+    """A schedule's layer specs: the stripped string when it names one spec for every layer,
+    else the tuple of layer specs (what a model config's ``heads`` takes).
+
+    Raises:
+        ValueError: an empty layer spec (``"a;;b"``).
+
+    Example:
+        >>> split_schedule("attention:4;attention:2,laplacian:2")
+        ('attention:4', 'attention:2,laplacian:2')
+        >>> split_schedule(" attention:6,heat:2 ")
+        'attention:6,heat:2'
+    """
+    layers = tuple(split_layers(heads))
+    if len(layers) == 1:
+        return layers[0]
+    if any(not part for part in layers):
+        raise checks.bad_value(
+            "heads", f"expected a non-empty spec between every ';', got {heads!r}"
+        )
+    return layers
+
+
+def infer_num_heads(heads: str) -> int:
+    """Heads per layer implied by a schedule's counts (:data:`DEFAULT_NUM_HEADS` without any):
+    the sum of the counts of the first layer spec with counts.
+
+    Example:
+        >>> infer_num_heads("attention:6,heat:2"), infer_num_heads("attention")
+        (8, 4)
+    """
+    layers = split_schedule(heads)
+    for spec in (layers,) if isinstance(layers, str) else layers:
+        total = count_heads(spec)
+        if total is not None:
+            return total
+    return DEFAULT_NUM_HEADS
+
+
+@dataclass(frozen=True)
+class HeadSchedule:
+    """A head schedule, parsed and checked once: what a model config's ``heads`` takes.
+
+    Made by :meth:`parse` (or :func:`check_heads`) from the text of a schedule; a run's spec
+    holds one per schedule and the models are built from :attr:`config_heads`, so the text is
+    split, counted and its operators built once, not again at every step of a run's set-up.
+
+    Attributes:
+        text: the schedule as given (``"attention:4;attention:2,laplacian:2"``).
+        config_heads: one spec for every layer (a str) or one per layer (a tuple).
+        num_heads: heads per layer.
+        n_layer: layers of the model it is for.
+    """
+
+    text: str
+    config_heads: str | tuple[str, ...]
+    num_heads: int
+    n_layer: int
+
+    @classmethod
+    def parse(cls, heads: str, *, n_layer: int, n_head: int | None = None) -> HeadSchedule:
+        """Check a schedule: syntax, operator names and parameters, layers, head counts.
+
+        Each distinct layer spec is parsed by :func:`parse_heads`, exactly as a model parses
+        it, so a schedule that passes here builds.
+
+        Args:
+            heads: a head schedule, one spec for every layer or one per layer (``;``).
+            n_layer: layers of the model.
+            n_head: heads per layer, or ``None`` to infer it from the counts.
+
+        Raises:
+            ValueError: bad syntax, an unknown operator (valid names listed), bad operator
+                parameters, a per-layer schedule whose length is not ``n_layer``, counts that
+                do not sum to ``n_head``, or layers with different head totals.
+
+        Example:
+            >>> HeadSchedule.parse("attention:4;attention:2,laplacian:2", n_layer=2).num_heads
+            4
+        """
+        if not isinstance(heads, str) or not heads.strip():
+            raise checks.bad_value("heads", f"expected a non-empty schedule string, got {heads!r}")
+        layers = split_schedule(heads)
+        specs = (layers,) if isinstance(layers, str) else layers
+        if not isinstance(layers, str) and len(specs) != n_layer:
+            raise checks.bad_value(
+                "heads",
+                f"expected {n_layer} layer specs separated by ';' (n_layer={n_layer}), "
+                f"got {len(specs)} in {heads!r}",
+            )
+        totals = {total for total in map(count_heads, specs) if total is not None}
+        if len(totals) > 1:
+            raise checks.bad_value(
+                "heads",
+                f"expected the same number of heads in every layer, got {sorted(totals)} in "
+                f"{heads!r}",
+            )
+        if n_head is not None and totals and totals != {n_head}:
+            raise checks.bad_value(
+                "heads",
+                f"expected head counts summing to n_head={n_head}, got {totals.pop()} in {heads!r}",
+            )
+        num_heads = (
+            n_head if n_head is not None else (totals.pop() if totals else DEFAULT_NUM_HEADS)
+        )
+        for spec in dict.fromkeys(specs):
+            parse_heads(spec, num_heads)
+        return cls(text=heads, config_heads=layers, num_heads=num_heads, n_layer=n_layer)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def check_heads(heads: str, *, n_layer: int, n_head: int | None = None) -> HeadSchedule:
+    """:meth:`HeadSchedule.parse`: the schedule checked, and parsed for the model."""
+    return HeadSchedule.parse(heads, n_layer=n_layer, n_head=n_head)

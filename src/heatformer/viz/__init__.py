@@ -19,7 +19,7 @@ The teaching demo behind ``heatformer demo`` draws with these functions but trai
 lives above ``viz``, beside the command line: :mod:`heatformer.lab.demo`.
 """
 
-from heatformer.viz._common import INSTALL_HINT, require_matplotlib, token_labels
+from heatformer.viz._common import require_matplotlib, token_labels
 from heatformer.viz.diffusion import (
     animate_heat_diffusion,
     heat_diffusion_frames,
@@ -41,7 +41,6 @@ from heatformer.viz.spectra import (
 )
 
 __all__ = [
-    "INSTALL_HINT",
     "LAYOUTS",
     "animate_heat_diffusion",
     "default_operators",

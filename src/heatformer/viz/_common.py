@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import Tensor
 
+from heatformer._optional import require
 from heatformer.checks import bad_type, bad_value
 from heatformer.graph_ops import DenseGraph, Graph
 
@@ -26,22 +27,13 @@ if TYPE_CHECKING:
 
 PathLike = str | os.PathLike[str]
 
-#: What to install when matplotlib is missing.
-INSTALL_HINT = "pip install heatformer[viz]"
-
 #: Glyphs for whitespace and control bytes in token labels.
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 
 
 def require_matplotlib() -> None:
-    """Import matplotlib or raise an :class:`ImportError` naming the extra to install."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as err:  # pragma: no cover - exercised only without the extra
-        raise ImportError(
-            f"heatformer.viz needs matplotlib, which is not installed; run `{INSTALL_HINT}` "
-            f"(or `pip install matplotlib`)"
-        ) from err
+    """Import matplotlib or raise an :class:`ImportError` naming the ``viz`` extra."""
+    require("matplotlib", "viz", feature="heatformer.viz")
 
 
 def new_figure(figsize: tuple[float, float], **kwargs: object) -> Figure:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from heatformer._optional import require
 from heatformer.checks import bad_value, check_choice
 from heatformer.graph_ops import DenseGraph, Graph
 from heatformer.viz._common import (
@@ -50,7 +51,7 @@ def _arc_layout(g: nx.DiGraph) -> Position:
 
 
 def _circular_layout(g: nx.DiGraph) -> Position:
-    import networkx as nx
+    nx = require("networkx", "viz", feature="the circular layout")
 
     # clockwise from the top, so token 0 sits at 12 o'clock and the sentence reads around
     pos = nx.circular_layout(sorted(g.nodes))
@@ -58,14 +59,15 @@ def _circular_layout(g: nx.DiGraph) -> Position:
 
 
 def _spring_layout(g: nx.DiGraph) -> Position:
-    import networkx as nx
+    nx = require("networkx", "viz", feature="the spring layout")
 
     pos = nx.spring_layout(g.to_undirected(), weight="weight", seed=0)
     return {int(i): (float(p[0]), float(p[1])) for i, p in pos.items()}
 
 
 def _kamada_kawai_layout(g: nx.DiGraph) -> Position:
-    import networkx as nx
+    nx = require("networkx", "viz", feature="the kamada_kawai layout")
+    require("scipy", "viz", feature="the kamada_kawai layout")  # networkx solves with it
 
     pos = nx.kamada_kawai_layout(g.to_undirected(), weight=None)
     return {int(i): (float(p[0]), float(p[1])) for i, p in pos.items()}

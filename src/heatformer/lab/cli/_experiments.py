@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import shlex
 import sys
 import time
 import warnings
@@ -39,8 +38,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from heatformer._atomic import FolderLock
 from heatformer.checks import bad_value, check_folder, check_positive_int, topk_and_graph
 from heatformer.lab.cli._flags import add_analysis_reading, add_common
-from heatformer.lab.cli._options import OptionParser, speaks
+from heatformer.lab.cli._options import OptionParser
 from heatformer.lab.cli._report import plan_line, preflight, print_report
+from heatformer.lab.cli._resume import KEPT_FLAGS, folder_of, resume_command, take_kept_flags
 from heatformer.lab.spec import (
     PRESETS,
     SPEC_NAME,
@@ -61,20 +61,6 @@ __all__ = [
     "run_compare_command",
     "run_train",
 ]
-
-#: The running flags that change what a run costs or computes, or how its processes wait for
-#: each other, and that ``spec.json`` does not hold (argparse ``dest`` -> option). Each
-#: invocation records them in ``invocations.json`` (its entry's ``"flags"``); ``--resume DIR``
-#: takes each one not given on its command line from the last invocation's record, and the
-#: printed resume command spells them out. ``--device`` is a spec field, but a resume may
-#: override it; the override is kept the same way. Not kept: ``--stop-at-step`` (a resume goes
-#: past it), ``--no-progress``, ``--dry-run`` and ``--force``, which change neither.
-KEPT_FLAGS = {
-    "threads": "--threads",
-    "sequence_parallel": "--sequence-parallel",
-    "dist_timeout": "--dist-timeout",
-    "device": "--device",
-}
 
 #: The CompareSpec fields set by a flag whose argparse ``dest`` is the field's name (``--layers``
 #: stores ``n_layer``); a field without a flag is skipped. ``heads`` and ``seeds`` are read by
@@ -198,8 +184,11 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
     if compare and args.preset:
         values.update(PRESETS[args.preset])
     given = _given(args)
-    if "topk" in given and "graph" in given:  # also --graph softmax, the spec's default
-        raise topk_and_graph(given["topk"], given["graph"])
+    if args.topk is not None:  # the shorthand, resolved here: the spec knows graphs only
+        if "graph" in given:  # also --graph softmax, the spec's default
+            raise topk_and_graph(args.topk, given["graph"])
+        check_positive_int("topk", args.topk)
+        given["graph"] = f"topk[k={args.topk}]"
     options = dict(values.pop("options", {}))
     if "task" in given and given["task"] != values.get("task") and given["task"] in TASKS:
         taken = options_by_name()  # a preset's options for another task: those this one takes
@@ -234,8 +223,8 @@ def _sweep_heads(
     args: argparse.Namespace, values: dict[str, Any], sweeps: list[str]
 ) -> tuple[str, ...]:
     """The schedules of the head ``sweeps``, for the model sizes the flags (or preset) give."""
-    from heatformer.lab.spec import infer_num_heads
     from heatformer.lab.sweep import expand_sweep
+    from heatformer.models.heads import infer_num_heads
 
     if not sweeps:
         return ()
@@ -249,20 +238,6 @@ def _sweep_heads(
     for text in sweeps:
         out += expand_sweep(text, n_head=n_head, n_layer=n_layer)
     return out
-
-
-def _resume_dir(args: argparse.Namespace) -> Path | None:
-    if args.resume is None:
-        return None
-    if args.resume is True:
-        if args.out is None:
-            raise bad_value("resume", "expected a folder (--resume DIR or --out DIR --resume)")
-        return Path(args.out)
-    if args.out is not None and Path(args.out) != Path(args.resume):
-        raise bad_value(
-            "resume", f"expected one folder, got --resume {args.resume} and --out {args.out}"
-        )
-    return Path(args.resume)
 
 
 def _default_out(spec: Any, ctx: Any) -> Path:
@@ -295,64 +270,26 @@ def _writer_of(folder: Path | None) -> contextlib.AbstractContextManager[object]
 
 
 def _execute(args: argparse.Namespace, command: str) -> int:
-    resume_dir = _resume_dir(args)
+    resume_dir = folder_of(args)
     # a loop of symbolic links, as the folder or its runs/, is refused here, before torch
     if resume_dir is not None:
         check_folder("resume", resume_dir, inside=("runs",))
     elif args.out is not None:
         check_folder("out", args.out, inside=("runs",))
-    with _writer_of(resume_dir):  # first: the checks below import torch
+    with _writer_of(resume_dir), _topk_named(args):  # first: the checks below import torch
         return _execute_in(args, command, resume_dir)
 
 
-def _take_kept_flags(
-    args: argparse.Namespace, command: str, resume_dir: Path, saved: CompareSpec
-) -> None:
-    """Set each of :data:`KEPT_FLAGS` not given on the command line of ``--resume
-    resume_dir`` to its value in the last invocation's record (``--device`` only where that
-    differs from ``saved``, the folder's spec), and say so in a note on stderr."""
-    from heatformer.lab.folder import read_invocations
-
-    invocations = read_invocations(resume_dir)
-    last = invocations[-1].get("flags") if invocations else None
-    if not isinstance(last, dict):  # none recorded (a folder of an older heatformer)
-        return
-    taken = []
-    for dest, option in KEPT_FLAGS.items():
-        value = last.get(dest)
-        if getattr(args, dest) is not None or value is None:
-            continue
-        if dest == "device" and value == saved.device:
-            continue
-        setattr(args, dest, value)
-        taken.append(f"{option} {_flag_text(value)}")
-    if taken and speaks():
-        print(
-            f"heatformer {command}: note: {' '.join(taken)} as in the last invocation in "
-            f"{resume_dir} (a flag given here overrides it)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def _flag_text(value: object) -> str:
-    """A flag's value as the command line takes it back (``20.0`` -> ``20``)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return shlex.quote(str(value))
-
-
-def _resume_command(
-    launcher: str, command: str, out: Path, args: argparse.Namespace, saved_device: str
-) -> str:
-    """The command that continues this invocation in ``out``: ``--resume`` and the
-    :data:`KEPT_FLAGS` it ran with (``--device`` where it is not the spec's ``saved_device``)."""
-    words = [launcher, command, "--resume", shlex.quote(str(out))]
-    for dest, option in KEPT_FLAGS.items():
-        value = getattr(args, dest)
-        if value is not None and not (dest == "device" and value == saved_device):
-            words += [option, _flag_text(value)]
-    return " ".join(words)
+@contextlib.contextmanager
+def _topk_named(args: argparse.Namespace) -> Iterator[None]:
+    """An error about the graph kind names ``--topk`` when the user wrote ``--topk K`` (the
+    shorthand for ``--graph topk[k=K]``, resolved in :func:`_build_spec`)."""
+    try:
+        yield
+    except ValueError as err:
+        if getattr(args, "topk", None) is None or getattr(err, "argument", None) != "graph":
+            raise
+        raise bad_value("topk", str(getattr(err, "detail", err))) from None
 
 
 def _spec_of(
@@ -366,7 +303,7 @@ def _spec_of(
     if args.dist_timeout is not None and not args.dist_timeout > 0:
         raise bad_value("dist_timeout", f"expected seconds > 0, got {args.dist_timeout}")
     if saved is not None:
-        extra = sorted(set(_given(args)) - {"device"})
+        extra = sorted(set(_given(args)) - {"device"} | ({"topk"} if args.topk else set()))
         if command == "compare" and (args.heads or args.sweep or args.seeds or args.preset):
             extra += ["heads/sweep/seeds/preset"]
         if command == "train" and (args.heads is not None or args.seed is not None):
@@ -387,17 +324,14 @@ def _spec_of(
 def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None) -> int:
     from heatformer.lab.compare import load_spec, run_compare, validate_spec
     from heatformer.lab.distributed import setup_distributed
-    from heatformer.lab.trainer import (
-        StopSignal,
-        TrainingDiverged,
-        TrainingInterrupted,
-        WorldSizeChanged,
-    )
+    from heatformer.lab.resume import WorldSizeChanged
+    from heatformer.lab.stop import StopSignal, TrainingInterrupted
+    from heatformer.lab.trainer import TrainingDiverged
 
     saved = None
     if resume_dir is not None:
         saved = load_spec(resume_dir)
-        _take_kept_flags(args, command, resume_dir, saved)
+        take_kept_flags(args, command, resume_dir, saved)
     spec = _spec_of(args, command, resume_dir, saved)
     if args.threads is not None:
         import torch
@@ -417,7 +351,7 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
         stop = StopSignal()
         launcher = "torchrun ... -m heatformer" if ctx.distributed else "heatformer"
         device = (saved or spec).device  # the one in spec.json
-        hint = f"resume with: {_resume_command(launcher, command, out, args, device)}"
+        hint = f"resume with: {resume_command(launcher, command, out, args, device)}"
         flags = {dest: getattr(args, dest) for dest in KEPT_FLAGS} | {"device": spec.device}
         try:
             with stop.installed(), _notes(command, WorldSizeChanged):

@@ -116,7 +116,7 @@ def render_demo(
         losses: ``{config: (first, last)}`` training losses, shown on the page.
         meta: a line of text about the run, shown under the title (HTML-escaped).
         gif: also write the animated GIF of the heat flow.
-        progress: report the pictures written on stderr (:mod:`heatformer._progress`).
+        progress: report the pictures written on stderr (:mod:`heatformer.lab.progress`).
 
     Returns:
         The :class:`DemoResult`.
@@ -165,7 +165,7 @@ def build_demo(
         num_threads: torch CPU threads while the demo computes (1 is fastest for these tiny
             models; restored afterwards); ``None`` leaves the setting alone.
         progress: report the training steps and the pictures on stderr
-            (:mod:`heatformer._progress`; ``heatformer demo`` turns it on).
+            (:mod:`heatformer.lab.progress`; ``heatformer demo`` turns it on).
 
     Returns:
         The :class:`DemoResult`.

@@ -131,7 +131,7 @@ def train_tiny_gpt(
     """Train a tiny byte-level :class:`~heatformer.models.GPT` with the experiment trainer.
 
     The corpus becomes a ``chars`` task (its last tenth is the validation bytes) and the run is
-    :func:`heatformer.lab.train_run` -- warm-up and cosine schedule, gradient clipping,
+    :func:`heatformer.lab.trainer.train_run` -- warm-up and cosine schedule, gradient clipping,
     atomic checkpoints -- so a demo run stopped by its time budget keeps what it trained, and a
     ``run_dir`` that already holds the finished run is read back instead of trained again.
 
@@ -144,18 +144,18 @@ def train_tiny_gpt(
         lr: peak learning rate.
         max_seconds: stop early after this much wall time (``None``: no limit); the model of
             the last completed step is returned.
-        progress: report the steps on stderr (:mod:`heatformer._progress`).
+        progress: report the steps on stderr (:mod:`heatformer.lab.progress`).
         run_dir: the run folder (checkpoint and result); default a temporary one.
 
     Returns:
         ``(model in eval mode, training loss of every completed step)``; the losses are
-        cross-entropies in nats per byte (:func:`heatformer.lab.bits_per_char` turns
+        cross-entropies in nats per byte (:func:`heatformer.lab.tasks.bits_per_char` turns
         them into bits).
     """
-    from heatformer.lab import CompareSpec
     from heatformer.lab.checkpoint import load_checkpoint
+    from heatformer.lab.resume import CHECKPOINT_NAME
+    from heatformer.lab.spec import CompareSpec
     from heatformer.lab.tasks.chars import Chars
-    from heatformer.lab.trainer import CHECKPOINT_NAME
 
     _check_steps(steps)
     chars = _demo_corpus_task(corpus, block_size)
@@ -200,9 +200,10 @@ def _demo_corpus_task(corpus: str | bytes, block_size: int) -> CharsTask:
 def _train_within(
     task: Task, heads: str, seed: int, folder: Path, *, max_seconds: float | None, progress: bool
 ) -> None:
-    """:func:`~heatformer.lab.train_run` in ``folder``, stopped (its last completed step
+    """:func:`~heatformer.lab.trainer.train_run` in ``folder``, stopped (its last completed step
     checkpointed) after ``max_seconds`` of wall time."""
-    from heatformer.lab import StopSignal, TrainingInterrupted, train_run
+    from heatformer.lab.stop import StopSignal, TrainingInterrupted
+    from heatformer.lab.trainer import train_run
 
     stop = StopSignal()
     timer = None
@@ -481,7 +482,7 @@ def compute_demo(
         max_train_seconds: stop training a model early after this many seconds.
         num_threads: torch CPU threads meanwhile (restored afterwards); ``None`` leaves the
             setting alone.
-        progress: report the training steps on stderr (:mod:`heatformer._progress`).
+        progress: report the training steps on stderr (:mod:`heatformer.lab.progress`).
 
     Returns:
         The :class:`~heatformer.lab.demo.DemoData`.

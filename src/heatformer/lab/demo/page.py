@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from heatformer._progress import Progress
 from heatformer.checks import bad_value
 from heatformer.graph_ops import DenseGraph
 from heatformer.lab.demo.data import DemoData
@@ -47,6 +46,7 @@ from heatformer.lab.demo.text import (
     spectrum_text,
     topk_text,
 )
+from heatformer.lab.progress import Progress
 from heatformer.viz._common import PathLike, new_figure, require_matplotlib, save_figure
 from heatformer.viz.diffusion import HeatStyle, _draw_heat_strip, _write_heat_gif
 from heatformer.viz.graphs import (
@@ -363,7 +363,7 @@ def write_demo(
             :meth:`DemoData.from_dict <heatformer.lab.demo.DemoData.from_dict>`.
         gif: also write the animated GIF of the heat flow.
         explore: also write the interactive page ``explore.html`` (self-contained, offline).
-        progress: report the pictures written on stderr (:mod:`heatformer._progress`).
+        progress: report the pictures written on stderr (:mod:`heatformer.lab.progress`).
 
     Returns:
         The :class:`DemoResult`; its ``files`` are :func:`demo_pictures`.

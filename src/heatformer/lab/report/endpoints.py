@@ -2,7 +2,7 @@ r"""The declared primary endpoints of a comparison, tested as a reviewer asks.
 
 An endpoint is a final metric (``val_bpc``) or a per-layer metric at one layer
 (``within_seq_frac@-1``, ``@last`` the same), declared before the runs (``--primary``,
-:attr:`~heatformer.lab.CompareSpec.primary`). For each, :func:`primary_endpoints`
+:attr:`~heatformer.lab.spec.CompareSpec.primary`). For each, :func:`primary_endpoints`
 gives:
 
 - every configuration against the shared baseline, paired by seed: the mean difference

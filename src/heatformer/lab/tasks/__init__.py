@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import re
 from typing import Any
 
-from heatformer.checks import bad_type, bad_value, check_choice
+from heatformer.checks import bad_type, bad_value
 from heatformer.lab.tasks._corpus import stdlib_source_root
-from heatformer.lab.tasks.base import Task, TaskOptions, autocast, option
+from heatformer.lab.tasks.base import Task, autocast
 from heatformer.lab.tasks.chars import (
     Chars,
     CharsOptions,
@@ -50,6 +49,7 @@ from heatformer.lab.tasks.chars import (
 )
 from heatformer.lab.tasks.digits import Digits, DigitsOptions, DigitsTask, load_digits_task
 from heatformer.lab.tasks.masked import MaskedChars, MaskedCharsOptions
+from heatformer.lab.tasks.options import RunSpec, TaskOptions, option
 from heatformer.lab.tasks.recall import Recall, RecallOptions, RecallTask
 from heatformer.lab.tasks.stdlib import (
     Stdlib,
@@ -57,6 +57,7 @@ from heatformer.lab.tasks.stdlib import (
     StdlibTask,
     load_stdlib_task,
 )
+from heatformer.registry import Registry
 
 __all__ = [
     "TASKS",
@@ -72,6 +73,7 @@ __all__ = [
     "Recall",
     "RecallOptions",
     "RecallTask",
+    "RunSpec",
     "Stdlib",
     "StdlibOptions",
     "StdlibTask",
@@ -90,30 +92,18 @@ __all__ = [
     "stdlib_source_root",
 ]
 
-#: name -> task; the one place a ``--task`` name becomes a task. Add to it with
-#: :func:`register_task`, which checks the entry.
-TASKS: dict[str, type[Task]] = {}
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
-
-
-def check_task(cls: object) -> type[Task]:
-    """Check that ``cls`` is a complete task entry; return it.
+def check_task(cls: type[Task]) -> type[Task]:
+    """What a task entry must hold beyond a name (:data:`TASKS` runs this at registration);
+    returns ``cls``.
 
     Raises:
-        TypeError: ``cls`` is not a :class:`Task` subclass, or its ``Options`` is not a
-            frozen :class:`TaskOptions` dataclass.
-        ValueError: a missing name, method, metric or default, an option field not made with
-            :func:`option`, or an option that clashes with a spec field or with another
-            task's option of the same name (the message says which).
+        TypeError: its ``Options`` is not a frozen :class:`TaskOptions` dataclass.
+        ValueError: a missing method, metric or default, an option field not made with
+            :func:`option`, or an option that another task parses otherwise (one flag serves
+            both); the message says which.
     """
-    from heatformer.lab.spec import CompareSpec
-
-    if not (isinstance(cls, type) and issubclass(cls, Task)):
-        raise bad_type("task", f"expected a subclass of heatformer.lab.Task, got {cls!r}")
     where = f"task {cls.__name__}"
-    if not isinstance(cls.name, str) or not _NAME.match(cls.name):
-        raise bad_value("task", f"{where}: expected a name such as 'parity', got {cls.name!r}")
     if inspect.isabstract(cls):
         missing = sorted(getattr(cls, "__abstractmethods__", ()))
         raise bad_value("task", f"{where}: expected the methods {missing}, got none")
@@ -128,17 +118,12 @@ def check_task(cls: object) -> type[Task]:
         raise bad_type(
             "task", f"{where}: expected Options, a frozen TaskOptions dataclass, got {options!r}"
         )
-    spec_fields = {f.name for f in dataclasses.fields(CompareSpec)}
     for f in dataclasses.fields(options):
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise bad_value("task", f"{where}: expected a default for option {f.name!r}")
         if "help" not in f.metadata:
             raise bad_value(
                 "task", f"{where}: expected option {f.name!r} made with option(default, help)"
-            )
-        if f.name in spec_fields:
-            raise bad_value(
-                "task", f"{where}: option {f.name!r} clashes with the spec field of that name"
             )
         for other, field in options_by_name().get(f.name, {}).items():
             if other != cls.name and field.metadata["parse"] is not f.metadata["parse"]:
@@ -168,6 +153,11 @@ def check_task(cls: object) -> type[Task]:
     return cls
 
 
+#: name -> task; the one place a ``--task`` name becomes a task
+#: (:class:`~heatformer.registry.Registry`: :func:`register_task` adds one, checked once).
+TASKS: Registry[type[Task]] = Registry("task", argument="task", base=Task, check=check_task)
+
+
 def register_task(cls: type[Task], *, replace: bool = False) -> type[Task]:
     """Add the task ``cls`` to :data:`TASKS` under ``cls.name``, after checking it.
 
@@ -185,28 +175,18 @@ def register_task(cls: type[Task], *, replace: bool = False) -> type[Task]:
         TypeError, ValueError: an incomplete entry (see :func:`check_task`), or a name that is
             taken by another task (without ``replace``).
     """
-    check_task(cls)
-    taken = TASKS.get(cls.name)
-    if taken is not None and taken is not cls and not replace:
-        raise bad_value(
-            "task", f"{cls.name!r} is already registered ({taken.__name__}); pass replace=True"
-        )
-    TASKS[cls.name] = cls
-    return cls
+    return TASKS.register(cls, replace=replace)
 
 
 def resolve_task(name: object) -> type[Task]:
-    """The task registered as ``name``, checked.
+    """The task registered as ``name`` (:meth:`TASKS.lookup <heatformer.registry.Registry.lookup>`).
 
     Raises:
-        ValueError: an unknown name (the registered names are listed, the closest suggested)
-            or an incomplete entry.
+        ValueError: an unknown name (the registered names are listed, the closest suggested).
         TypeError: ``name`` is not a string.
     """
-    if not isinstance(name, str):
-        raise bad_type("task", f"expected a task name, got {type(name).__name__}")
-    cls = TASKS[check_choice("task", name, sorted(TASKS))]
-    return check_task(cls)  # an entry put into TASKS by hand is checked here
+    cls: type[Task] = TASKS.lookup(name)
+    return cls
 
 
 def options_by_name() -> dict[str, dict[str, dataclasses.Field[Any]]]:

@@ -1,5 +1,5 @@
 """One layer's analysis values, accumulated over the slices of a task's analysis batch
-(:meth:`heatformer.lab.Task.layer_metrics`)."""
+(:meth:`heatformer.lab.tasks.Task.layer_metrics`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class LayerStats:
     the sequence means are kept (float64, ``(b, D)`` per slice) for ``between_seq_var``, the
     mean over sequences of :math:`\lVert \mu_s - \mu \rVert^2` around the merged mean
     :math:`\mu`, computed directly (not as the total less the within part); the
-    :meth:`~heatformer.lab.Task.grouping_states` of the slices and their labels are
+    :meth:`~heatformer.lab.tasks.Task.grouping_states` of the slices and their labels are
     concatenated. One slice gives the values of the whole batch at once.
     """
 
@@ -67,7 +67,7 @@ class LayerStats:
         return self
 
     def values(self, task: Task) -> dict[str, float]:
-        """The metrics of :attr:`~heatformer.lab.Task.analysis_names` over every slice
+        """The metrics of :attr:`~heatformer.lab.tasks.Task.analysis_names` over every slice
         added."""
         import torch
 

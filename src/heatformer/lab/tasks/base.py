@@ -1,11 +1,12 @@
-"""What a task of ``heatformer compare`` is: :class:`Task`, :class:`TaskOptions`, :func:`option`.
+"""What a task of ``heatformer compare`` is (:class:`Task`), and the logic every task shares.
 
-A task is one subclass of :class:`Task` plus one entry of :data:`heatformer.lab.TASKS`
+A task is one subclass of :class:`Task` plus one entry of :data:`heatformer.lab.tasks.TASKS`
 (:func:`~heatformer.lab.tasks.register_task`). The subclass declares, in one place:
 
 - ``name`` -- what ``--task`` says;
 - ``Options`` -- a frozen dataclass of its options with their defaults, each field made with
-  :func:`option` (its help line; the command line turns every field into a flag);
+  :func:`~heatformer.lab.tasks.options.option` (its help line; the command line turns every
+  field into a flag);
 - :meth:`Task.load_data` -- its data, from the options;
 - :meth:`Task.model_config` / :meth:`Task.build_model` -- the reference model for a head
   schedule;
@@ -48,30 +49,27 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from heatformer.checks import bad_value
 from heatformer.lab.tasks._layer_stats import LayerStats
+from heatformer.lab.tasks.options import RunSpec, TaskOptions
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
     from heatformer.graph_ops import SequenceShard
-    from heatformer.lab.spec import CompareSpec
 
 __all__ = [
     "IGNORE_INDEX",
     "PASS_TOKENS",
+    "VALIDATION",
     "Task",
-    "TaskOptions",
     "autocast",
-    "option",
 ]
 
 
@@ -80,67 +78,14 @@ __all__ = [
 #: scores only its masked positions this way).
 IGNORE_INDEX = -100
 
+#: The prefix of the validation-half metrics in a run's ``final`` and ``evals`` (a spec that
+#: selects settings splits the evaluation set, :meth:`Task.evaluate`).
+VALIDATION = "validation/"
+
 #: Tokens per forward pass of evaluation and analysis (at least a training batch's): longer
 #: batches run in slices (:attr:`Task.sequences_per_pass`), so that evaluating a model of long
 #: sequences needs no more memory than training it.
 PASS_TOKENS = 8192
-
-
-def option(
-    default: Any,
-    help: str,
-    *,
-    parse: Callable[[str], Any] | None = None,
-    metavar: str | None = None,
-    path: bool = False,
-    numbers: bool = True,
-) -> Any:
-    """A field of a task's :class:`TaskOptions` dataclass: its default and its flag.
-
-    Args:
-        default: the default value (declared here only).
-        help: one line for ``--help`` (the default is appended).
-        parse: turns the flag's text into the value (default: the type of ``default``, or
-            ``str`` when ``default`` is ``None``).
-        metavar: the placeholder in ``--help`` (default ``N`` for ints, ``X`` for floats,
-            ``PATH`` for paths).
-        path: the value is a file or folder (the command line makes it absolute).
-        numbers: whether the value changes the numbers of a run (``False`` for the size of
-            the analysis batch: a checkpoint can be resumed and re-analyzed with another).
-
-    Returns:
-        A :func:`dataclasses.field`.
-    """
-    if parse is None:
-        parse = str if default is None or path else type(default)
-    if metavar is None:
-        metavar = "PATH" if path else "N" if parse is int else "X" if parse is float else "VALUE"
-    metadata = {"help": help, "parse": parse, "metavar": metavar, "path": path, "numbers": numbers}
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-@dataclass(frozen=True)
-class TaskOptions:
-    """Base of every task's options: a frozen dataclass, one :func:`option` field per option.
-
-    Subclasses check their values in ``__post_init__`` (raising errors that name the field).
-    """
-
-    def max_tokens(self) -> int | None:
-        """The longest sequence a model of this task reads, when the options alone say it.
-
-        ``None`` (the default): only the data tell (e.g. the number of patches of an image).
-        A comparison checks its graph kinds against this number before loading any data.
-        """
-        return None
-
-    def fingerprint(self) -> dict[str, Any]:
-        """The options that change the numbers of a run (see :func:`option`'s ``numbers``)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.metadata.get("numbers", True)
-        }
 
 
 def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager[Any]:
@@ -170,7 +115,7 @@ class Task(abc.ABC):
             that the task's model config refuses (checked for every schedule of the spec).
     """
 
-    #: the name ``--task`` takes and :data:`~heatformer.lab.TASKS` files it under
+    #: the name ``--task`` takes and :data:`~heatformer.lab.tasks.TASKS` files it under
     name: ClassVar[str] = ""
     #: the frozen dataclass of this task's options (fields made with :func:`option`)
     Options: ClassVar[type[TaskOptions]] = TaskOptions
@@ -190,16 +135,16 @@ class Task(abc.ABC):
         "nc1",
         "nc2",
     )
-    #: builds the data from keyword arguments, for :func:`~heatformer.lab.load_task`
+    #: builds the data from keyword arguments, for :func:`~heatformer.lab.tasks.load_task`
     #: (``None``: the data come from the options only)
     data_factory: ClassVar[Callable[..., Any] | None] = None
 
-    def __init__(self, spec: CompareSpec, data: Any = None) -> None:
+    def __init__(self, spec: RunSpec, data: Any = None) -> None:
         if spec.task != self.name:
             raise bad_value(
                 "task", f"expected {self.name!r} for {type(self).__name__}, got {spec.task!r}"
             )
-        self.spec = spec.resolved()
+        self.spec: Any = spec.resolved()  # the lab's CompareSpec, duck-typed as a RunSpec here
         self.options: Any = self.spec.options
         self.data: Any = self.load_data() if data is None else data
         self.check_data()
@@ -251,17 +196,16 @@ class Task(abc.ABC):
     # ------------------------------------------------------------------ shared logic
 
     def model_kwargs(self, heads: str) -> dict[str, Any]:
-        """Config fields every reference model shares, from the spec and a head schedule."""
-        from heatformer.lab.spec import split_layers
-
+        """Config fields every reference model shares: the run's model fields and the head
+        schedule ``heads``, parsed when the spec was made (:meth:`RunSpec.schedule`)."""
         spec = self.spec
+        schedule = spec.schedule(heads)
         return {
             "n_layer": spec.n_layer,
-            "n_head": spec.heads_per_layer(heads),
+            "n_head": schedule.num_heads,
             "n_embd": spec.n_embd,
-            "heads": split_layers(heads),
+            "heads": schedule.config_heads,
             "graph": spec.graph,
-            "topk": spec.topk,
             "dropout": spec.dropout,
             "activation_checkpointing": spec.activation_checkpointing,
         }
@@ -352,8 +296,6 @@ class Task(abc.ABC):
             )
         out = self.metrics(totals[0][0] / totals[0][2], totals[0][1] / totals[0][2])
         if halves == 2:
-            from heatformer.lab.tuning import VALIDATION
-
             held = self.metrics(totals[1][0] / totals[1][2], totals[1][1] / totals[1][2])
             out.update({VALIDATION + name: value for name, value in held.items()})
         return out

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from heatformer import checks as V
 from heatformer.lab.tasks._classifier import ClassificationTask
-from heatformer.lab.tasks.base import TaskOptions, option
+from heatformer.lab.tasks.options import TaskOptions, option
 
 if TYPE_CHECKING:
     import numpy as np

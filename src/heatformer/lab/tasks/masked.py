@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from heatformer.checks import bad_value, check_generator
-from heatformer.lab.tasks.base import IGNORE_INDEX, option
+from heatformer.lab.tasks.base import IGNORE_INDEX
 from heatformer.lab.tasks.chars import Chars, CharsOptions, bits_per_char
+from heatformer.lab.tasks.options import option
 
 if TYPE_CHECKING:
     import torch

@@ -24,7 +24,7 @@ from heatformer.checks import (
     check_positive_int,
 )
 from heatformer.lab.tasks._classifier import SequenceClassifierTask
-from heatformer.lab.tasks.base import TaskOptions, option
+from heatformer.lab.tasks.options import TaskOptions, option
 
 if TYPE_CHECKING:
     import torch

@@ -52,7 +52,7 @@ from heatformer.lab.tasks._corpus import (
     to_uint8,
     walk_files,
 )
-from heatformer.lab.tasks.base import TaskOptions, option
+from heatformer.lab.tasks.options import TaskOptions, option
 
 if TYPE_CHECKING:
     import torch

@@ -1,4 +1,4 @@
-"""heatformer._progress: a bar on a terminal, plain periodic lines anywhere else."""
+"""heatformer.lab.progress: a bar on a terminal, plain periodic lines anywhere else."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from heatformer import _progress
-from heatformer._progress import Progress
+from heatformer.lab import progress as _progress
+from heatformer.lab.progress import Progress
 
 
 class Terminal(io.StringIO):
