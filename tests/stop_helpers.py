@@ -52,8 +52,8 @@ class SlowRecall(Recall):
 
 
 if __name__ == "__main__":
-    from heatformer.lab import register_task
     from heatformer.lab.command import main
+    from heatformer.lab.tasks import register_task
 
     register_task(SlowRecall)
     sys.exit(main(sys.argv[1:]))
