@@ -71,7 +71,7 @@ LAYERS: dict[str, Callable[[int], nn.Module]] = {
     "attention:4,heat:4": lambda d: DiffusionAttention(d, HEADS, "attention:4,heat:4"),
     "materialized 4+4": MaterializedMixed,
     "topk32 attention:4,laplacian:4": lambda d: DiffusionAttention(
-        d, HEADS, "attention:4,laplacian:4", topk=32
+        d, HEADS, "attention:4,laplacian:4", graph="topk[k=32]"
     ),
 }
 DENSE_MAX_N = 4096

@@ -175,7 +175,7 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("layer embed float", lambda: DiffusionAttention(8.0, 2), TypeError, "embed_dim"),
     ("layer heads 0", lambda: DiffusionAttention(8, 0), ValueError, "num_heads"),
     ("layer divisible", lambda: DiffusionAttention(10, 4), ValueError, "embed_dim"),
-    ("layer topk 0", lambda: DiffusionAttention(8, 2, topk=0), ValueError, "topk"),
+    ("layer topk 0", lambda: DiffusionAttention(8, 2, graph="topk[k=0]"), ValueError, "graph"),
     ("layer dropout 1", lambda: DiffusionAttention(8, 2, dropout=1.0), ValueError, "dropout"),
     ("layer dropout str", lambda: DiffusionAttention(8, 2, dropout="0"), TypeError, "dropout"),
     ("layer causal int", lambda: DiffusionAttention(8, 2, causal=1), TypeError, "causal"),
@@ -194,7 +194,8 @@ CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("vit classes 0", lambda: ViTConfig(num_classes=0), ValueError, "num_classes"),  # found
     ("classifier classes 0", lambda: SequenceClassifierConfig(num_classes=0), ValueError,
      "num_classes"),
-    ("gpt topk > block", lambda: GPTConfig(block_size=8, topk=9), ValueError, "topk"),  # found
+    ("gpt topk > block", lambda: GPTConfig(block_size=8, graph="topk[k=9]"), ValueError,
+     "graph"),  # found
     ("gpt n_embd float", lambda: GPTConfig(n_embd=8.0), TypeError, "n_embd"),
     ("gpt graph int", lambda: GPTConfig(graph=123), TypeError, "graph"),  # issue 21
     ("gpt heads int", lambda: GPTConfig(heads=123), TypeError, "heads"),  # issue 21 (audit)

@@ -198,8 +198,7 @@ def test_python_m_heatformer_runs_the_command() -> None:
         ),
         (  # the ViT's tokens: 16 patches + cls, known once the images are loaded
             ["train", "--task", "digits", "--topk", "18"],
-            "--topk: expected at most the 17 tokens a sequence can hold (the longest sequence "
-            "of this config), got 18",
+            "--topk: topk[k=18]: expected k at most the 17 tokens a sequence can hold, got 18",
         ),
         (
             ["train", "--graph", "topk[k=40]", "--seq-len", "32"],
@@ -827,12 +826,12 @@ def test_graph_kinds_per_layer_from_the_command_line(
     assert main(argv) == 0
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert run["model_config"]["graph"] == "window[w=4];softmax"
-    assert run["model_config"]["topk"] is None
+    assert "topk" not in run["model_config"]
     assert all(np.isfinite(run["train_loss"])) and np.isfinite(run["final"]["val_loss"])
     spec = json.loads((out / "spec.json").read_text())["spec"]
     assert spec["graph"] == "window[w=4];softmax" and spec["options"]["seq_len"] == 16
     capsys.readouterr()
-    shorthand = tmp_path / "topk"  # --topk stays the shorthand the model config records
+    shorthand = tmp_path / "topk"  # --topk K: the shorthand for --graph topk[k=K]
     assert main(["train", *tiny(text, shorthand), "--topk", "4", "--no-analysis"]) == 0
     (run,) = json.loads((shorthand / "results.json").read_text())["runs"]
-    assert (run["model_config"]["topk"], run["model_config"]["graph"]) == (4, "softmax")
+    assert run["model_config"]["graph"] == "topk[k=4]" and "topk" not in run["model_config"]

@@ -590,7 +590,9 @@ def test_cli_train(
     assert all(math.isfinite(v) for v in run["train_loss"])
     assert all(math.isfinite(v) for v in run["final"].values())
     graph = CLI_VARIANTS[variant][1] if variant.startswith("graph=") else "softmax"
-    assert run["model_config"]["topk"] == (4 if variant in ("topk", "bf16-topk") else None)
+    if variant in ("topk", "bf16-topk"):  # --topk 4: the shorthand for --graph topk[k=4]
+        graph = "topk[k=4]"
+    assert "topk" not in run["model_config"]
     assert run["model_config"]["graph"] == graph
     assert all(
         value is None or math.isfinite(value)

@@ -30,7 +30,7 @@ import math
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from heatformer._suggest import did_you_mean
 
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-_G = TypeVar("_G")
 
 __all__ = [
     "NORMALIZATIONS",
@@ -66,7 +65,6 @@ __all__ = [
     "check_threshold",
     "check_time",
     "check_tol",
-    "resolve_topk",
     "topk_and_graph",
 ]
 
@@ -441,30 +439,11 @@ def check_generator(generator: object) -> torch.Generator:
 
 
 def topk_and_graph(topk: int, graph: object) -> ArgumentValueError:
-    """The error for ``topk`` given together with ``graph``: ``topk`` is the shorthand for
-    ``graph="topk[k=...]"``, so one of the two (see :func:`resolve_topk`; the command line
-    also refuses ``--topk`` with an explicit ``--graph softmax``)."""
+    """The error for ``topk`` given together with ``graph``: the command line's ``--topk K`` is
+    the shorthand for ``--graph topk[k=K]``, so one of the two (an explicit ``--graph softmax``
+    too)."""
     return bad_value(
         "topk",
         f"is shorthand for graph='topk[k={topk}]'; expected topk or graph, got both "
         f"(topk={topk}, graph={graph!r})",
     )
-
-
-def resolve_topk(graph: _G, topk: int | None) -> _G | str:
-    """The graph that ``graph=`` and the ``topk=`` shorthand ask for: ``graph`` when ``topk``
-    is None, else ``"topk[k=topk]"``, which needs ``graph`` at its default ``"softmax"``.
-
-    ``graph`` is a spec, a per-layer schedule or a graph kind (whose ``.spec`` is read); a
-    ``topk`` beside another graph raises :func:`topk_and_graph`'s error.
-
-    Example:
-        >>> resolve_topk("softmax", 8), resolve_topk("window[w=4]", None)
-        ('topk[k=8]', 'window[w=4]')
-    """
-    if topk is None:
-        return graph
-    spec = getattr(graph, "spec", graph)  # a graph kind writes itself back as its spec
-    if not (isinstance(spec, str) and spec.strip() == "softmax"):
-        raise topk_and_graph(topk, spec)
-    return f"topk[k={topk}]"

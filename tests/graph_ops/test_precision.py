@@ -248,14 +248,15 @@ def test_large_logits_heat_and_topk_are_finite_and_right(dtype: torch.dtype, spa
 
 
 @pytest.mark.parametrize("heads", ["attention:1,heat:1", "laplacian:1,ppr:1"])
-@pytest.mark.parametrize("topk", [None, 4])
-def test_large_logits_half_layer_is_finite(heads: str, topk: int | None) -> None:
-    """``DiffusionAttention(..., topk=4).half()`` on inputs of size 300 (projected logits past
-    65504) was NaN forward and backward; finite now, in every parameter's gradient."""
+@pytest.mark.parametrize("graph", ["softmax", "topk[k=4]"])
+def test_large_logits_half_layer_is_finite(heads: str, graph: str) -> None:
+    """``DiffusionAttention(..., graph="topk[k=4]").half()`` on inputs of size 300 (projected
+    logits past 65504) was NaN forward and backward; finite now, in every parameter's
+    gradient."""
     from heatformer.models import DiffusionAttention
 
     torch.manual_seed(0)
-    layer = DiffusionAttention(32, 2, heads, causal=True, topk=topk).half()
+    layer = DiffusionAttention(32, 2, heads, causal=True, graph=graph).half()
     x = (torch.randn(2, 40, 32) * 300).half().requires_grad_(True)
     with torch.no_grad():
         q, k, _ = layer.project_qkv(x)

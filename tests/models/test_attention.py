@@ -66,7 +66,7 @@ def spec_params(*, tight: bool = True) -> list:
 
 
 def clone_layer(layer: DiffusionAttention, **kwargs) -> DiffusionAttention:
-    """A layer with the same operators and weights, other keyword options (e.g. topk)."""
+    """A layer with the same operators and weights, other keyword options (e.g. graph)."""
     weight = layer.in_proj.weight
     options = {"causal": layer.causal, "dtype": weight.dtype, "device": weight.device}
     options.update(kwargs)
@@ -165,7 +165,7 @@ def test_mha_conversion_errors() -> None:
     with pytest.raises(ValueError, match=r"expected every head 'attention'.*laplacian"):
         mh.random_layer("attention:2,laplacian:2").to_mha()
     with pytest.raises(ValueError, match=r"dense 'softmax' graph .* got graph 'topk\[k=3\]'"):
-        mh.random_layer("attention", topk=3).to_mha()
+        mh.random_layer("attention", graph="topk[k=3]").to_mha()
     with pytest.raises(ValueError, match="QK-norm"):
         mh.random_layer("attention", qk_norm=True).to_mha()
     with pytest.raises(ValueError, match="kdim/vdim"):
@@ -384,8 +384,8 @@ def test_zero_init_makes_the_layer_output_exactly_zero(spec) -> None:
 @pytest.mark.parametrize("masked", [False, True])
 def test_dense_equals_topk_at_k_equal_n(spec, causal, masked, device) -> None:
     dense = mh.random_layer(spec, causal=causal, device=device)
-    sparse = clone_layer(dense, topk=6)
-    assert sparse.topk == 6 and dense.topk is None
+    sparse = clone_layer(dense, graph="topk[k=6]")
+    assert (sparse.graph_kind.spec, dense.graph_kind.spec) == ("topk[k=6]", "softmax")
     x = mh.random_input(11, device=device)
     key_mask = mh.padding_mask(2, 6, [6, 4], device) if masked else None
     out_d, gx_d, gp_d = grads(dense, x, key_mask)
@@ -399,7 +399,7 @@ def test_dense_equals_topk_at_k_equal_n(spec, causal, masked, device) -> None:
 
 def test_topk_larger_than_n_keeps_every_key() -> None:
     dense = mh.random_layer(OPERATOR_SPECS["mixed"], causal=True)
-    sparse = clone_layer(dense, topk=50)
+    sparse = clone_layer(dense, graph="topk[k=50]")
     x = mh.random_input(12)
     torch.testing.assert_close(sparse(x), dense(x), atol=1e-10, rtol=1e-8)
 
@@ -407,7 +407,7 @@ def test_topk_larger_than_n_keeps_every_key() -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_topk_keeps_the_k_strongest_keys_renormalized(causal) -> None:
     kk = 3
-    layer = mh.random_layer("attention:2,laplacian:2", causal=causal, topk=kk)
+    layer = mh.random_layer("attention:2,laplacian:2", causal=causal, graph=f"topk[k={kk}]")
     x = mh.random_input(13)
     key_mask = mh.padding_mask(2, 6, [6, 5])
     q, k, v = (mh.to_numpy(t) for t in layer.project_qkv(x))
@@ -429,9 +429,9 @@ def test_topk_keeps_the_k_strongest_keys_renormalized(causal) -> None:
 
 
 @pytest.mark.parametrize("spec", spec_params(tight=False))
-@pytest.mark.parametrize("topk", [None, 3])
-def test_permutation_equivariance(spec, topk) -> None:
-    layer = mh.random_layer(spec, topk=topk)
+@pytest.mark.parametrize("graph", ["softmax", "topk[k=3]"])
+def test_permutation_equivariance(spec, graph) -> None:
+    layer = mh.random_layer(spec, graph=graph)
     x = mh.random_input(14, n=7)
     perm = torch.tensor([3, 6, 0, 5, 1, 4, 2])
     torch.testing.assert_close(layer(x[:, perm]), layer(x)[:, perm], atol=1e-11, rtol=1e-9)
@@ -497,9 +497,9 @@ def test_causal_sym_heads_are_refused(spec) -> None:
 
 
 @pytest.mark.parametrize("spec", spec_params(tight=False))
-@pytest.mark.parametrize("topk", [None, 3])
-def test_causal_outputs_never_see_later_tokens(spec, topk, device) -> None:
-    layer = mh.random_layer(spec, causal=True, topk=topk, device=device)
+@pytest.mark.parametrize("graph", ["softmax", "topk[k=3]"])
+def test_causal_outputs_never_see_later_tokens(spec, graph, device) -> None:
+    layer = mh.random_layer(spec, causal=True, graph=graph, device=device)
     x = mh.random_input(18, n=7, device=device)
     out = layer(x)
     for i in (0, 3, 5):
@@ -508,12 +508,12 @@ def test_causal_outputs_never_see_later_tokens(spec, topk, device) -> None:
         torch.testing.assert_close(layer(moved)[:, : i + 1], out[:, : i + 1], atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("topk", [None, 2])
+@pytest.mark.parametrize("graph", ["softmax", "topk[k=2]"])
 @pytest.mark.parametrize(
     "spec", ["attention:2,laplacian:2", "laplacian:1,attention:2,laplacian:1", "laplacian:4"]
 )
-def test_causal_laplacian_head_is_exactly_zero_at_the_first_token(spec, topk) -> None:
-    layer = mh.random_layer(spec, causal=True, topk=topk, dtype=torch.float32)
+def test_causal_laplacian_head_is_exactly_zero_at_the_first_token(spec, graph) -> None:
+    layer = mh.random_layer(spec, causal=True, graph=graph, dtype=torch.float32)
     x = mh.random_input(20, dtype=torch.float32)
     q, k, v = layer.project_qkv(x)
     y = layer.diffuse(q, k, v)
@@ -566,11 +566,13 @@ def test_left_padded_causal_gradients_are_finite(spec) -> None:
 
 
 @pytest.mark.parametrize(
-    ("causal", "topk"), [(False, None), (True, None), (True, 3)], ids=["dense", "causal", "topk"]
+    ("causal", "graph"),
+    [(False, "softmax"), (True, "softmax"), (True, "topk[k=3]")],
+    ids=["dense", "causal", "topk"],
 )
-def test_gradcheck_mixed_heads(causal, topk, device) -> None:
+def test_gradcheck_mixed_heads(causal, graph, device) -> None:
     spec = "attention:1,laplacian:1,heat[t=0.6;learnable=true;tol=1e-9]:1,ppr[alpha=0.5;tol=1e-9]:1"
-    layer = mh.random_layer(spec, embed_dim=8, causal=causal, topk=topk, device=device)
+    layer = mh.random_layer(spec, embed_dim=8, causal=causal, graph=graph, device=device)
     x = mh.random_input(23, 2, 4, 8, device=device).requires_grad_(True)
     key_mask = mh.padding_mask(2, 4, [4, 3], device)
     check = {"atol": 1e-7, "fast_mode": True}
@@ -597,7 +599,7 @@ def test_graphs_are_each_heads_attention_graph() -> None:
         for h in range(4):
             expected = mh.softmax_probs(q[b, h], k[b, h], allowed)
             np.testing.assert_allclose(mh.to_numpy(g.to_dense()[b, h]), expected, atol=1e-12)
-    sparse = clone_layer(layer, topk=2).graphs(x, key_mask)
+    sparse = clone_layer(layer, graph="topk[k=2]").graphs(x, key_mask)
     assert sparse.num_edges == 2 * 4 * 6 * 2
     dense = mh.to_numpy(sparse.to_dense())
     assert ((dense > 0).sum(-1) <= 2).all()
@@ -859,10 +861,10 @@ def test_bad_constructor_arguments() -> None:
         DiffusionAttention(8.0, 2)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"^num_heads: expected a positive int, got bool$"):
         DiffusionAttention(8, True)
-    with pytest.raises(ValueError, match="topk: expected None or a positive int, got 0"):
-        DiffusionAttention(8, 2, topk=0)
-    with pytest.raises(TypeError, match=r"^topk: expected None or a positive int, got float$"):
-        DiffusionAttention(8, 2, topk=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^graph: in 'topk\[k=0\]': k: expected a positive int"):
+        DiffusionAttention(8, 2, graph="topk[k=0]")
+    with pytest.raises(ValueError, match=r"^graph: in 'topk\[k=1.5\]': k: expected a positive"):
+        DiffusionAttention(8, 2, graph="topk[k=1.5]")
     with pytest.raises(ValueError, match=r"dropout: expected a probability in \[0, 1\)"):
         DiffusionAttention(8, 2, dropout=1.0)
     with pytest.raises(TypeError, match=r"^dropout: expected a float in \[0, 1\), got str$"):

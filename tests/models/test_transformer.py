@@ -138,7 +138,7 @@ def test_compiled_block_with_heat_heads_matches_eager() -> None:
         ("attention", {}),
         ("laplacian:1,attention:2,laplacian:1", {}),
         ("attention:4|laplacian:4", {}),
-        ("attention:2,laplacian:2", {"topk": 3}),  # top-k decodes from the cache too
+        ("attention:2,laplacian:2", {"graph": "topk[k=3]"}),  # top-k decodes from the cache
         ("attention:4", {"graph": "topk[k=2];softmax"}),  # a per-layer graph schedule
     ],
 )
@@ -270,6 +270,11 @@ def test_gpt_input_errors() -> None:
         GPT(GPTConfig(n_embd=64.0))  # type: ignore[arg-type]
 
 
+#: the graph kind's check of k against the longest sequence: "graph: topk[k=33]: expected k
+#: at most the 32 tokens a sequence can hold, got 33"
+K, MOST = r"graph: topk\[k=", "expected k at most"
+
+
 @pytest.mark.parametrize(
     ("make", "match"),
     [
@@ -280,11 +285,14 @@ def test_gpt_input_errors() -> None:
         (lambda: SequenceClassifierConfig(num_classes=0), r"^num_classes: expected a positive"),
         (lambda: GPTConfig(mlp_ratio=0), r"^mlp_ratio: expected a positive int, got 0$"),
         (lambda: GPTConfig(dropout=1.0), r"^dropout: expected a probability in \[0, 1\)"),
-        (lambda: GPTConfig(block_size=32, topk=33), r"^topk: expected at most the 32 tokens"),
+        (lambda: GPTConfig(block_size=32, graph="topk[k=33]"), rf"^{K}33\]: {MOST} the 32 tokens"),
         # 8x8 images in 2x2 patches: 16 patches and a cls token
-        (lambda: ViTConfig(topk=18), r"^topk: expected at most the 17 tokens"),
-        (lambda: ViTConfig(topk=17, pool="mean"), r"^topk: expected at most the 16 tokens"),
-        (lambda: SequenceClassifierConfig(block_size=8, topk=9), r"^topk: expected at most the 8"),
+        (lambda: ViTConfig(graph="topk[k=18]"), rf"^{K}18\]: {MOST} the 17 tokens"),
+        (lambda: ViTConfig(graph="topk[k=17]", pool="mean"), rf"^{K}17\]: {MOST} the 16 tokens"),
+        (
+            lambda: SequenceClassifierConfig(block_size=8, graph="topk[k=9]"),
+            rf"^{K}9\]: {MOST} the 8 tokens",
+        ),
     ],
 )
 def test_configs_refuse_impossible_sizes_when_made(make, match) -> None:
@@ -294,9 +302,10 @@ def test_configs_refuse_impossible_sizes_when_made(make, match) -> None:
 
 
 def test_configs_accept_topk_up_to_the_longest_sequence() -> None:
-    assert ViTConfig(topk=17).max_tokens() == 17
-    assert SequenceClassifierConfig(block_size=8, topk=9, pool="cls").max_tokens() == 9
-    assert GPTConfig(block_size=32, topk=32).max_tokens() == 32
+    assert ViTConfig(graph="topk[k=17]").max_tokens() == 17
+    clf = SequenceClassifierConfig(block_size=8, graph="topk[k=9]", pool="cls")
+    assert clf.max_tokens() == 9
+    assert GPTConfig(block_size=32, graph="topk[k=32]").max_tokens() == 32
 
 
 def test_the_blocks_get_the_graph_kinds_the_config_parsed() -> None:
@@ -311,25 +320,22 @@ def test_the_blocks_get_the_graph_kinds_the_config_parsed() -> None:
     assert all(
         block.attn.graph_kind is kind for block, kind in zip(model.blocks, kinds, strict=True)
     )
-    shorthand = GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=8, topk=3)
-    assert [kind.spec for kind in shorthand.graph_kinds] == ["topk[k=3]"] * 2
 
 
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: DiffusionAttention(8, 2, graph="window[w=2]", topk=2),
-        lambda: GPTConfig(block_size=8, graph="window[w=2]", topk=2),
-        lambda: GPTConfig(block_size=8, graph=("softmax", "window[w=2]"), n_layer=2, topk=2),
+        lambda: DiffusionAttention(8, 2, topk=2),
+        lambda: TransformerBlock(8, 2, topk=2),
+        lambda: GPTConfig(block_size=8, topk=2),
+        lambda: ViTConfig(topk=2),
+        lambda: SequenceClassifierConfig(block_size=8, topk=2),
     ],
 )
-def test_topk_with_another_graph_is_refused_with_one_message(make) -> None:
-    """The ``topk=`` shorthand beside another graph: the layer and the configs say what the
-    spec and the command line say."""
-    with pytest.raises(
-        ValueError,
-        match=r"^topk: is shorthand for graph='topk\[k=2\]'; expected topk or graph, got both",
-    ):
+def test_layers_and_configs_take_no_topk_keyword(make) -> None:
+    """``graph="topk[k=2]"`` is the one way to ask for a top-k graph (the ``topk=`` shorthand
+    of 0.1.0 is gone; the command line's ``--topk K`` stays, resolved to the graph spec)."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'topk'"):
         make()
 
 
@@ -529,6 +535,30 @@ def test_save_load_round_trip(tmp_path, index) -> None:
     for (n1, p1), (n2, p2) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2)
     torch.testing.assert_close(run(loaded), run(model), atol=0, rtol=0)
+
+
+def test_a_saved_config_with_topk_null_loads_and_a_topk_value_is_refused(tmp_path) -> None:
+    """A model saved while configs had a ``topk`` field (``"topk": None`` in its config) loads
+    as saved; a ``topk`` value is refused, naming the graph spec to write instead."""
+    torch.manual_seed(0)
+    model = tiny_gpt("attention:2,laplacian:2", dtype=torch.float32)
+    path = tmp_path / "model.pt"
+    save_model(model, path)
+    payload = torch.load(path, weights_only=True)
+    assert "topk" not in payload["config"]
+    payload["config"]["topk"] = None
+    torch.save(payload, path)
+    loaded = load_model(path).eval()
+    assert loaded.config == model.config
+    idx = tokens(0, 2, 6)
+    torch.testing.assert_close(loaded(idx), model(idx), atol=0, rtol=0)
+    payload["config"]["topk"] = 4
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match=r"^path: .* holds a config with topk=4, the removed "
+                       r"shorthand for graph='topk\[k=4\]': expected graph='topk\[k=4\]' in its "
+                       r"config instead \(it has graph='softmax'\)$") as err:  # fmt: skip
+        load_model(path)
+    assert err.value.argument == "path"  # type: ignore[attr-defined]
 
 
 def test_save_load_errors(tmp_path) -> None:

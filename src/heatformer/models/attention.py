@@ -73,9 +73,8 @@ class DiffusionAttention(nn.Module):
             Heads sharing an operator instance run as one batched call.
         graph: the graph kind, a spec (``"softmax"``, ``"topk[k=32]"``; see
             :data:`~heatformer.graph_ops.GRAPHS`) or a :class:`~heatformer.graph_ops.
-            GraphBuilder`.
-        topk: shorthand for ``graph="topk[k=topk]"``: keep the ``topk`` strongest keys per
-            query (a sequence shorter than ``topk`` keeps all its keys).
+            GraphBuilder`. ``"topk[k=32]"`` keeps the 32 strongest keys per query (a
+            sequence shorter than ``k`` keeps all its keys).
         causal: forbid attending to later positions.
         dropout: dropout on the head outputs before the output projection (training only).
             Unlike :class:`torch.nn.MultiheadAttention`, which drops attention weights, this
@@ -117,7 +116,6 @@ class DiffusionAttention(nn.Module):
         operators: str | Sequence[DiffusionOperator | str] = "attention",
         *,
         graph: str | GraphBuilder = "softmax",
-        topk: int | None = None,
         causal: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
@@ -129,9 +127,8 @@ class DiffusionAttention(nn.Module):
     ) -> None:
         super().__init__()
         check_layer_sizes(embed_dim, num_heads, dropout)
-        checks.check_positive_int("topk", topk, optional=True)
         checks.check_bool("causal", causal)
-        self.graph_kind = resolve_graph(checks.resolve_topk(graph, topk))
+        self.graph_kind = resolve_graph(graph)
         if causal and not self.graph_kind.supports_causal:
             raise checks.bad_value(
                 "graph", f"expected a graph kind that supports causal=True, got {self.graph_kind}"
@@ -183,15 +180,6 @@ class DiffusionAttention(nn.Module):
     def fused_heads(self) -> tuple[int, ...]:
         """The heads served by one propagation (operators affine in ``P v``), in head order."""
         return self.router.fused_heads
-
-    @property
-    def topk(self) -> int | None:
-        """``k`` of a ``"topk[k=...]"`` layer, else None (the ``topk=`` shorthand, read back:
-        the ``k`` whose shorthand resolves to this layer's graph kind)."""
-        k = self.graph_kind.params.get("k")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            return None
-        return k if resolve_graph(checks.resolve_topk("softmax", k)) == self.graph_kind else None
 
     # ---- projections -----------------------------------------------------------------------
 

@@ -101,7 +101,7 @@ class TransformerBlock(nn.Module):
         embed_dim: ``D``.
         num_heads: ``H``.
         operators: head spec or per-head operators (see :class:`DiffusionAttention`).
-        graph, topk, causal, qk_norm, zero_init: passed to :class:`DiffusionAttention`.
+        graph, causal, qk_norm, zero_init: passed to :class:`DiffusionAttention`.
         dropout: on the attention head outputs, the MLP output and the residual branches.
         bias: biases in linear layers and LayerNorms.
         mlp_ratio: hidden width of the MLP in units of ``D``.
@@ -129,7 +129,6 @@ class TransformerBlock(nn.Module):
         operators: Any = "attention",
         *,
         graph: str | GraphBuilder = "softmax",
-        topk: int | None = None,
         causal: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
@@ -146,7 +145,7 @@ class TransformerBlock(nn.Module):
         self.activation_checkpointing = bool(activation_checkpointing)
         self.ln1 = nn.LayerNorm(embed_dim, eps=norm_eps, bias=bias)
         self.attn = DiffusionAttention(
-            embed_dim, num_heads, operators, graph=graph, topk=topk, causal=causal,
+            embed_dim, num_heads, operators, graph=graph, causal=causal,
             dropout=dropout, bias=bias, qk_norm=qk_norm, zero_init=zero_init,
         )  # fmt: skip
         if self.attn.q_norm is not None and self.attn.k_norm is not None:

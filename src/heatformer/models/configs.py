@@ -4,8 +4,9 @@ Every model is built from one (``Model.from_config(cfg)``). The fields every sta
 shares live in :class:`_StackConfig`; ``heads`` is a head spec for every layer, ``'|'``/``';'``-
 separated per-layer specs, or a tuple (see :mod:`heatformer.models.heads`); ``graph`` is a
 graph kind (``"softmax"``, ``"topk[k=32]"``, see :data:`heatformer.graph_ops.GRAPHS`) in the
-same schedule syntax. A config a model cannot use (a size below 1, ``topk`` above the longest
-sequence, an unknown graph kind) is refused when it is made.
+same schedule syntax. A config a model cannot use (a size below 1, an unknown graph kind, a
+graph kind that cannot hold the longest sequence: ``"topk[k=33]"`` with 32 tokens) is refused
+when it is made.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ class _StackConfig:
     heads: str | tuple[str, ...] = "attention"  # head spec(s), e.g. "attention:2,laplacian:2"
     # graph kind(s): "softmax", "topk[k=32]", or one per layer ("topk[k=8];softmax")
     graph: str | tuple[str, ...] = "softmax"
-    topk: int | None = None  # shorthand for graph="topk[k=...]" in every layer
     dropout: float = 0.0
     bias: bool = True
     qk_norm: bool = False
@@ -49,7 +49,6 @@ class _StackConfig:
     def __post_init__(self) -> None:
         for name in self._sizes:
             checks.check_positive_int(name, getattr(self, name))
-        checks.check_positive_int("topk", self.topk, optional=True)
         if self.n_embd % self.n_head != 0:
             raise checks.bad_value(
                 "n_embd", f"expected a multiple of n_head ({self.n_head}), got {self.n_embd}"
@@ -72,18 +71,12 @@ class _StackConfig:
                     f"str), got {spec!r} of type {type(spec).__name__}",
                 )
         tokens = self.max_tokens()
-        if self.topk is not None and self.topk > tokens:
-            raise checks.bad_value(
-                "topk",
-                f"expected at most the {tokens} tokens a sequence can hold (the longest "
-                f"sequence of this config), got {self.topk}",
-            )
         for kind in dict.fromkeys(self.graph_kinds):
             kind.check_nodes(tokens)
 
     def layer_graphs(self) -> list[str]:
-        """One graph spec per layer (``topk`` expands to ``"topk[k=...]"`` everywhere)."""
-        return parse_layer_graphs(checks.resolve_topk(self.graph, self.topk), self.n_layer)
+        """One graph spec per layer."""
+        return parse_layer_graphs(self.graph, self.n_layer)
 
     @cached_property
     def graph_kinds(self) -> tuple[GraphBuilder, ...]:

@@ -451,13 +451,25 @@ def save_model(model: nn.Module, path: str | os.PathLike[str]) -> None:
 
 
 def load_model(path: str | os.PathLike[str], map_location: str | None = "cpu") -> nn.Module:
-    """Load a model saved by :func:`save_model` (config and weights round-trip)."""
+    """Load a model saved by :func:`save_model` (config and weights round-trip).
+
+    A config saved while configs had a ``topk`` field loads: its ``"topk": None`` is dropped;
+    a ``topk`` value is refused, naming the graph kind to write instead.
+    """
     payload = torch.load(Path(path), map_location=map_location, weights_only=True)
     kind = payload.get("kind") if isinstance(payload, dict) else None
     if kind not in _MODELS:
         raise checks.bad_value("path", f"{path} is not a heatformer model file (kind={kind!r})")
     cls = _MODELS[kind]
     fields = dict(payload["config"])
+    topk = fields.pop("topk", None)
+    if topk is not None:
+        raise checks.bad_value(
+            "path",
+            f"{path} holds a config with topk={topk}, the removed shorthand for "
+            f"graph='topk[k={topk}]': expected graph='topk[k={topk}]' in its config instead "
+            f"(it has graph={fields.get('graph')!r})",
+        )
     if isinstance(fields.get("heads"), list):
         fields["heads"] = tuple(fields["heads"])
     model = cls(cls.config_class(**fields))
