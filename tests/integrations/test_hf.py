@@ -456,6 +456,11 @@ def test_the_declared_attention_modules_are_those_that_call_the_interface(
     ``_supports_attention_backend``, the attention classes of its ``_can_record_outputs``) are
     the modules that call the attention function in a forward pass, in order; no source is
     read (``inspect`` refuses to here), and the converted model equals the model's sdpa."""
+    if (
+        family == "diffllama"
+        and not transformers.DiffLlamaPreTrainedModel._supports_attention_backend
+    ):
+        pytest.skip("this transformers' DiffLlama does not call the attention interface")
     model = _declaring(family)
     helper_family = family if family in FAMILIES else "llama"
     inputs = model_inputs(helper_family)
