@@ -487,7 +487,7 @@ def slow_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     from heatformer.lab.tasks import TASKS
     from stop_helpers import SlowRecall
 
-    TASKS[SlowRecall.name] = SlowRecall
+    TASKS.register(SlowRecall)
     try:
         out = tmp_path_factory.mktemp("slow") / "ref"
         with contextlib.redirect_stdout(io.StringIO()):
@@ -495,7 +495,7 @@ def slow_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         (record,) = json.loads((out / "results.json").read_text())["runs"]
         yield record
     finally:
-        del TASKS[SlowRecall.name]
+        TASKS.unregister(SlowRecall.name)
 
 
 @pytest.mark.parametrize("stall", ["eval:1", "train:3"])
