@@ -1,7 +1,8 @@
 """The layer's ``q, k, v`` gradients returned in the projection's layout without a copy
 (``heatformer.models._packed``): the same gradients as autograd's own unbind, for every
 operator, the graph kinds, causal or not, one or two sequences; the copy is skipped exactly
-where the window graph's backward wrote the three parts into one buffer."""
+where the window graph's backward wrote the three parts into one buffer (the contract of
+``heatformer.graph_ops.window.packed``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import model_helpers as mh
 from heatformer._spec import format_entry
 from heatformer.graph_ops import GRAPHS, OPERATORS
+from heatformer.graph_ops.window.packed import projection_gradient
 from heatformer.models import _packed, attention
 from heatformer.models._packed import unbind_packed
 from heatformer.models.heads import format_operator
@@ -68,12 +70,11 @@ def test_copy_skipped_where_the_parts_share_a_buffer(
     seen: list[bool] = []
 
     def spy(grads, shape):
-        found = as_packed(grads, shape)
+        found = projection_gradient(grads, shape)
         seen.append(found is not None)
         return found
 
-    as_packed = _packed._as_packed
-    monkeypatch.setattr(_packed, "_as_packed", spy)
+    monkeypatch.setattr(_packed, "projection_gradient", spy)
     layer = mh.random_layer(spec, graph=graph, causal=True)
     x = torch.randn(batch, 13, layer.embed_dim, dtype=torch.float64)
     grads = _grads(layer, x)
@@ -106,12 +107,12 @@ def test_a_buffer_laid_out_otherwise_is_stacked() -> None:
     buf = torch.randn(1, 5, 3, 2, 4)
     shape = buf.shape
     parts = tuple(buf[:, :, i] for i in range(3))
-    found = _packed._as_packed(parts, shape)
+    found = projection_gradient(parts, shape)
     assert found is not None and found.data_ptr() == buf.data_ptr() and torch.equal(found, buf)
-    assert _packed._as_packed((parts[1], parts[0], parts[2]), shape) is None  # order
-    assert _packed._as_packed(tuple(p.clone() for p in parts), shape) is None  # own storage
+    assert projection_gradient((parts[1], parts[0], parts[2]), shape) is None  # order
+    assert projection_gradient(tuple(p.clone() for p in parts), shape) is None  # own storage
     other = torch.randn(1, 5, 4, 2, 4)  # a fourth part: the rows are 4 parts apart
-    assert _packed._as_packed(tuple(other[:, :, i] for i in range(3)), shape) is None
+    assert projection_gradient(tuple(other[:, :, i] for i in range(3)), shape) is None
 
 
 def test_torch_func_grad_through_the_unbind() -> None:

@@ -32,12 +32,13 @@ once, from the :func:`shared` node that every product's ``q`` and ``k`` come fro
 ``q``-sized gradient per product plus autograd's running sums. When ``q``, ``k`` and the
 values are the three parts of one token-major fused projection (a layer's heads, ``(N, 3, H,
 Dh)`` in memory), the three gradients are written as the parts of one buffer in that layout,
-which the layer's :func:`~heatformer.models._packed.unbind_packed` hands to the projection
-without stacking them (a copy of the projection's size). A row with no allowed key gives
-0. On the generic path the forward is one SDPA call per run of blocks in the input's dtype (for
-half-precision inputs SDPA forms the logits in float32 on the CPU from torch 2.5 on, and its
-fused CUDA kernels accumulate in float32), and the backward recomputes half-precision inputs
-in float32 per chunk (the result is cast back), as the library's other softmax paths do.
+which the layer's unbind hands to the projection without stacking them (a copy of the
+projection's size): the contract of :mod:`~heatformer.graph_ops.window.packed`. A row with no
+allowed key gives 0. On the generic path the forward is one SDPA call per run of blocks in the
+input's dtype (for half-precision inputs SDPA forms the logits in float32 on the CPU from torch
+2.5 on, and its fused CUDA kernels accumulate in float32), and the backward recomputes
+half-precision inputs in float32 per chunk (the result is cast back), as the library's other
+softmax paths do.
 
 Second derivatives: with ``create_graph=True`` (a gradient penalty, ``gradgradcheck``) the
 backward takes the generic path whatever the forward took -- the fused kernel's backward has
@@ -57,7 +58,7 @@ masked SDPA call.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,12 @@ from torch import Tensor
 
 from heatformer import _torch_compat
 from heatformer.graph_ops.window.layout import Spec, WindowLayout
+from heatformer.graph_ops.window.packed import (
+    Projection,
+    gradient_buffers,
+    holds_values,
+    projection_of,
+)
 
 __all__ = ["GradSink", "WindowAttention", "shared", "window_attention"]
 
@@ -168,7 +175,7 @@ class GradSink:
     pass that does not reach ``q`` and ``k`` cannot leak into a later one."""
 
     def __init__(
-        self, layout: WindowLayout, q_rows: int, packed: tuple[int, int] | None = None
+        self, layout: WindowLayout, q_rows: int, projection: Projection | None = None
     ) -> None:
         # the geometry only: a reference to the graph would make a cycle (the graph keeps the
         # sink), and the graph, with its q and k, would outlive the step until the next gc
@@ -176,7 +183,7 @@ class GradSink:
         self._rows = (nb * b, (nb - 1 + -(-layout.slab // b)) * b)  # dq, dk (>= P) rows
         self._n, self._before = layout.n, layout.before
         self._q = (layout.q_offset, q_rows)  # the graph rows q holds
-        self._packed = packed  # q's (storage, offset) when q, k are parts 0, 1 of a projection
+        self._projection = projection  # when q, k are parts 0, 1 of a fused projection
         self._by_pass: dict[int, tuple[Tensor, Tensor, list[Tensor]]] = {}
 
     def buffers(self, q: Tensor, k: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -185,20 +192,16 @@ class GradSink:
         of ``b``).
 
         When ``q`` and ``k`` are the first two parts of a fused projection (:func:`shared`
-        found them so) and ``dtype`` is theirs, both are views of one ``(rows', 3, Bf, E)``
-        buffer in the projection's layout, whose third part :meth:`values` offers to the
-        product of the values: the three gradients then reach the projection as one tensor
-        (:func:`heatformer.models._packed.unbind_packed`), with no stacking copy."""
+        found them so) and ``dtype`` is theirs, both are parts of one buffer in the
+        projection's layout (:func:`~heatformer.graph_ops.window.packed.gradient_buffers`),
+        whose third part :meth:`values` offers to the product of the values: the three
+        gradients then reach the projection as one tensor, with no stacking copy."""
         task = _torch_compat.graph_task_id()
         if task not in self._by_pass:
             bf, (q_rows, k_rows) = q.shape[0], self._rows
-            if self._packed is not None and dtype == q.dtype:
+            if self._projection is not None and dtype == q.dtype:
                 before = self._before
-                buf = q.new_zeros(max(k_rows, before + q_rows), 3, bf, q.shape[-1])
-                dq, dk, dv = (
-                    buf[:rows, i].transpose(0, 1)
-                    for i, rows in enumerate((before + q_rows, k_rows, k_rows))
-                )  # (Bf, rows, E) each
+                dq, dk, dv = gradient_buffers(q, (before + q_rows, k_rows, k_rows))
                 self._by_pass[task] = (dq[:, before:], dk, [dv])  # dq by query row
             else:
                 self._by_pass[task] = (
@@ -215,14 +218,9 @@ class GradSink:
         (and ``dtype`` its dtype); once per pass (a second product of the same values sums
         into its own buffer, and autograd adds the two). None otherwise."""
         found = self._by_pass.get(_torch_compat.graph_task_id())
-        if found is None or not found[2] or self._packed is None or x.dtype != dtype:
+        if found is None or not found[2] or self._projection is None or x.dtype != dtype:
             return None
-        storage, offset = self._packed
-        third = _part_offset(x, 2)
-        if (
-            third is None or x.storage_offset() != offset + third
-            or _storage(x) != storage
-        ):  # fmt: skip
+        if not holds_values(self._projection, x):
             return None
         return found[2].pop()
 
@@ -234,38 +232,6 @@ class GradSink:
             return None
         n, before, (off, rows) = self._n, self._before, self._q
         return found[0][:, off : off + rows], found[1][:, before : before + n]
-
-
-def _part_offset(t: Tensor, part: int) -> int | None:
-    """Elements from part 0 to part ``part`` of a ``(Bf, N, E)`` part of a token-major fused
-    projection, ``(N, 3, Bf, E)`` in memory (the heads of one batch element, as a
-    ``(B=1, N, 3, H, Dh)`` projection gives them), or None when ``t`` is not laid out so."""
-    bf, _, e = t.shape
-    if t.stride(1) != 3 * bf * e or t.stride(2) != 1 or (bf > 1 and t.stride(0) != e):
-        return None
-    return part * bf * e
-
-
-def _storage(t: Tensor) -> int | None:
-    """The address of ``t``'s storage; None for a tensor without one (a ``torch.func``
-    transform's wrapper)."""
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):
-        return None
-
-
-def _packed_parts(q: Tensor, k: Tensor) -> tuple[int, int] | None:
-    """``q``'s storage (its address) and offset when ``q`` and ``k`` ``(Bf, N, E)`` are parts 0
-    and 1 of one fused projection (:func:`_part_offset`), else None."""
-    one = _part_offset(q, 1)
-    if (
-        one is None or q.shape != k.shape or q.stride() != k.stride() or q.dtype != k.dtype
-        or k.storage_offset() != q.storage_offset() + one
-        or _storage(q) is None or _storage(k) != _storage(q)
-    ):  # fmt: skip
-        return None
-    return cast(int, _storage(q)), int(q.storage_offset())
 
 
 class _Shared(torch.autograd.Function):
@@ -291,8 +257,8 @@ class _Shared(torch.autograd.Function):
 def shared(layout: WindowLayout, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, GradSink]:
     """``q``, ``k`` for every product of a graph of ``layout`` in one forward pass, and the sink
     their :class:`WindowAttention` gradients are summed in."""
-    packed = _packed_parts(q, k) if layout.q_offset == 0 and q.shape[1] == layout.n else None
-    sink = GradSink(layout, q.shape[1], packed)
+    whole = layout.q_offset == 0 and q.shape[1] == layout.n  # not an extended block's rows
+    sink = GradSink(layout, q.shape[1], projection_of(q, k) if whole else None)
     qs, ks = _Shared.apply(sink, q, k)
     return qs, ks, sink
 
