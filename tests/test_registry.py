@@ -58,7 +58,9 @@ def test_a_registry_is_a_read_only_mapping_of_names_in_order() -> None:
     assert list(things) == ["box", "ball"] and len(things) == 2
     assert "box" in things and "cube" not in things and 3 not in things
     assert things["box"] is Box and things.lookup(" CUBE ") is Box  # alias, case, spaces
-    assert things.items() == [("box", Box), ("ball", Ball)] and things.values() == [Box, Ball]
+    assert list(things.items()) == [("box", Box), ("ball", Ball)]
+    assert list(things.values()) == [Box, Ball] and things == {"box": Box, "ball": Ball}
+    assert things.get("box") is Box and things.get("cube") is None and things.get(3, 0) == 0
     with pytest.raises(TypeError, match=r"\.register\(cls\)"):
         things["box"] = Ball
     assert things.unregister("box") is Box and list(things) == ["ball"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from heatformer import checks as V
 from heatformer._suggest import did_you_mean
@@ -45,7 +45,7 @@ T = TypeVar("T", bound=type)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
 
 
-class Registry(Generic[T]):
+class Registry(Mapping[str, T]):
     """Names -> classes of one extension axis, each checked once when registered.
 
     Args:
@@ -66,8 +66,10 @@ class Registry(Generic[T]):
         examples: every entry declares ``examples``, a non-empty tuple of parameter dicts
             that its constructor takes (the combination matrix of the tests builds each one).
 
-    Every entry's ``name`` is its key; iteration yields the names in registration order;
-    ``in``, ``len``, :meth:`items` and :meth:`values` work as on a dict. Entries are added only
+    A read-only :class:`~collections.abc.Mapping`: every entry's ``name`` is its key; iteration
+    yields the names in registration order; ``in``, ``len``, ``items()``, ``values()``,
+    ``get()`` and ``==`` (against any mapping) work as on a dict, and ``registry[name]`` is
+    :meth:`lookup` (an unknown name raises its :class:`ValueError`). Entries are added only
     through :meth:`register` (``registry[name] = cls`` is refused: it would skip the checks).
     """
 
@@ -226,11 +228,10 @@ class Registry(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def items(self) -> list[tuple[str, T]]:
-        return list(self._entries.items())
-
-    def values(self) -> list[T]:
-        return list(self._entries.values())
+    def get(self, name: object, default: Any = None) -> Any:
+        """The class registered as ``name`` exactly (no alias, no case folding), else
+        ``default``."""
+        return self._entries.get(name, default) if isinstance(name, str) else default
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {list(self._entries)})"
