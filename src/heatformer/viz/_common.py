@@ -23,6 +23,7 @@ from heatformer.graph_ops import DenseGraph, Graph
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.collections import Collection
     from matplotlib.figure import Figure
 
 PathLike = str | os.PathLike[str]
@@ -165,6 +166,28 @@ def text_colour_on(background: Sequence[float]) -> tuple[float, float, float]:
     """
     white, black = (1.0, 1.0, 1.0), (0.0, 0.0, 0.0)
     return white if contrast_ratio(white, background) > contrast_ratio(black, background) else black
+
+
+def colour_labels(ax: Axes, nodes: Collection) -> None:
+    """Colour the node labels of ``ax`` (texts with gid ``"node-label"``) for the current
+    colours of ``nodes``: black or white, whichever contrasts more with the node (a WCAG
+    contrast ratio of at least 4.5), on a halo of the node's colour, so that a label wider
+    than its node reads too.
+
+    :func:`~heatformer.viz.draw_attention_graph` calls it, and again whenever the nodes'
+    colour scale changes; call it after ``set_array`` on the ``"nodes"`` collection.
+    """
+    from matplotlib.patheffects import withStroke
+
+    values = nodes.get_array()
+    if values is None:  # pragma: no cover - draw_attention_graph always colours by value
+        return
+    colours = nodes.to_rgba(values)  # (N, 4): what the nodes are drawn in
+    texts = [t for t in ax.texts if t.get_gid() == "node-label"]
+    for text, colour in zip(texts, colours):
+        halo = max(1.5, 0.4 * float(text.get_fontsize()))  # points
+        text.set_color(text_colour_on(colour))
+        text.set_path_effects([withStroke(linewidth=halo, foreground=colour)])
 
 
 def _visible(token: str) -> str:

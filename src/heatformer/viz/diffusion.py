@@ -21,15 +21,15 @@ from torch import Tensor
 
 from heatformer.checks import bad_type, bad_value
 from heatformer.graph_ops import DenseGraph, Graph, heat_kernel
-from heatformer.viz._common import PathLike, new_figure, save_figure, single_graph
-from heatformer.viz.graphs import (
-    _arc_extent,
-    _arc_width,
-    _check_layout,
-    _colour_labels,
-    draw_attention_graph,
-    find_collection,
+from heatformer.viz._common import (
+    PathLike,
+    colour_labels,
+    new_figure,
+    save_figure,
+    single_graph,
 )
+from heatformer.viz._layouts import arc_extent, arc_width, check_layout
+from heatformer.viz.graphs import draw_attention_graph, find_collection
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -171,7 +171,7 @@ def plot_heat_diffusion(
     Returns:
         A :class:`~matplotlib.figure.Figure` with one axes per time plus the colorbar's.
     """
-    _check_layout(layout)
+    check_layout(layout)
     one = single_graph(graph, index)
     ts = _times(times)
     frames = heat_diffusion_frames(one, signal, ts, normalization=normalization)
@@ -197,8 +197,8 @@ def _draw_heat_strip(
     n, count = one.num_nodes, len(ts)
     if layout == "arc":
         drawn = (one.topk(top_k) if top_k is not None else one).to_dense()
-        bottom, top = _arc_extent(n, 0.2, bool(drawn.triu(1).gt(0).any()))
-        width = _arc_width(n)
+        bottom, top = arc_extent(n, 0.2, bool(drawn.triu(1).gt(0).any()))
+        width = arc_width(n)
         fig = new_figure((width + 1.2, count * (width * (top - bottom) / (n + 1) + 0.5)))
         axes = [fig.add_subplot(count, 1, s + 1) for s in range(count)]
     else:
@@ -329,7 +329,7 @@ def _write_heat_gif(
     with writer.saving(fig, str(path), dpi):
         for t, frame in zip(ts, frames):
             nodes.set_array(frame.numpy())
-            _colour_labels(ax)  # the labels read on the nodes' new colours
+            colour_labels(ax, nodes)  # the labels read on the nodes' new colours
             ax.set_title(f"{title}, t = {t:.2f}, total {float(frame.sum()):.3f}", fontsize=10)
             writer.grab_frame()
     return path

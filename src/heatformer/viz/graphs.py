@@ -8,27 +8,26 @@ value to the query's output). Self-loops are kept and drawn.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from heatformer._optional import require
-from heatformer.checks import bad_value, check_choice
+from heatformer.checks import bad_value
 from heatformer.graph_ops import DenseGraph, Graph
 from heatformer.viz._common import (
     PathLike,
     axes_or_new,
+    colour_labels,
     finish_figure,
     new_figure,
     save_figure,
     single_graph,
-    text_colour_on,
     token_labels,
 )
+from heatformer.viz._layouts import LAYOUTS, arc_extent, arc_width, check_layout
 
 if TYPE_CHECKING:
-    import networkx as nx
     import numpy as np
     from matplotlib.axes import Axes
     from matplotlib.collections import Collection
@@ -42,51 +41,6 @@ __all__ = [
     "plot_attention_matrix",
     "plot_topk_pruning",
 ]
-
-Position = dict[int, tuple[float, float]]
-
-
-def _arc_layout(g: nx.DiGraph) -> Position:
-    return {int(i): (float(i), 0.0) for i in g.nodes}
-
-
-def _circular_layout(g: nx.DiGraph) -> Position:
-    nx = require("networkx", "viz", feature="the circular layout")
-
-    # clockwise from the top, so token 0 sits at 12 o'clock and the sentence reads around
-    pos = nx.circular_layout(sorted(g.nodes))
-    return {int(i): (float(p[1]), float(p[0])) for i, p in pos.items()}
-
-
-def _spring_layout(g: nx.DiGraph) -> Position:
-    nx = require("networkx", "viz", feature="the spring layout")
-
-    pos = nx.spring_layout(g.to_undirected(), weight="weight", seed=0)
-    return {int(i): (float(p[0]), float(p[1])) for i, p in pos.items()}
-
-
-def _kamada_kawai_layout(g: nx.DiGraph) -> Position:
-    nx = require("networkx", "viz", feature="the kamada_kawai layout")
-    require("scipy", "viz", feature="the kamada_kawai layout")  # networkx solves with it
-
-    pos = nx.kamada_kawai_layout(g.to_undirected(), weight=None)
-    return {int(i): (float(p[0]), float(p[1])) for i, p in pos.items()}
-
-
-#: Node layouts by name. ``"arc"`` puts the tokens on a line in reading order and bends every
-#: edge into an arc (an arc diagram, the clearest view of a sentence); ``"circular"`` puts them
-#: on a circle clockwise from the top; ``"spring"`` and ``"kamada_kawai"`` place strongly
-#: connected tokens close together (deterministic: fixed seed).
-LAYOUTS: dict[str, Callable[[nx.DiGraph], Position]] = {
-    "arc": _arc_layout,
-    "circular": _circular_layout,
-    "spring": _spring_layout,
-    "kamada_kawai": _kamada_kawai_layout,
-}
-
-
-def _check_layout(layout: str) -> Callable[[nx.DiGraph], Position]:
-    return LAYOUTS[check_choice("layout", layout, sorted(LAYOUTS))]
 
 
 def draw_attention_graph(
@@ -164,7 +118,7 @@ def draw_attention_graph(
     """
     import numpy as np
 
-    place = _check_layout(layout)
+    place = check_layout(layout)
     if isinstance(min_weight, bool) or not isinstance(min_weight, (int, float)) or min_weight < 0:
         raise bad_value("min_weight", f"expected a number >= 0, got {min_weight!r}")
     one = single_graph(graph, index)
@@ -220,9 +174,9 @@ def _canvas(
     import numpy as np
 
     n = xy.shape[0]
-    bottom, top = _arc_extent(n, rad, down)
+    bottom, top = arc_extent(n, rad, down)
     if layout == "arc":
-        width = _arc_width(n)
+        width = arc_width(n)
         figsize = (width, width * (top - bottom) / (n + 1) + 0.5)
     else:
         figsize = (6.0, 6.0)
@@ -264,7 +218,7 @@ def _draw_nodes(
 
 def _draw_labels(ax: Axes, xy: np.ndarray, labels: Sequence[str], diameter: float) -> None:
     """Each node's label at its centre, in a font that fits nodes of ``diameter`` points,
-    coloured to read on its node (:func:`_colour_labels`), now and whenever the nodes' colour
+    coloured to read on its node (``colour_labels``), now and whenever the nodes' colour
     scale changes (``set_clim``, ``set_norm``, ``set_cmap``)."""
     import numpy as np
 
@@ -275,42 +229,9 @@ def _draw_labels(ax: Axes, xy: np.ndarray, labels: Sequence[str], diameter: floa
             clip_on=True,
         )  # fmt: skip
         text.set_gid("node-label")
-    _colour_labels(ax)
-    find_collection(ax, "nodes").callbacks.connect("changed", lambda _: _colour_labels(ax))
-
-
-def _colour_labels(ax: Axes) -> None:
-    """Colour the node labels of ``ax`` for the nodes' current colours: black or white,
-    whichever contrasts more with the node (a WCAG contrast ratio of at least 4.5), on a halo
-    of the node's colour, so that a label wider than its node reads too.
-
-    :func:`draw_attention_graph` calls it; call it again after ``set_array`` on the
-    ``"nodes"`` collection (a new colour scale recolours the labels by itself).
-    """
-    from matplotlib.patheffects import withStroke
-
     nodes = find_collection(ax, "nodes")
-    values = nodes.get_array()
-    if values is None:  # pragma: no cover - draw_attention_graph always colours by value
-        return
-    colours = nodes.to_rgba(values)  # (N, 4): what the nodes are drawn in
-    texts = [t for t in ax.texts if t.get_gid() == "node-label"]
-    for text, colour in zip(texts, colours):
-        halo = max(1.5, 0.4 * float(text.get_fontsize()))  # points
-        text.set_color(text_colour_on(colour))
-        text.set_path_effects([withStroke(linewidth=halo, foreground=colour)])
-
-
-def _arc_width(n: int) -> float:
-    """Figure width in inches of an arc diagram on ``n`` nodes."""
-    return max(6.0, 0.32 * n + 2)
-
-
-def _arc_extent(n: int, rad: float, down: bool) -> tuple[float, float]:
-    """``(bottom, top)`` data limits of an arc diagram: an arc over a distance ``d`` rises
-    ``rad * d / 2``; edges ``i -> j`` with ``j < i`` bend up, the others down."""
-    top = 0.5 * abs(rad) * (n - 1) + 0.9
-    return (-top if down else -0.9), top
+    colour_labels(ax, nodes)
+    nodes.callbacks.connect("changed", lambda _: colour_labels(ax, nodes))
 
 
 def _spacing(xy: np.ndarray) -> float:
@@ -503,7 +424,7 @@ def plot_topk_pruning(
     Returns:
         A :class:`~matplotlib.figure.Figure` with ``2 * len(ks)`` axes (matrices first).
     """
-    _check_layout(layout)
+    check_layout(layout)
     if len(ks) == 0:
         raise bad_value("ks", "expected at least one value of k (None = the full graph)")
     one = single_graph(graph, index)
