@@ -34,8 +34,9 @@ from torch import Tensor
 from heatformer import _torch_compat
 from heatformer import checks as V
 from heatformer._spec import format_entry
+from heatformer.graph_ops._arrays import check_key_mask
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
-from heatformer.graph_ops.protocol import Graph, _check_key_mask
+from heatformer.graph_ops.protocol import Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import _stable_topk_indices
@@ -227,7 +228,7 @@ def _softmax_graph(
             batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         except RuntimeError:
             batch = q.shape[:-2]
-        _check_key_mask(key_mask, batch, q.shape[-2])
+        check_key_mask(key_mask, batch, q.shape[-2])
     mask = key_mask_view(key_mask, q.dim() - 2)
     if mask is not None and drop_masked_queries:
         mask = mask & mask.transpose(-1, -2)  # (B, 1, N, N)
@@ -393,7 +394,7 @@ class WindowBuilder(GraphBuilder):
         # now; the graph is made without the public constructor's checks
         batch = check_qk(q, k)
         if key_mask is not None:
-            _check_key_mask(key_mask, batch, q.shape[-2])
+            check_key_mask(key_mask, batch, q.shape[-2])
         V.check_bool("causal", causal)
         V.check_bool("drop_masked_queries", drop_masked_queries)
         V.check_positive_int("row_block", row_block, optional=True)

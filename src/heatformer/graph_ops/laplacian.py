@@ -48,8 +48,9 @@ import torch
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer.graph_ops._arrays import safe_reciprocal, safe_rsqrt
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
-from heatformer.graph_ops.protocol import Graph, _safe_reciprocal, _safe_rsqrt
+from heatformer.graph_ops.protocol import Graph
 
 __all__ = ["GraphLaplacian", "adjacency_matrix", "laplacian", "laplacian_matrix", "spectrum"]
 
@@ -85,7 +86,7 @@ class GraphLaplacian:
         if normalization == "rw":
             d = graph.out_degree()
             self._has = (d > 0).to(graph.dtype).unsqueeze(-1)  # (..., N, 1)
-            self._inv = None if graph.row_stochastic else _safe_reciprocal(d).unsqueeze(-1)
+            self._inv = None if graph.row_stochastic else safe_reciprocal(d).unsqueeze(-1)
         elif normalization == "sym":
             d = (
                 graph.out_degree()
@@ -93,7 +94,7 @@ class GraphLaplacian:
                 else 0.5 * (graph.out_degree() + graph.in_degree())
             )
             self._has = (d > 0).to(graph.dtype).unsqueeze(-1)
-            self._sqrt_inv = _safe_rsqrt(d).unsqueeze(-1)  # D^{+1/2}
+            self._sqrt_inv = safe_rsqrt(d).unsqueeze(-1)  # D^{+1/2}
         else:
             d = graph.out_degree()
             self._deg = d.unsqueeze(-1)  # (..., N, 1)
@@ -202,11 +203,11 @@ def dense_laplacian(w: Tensor, normalization: str) -> Tensor:
         return torch.diag_embed(w.sum(-1)) - w
     if normalization == "rw":
         d = w.sum(-1)
-        return torch.diag_embed((d > 0).to(w.dtype)) - _safe_reciprocal(d).unsqueeze(-1) * w
+        return torch.diag_embed((d > 0).to(w.dtype)) - safe_reciprocal(d).unsqueeze(-1) * w
     eye = torch.eye(n, dtype=w.dtype, device=w.device)
     ws = 0.5 * (w + w.transpose(-1, -2))
     d = ws.sum(-1)
-    s = _safe_rsqrt(d)
+    s = safe_rsqrt(d)
     return eye * (d > 0).to(w.dtype).unsqueeze(-1) - s.unsqueeze(-1) * ws * s.unsqueeze(-2)
 
 
@@ -230,10 +231,10 @@ def adjacency_matrix(graph: Graph, normalization: str = "rw") -> Tensor:
     V.check_normalization(normalization)
     w = graph.to_dense()
     if normalization == "rw":
-        return _safe_reciprocal(w.sum(-1)).unsqueeze(-1) * w
+        return safe_reciprocal(w.sum(-1)).unsqueeze(-1) * w
     if normalization == "sym":
         ws = 0.5 * (w + w.transpose(-1, -2))
-        s = _safe_rsqrt(ws.sum(-1))
+        s = safe_rsqrt(ws.sum(-1))
         return s.unsqueeze(-1) * ws * s.unsqueeze(-2)
     dmax = w.sum(-1).amax(-1)
     c = torch.where(dmax > 0, dmax, torch.ones_like(dmax))[..., None, None]

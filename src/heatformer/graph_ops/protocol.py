@@ -25,15 +25,14 @@ product) and :mod:`~heatformer.graph_ops.symmetrized`.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer.graph_ops._arrays import fold, numel, row_normalize, safe_reciprocal
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -57,103 +56,6 @@ SELECTION_SLAB_ELEMENTS = 1 << 21
 #: Feature width of the constant queries and keys with which an attention kind computes
 #: :meth:`Graph.uniform` (every allowed score 0): a multiple of 8, as fused kernels want.
 UNIFORM_DIM = 8
-
-
-def _numel(shape: torch.Size | tuple[int, ...]) -> int:
-    return int(math.prod(shape))
-
-
-def _fold(x: Tensor, batch_shape: torch.Size) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
-    """Fold a signal into ``(Bf, N, C')`` with ``Bf = prod(batch_shape)``.
-
-    Leading dims of ``x`` in front of the graph's batch dims are moved into the channel dim,
-    so one batched product serves them all. Returns the folded tensor and the inverse map.
-    """
-    m = len(batch_shape)
-    lead = x.shape[:-2]  # equal in a series: torch.broadcast_shapes costs ~60 us a call
-    out = batch_shape if lead == batch_shape else torch.broadcast_shapes(lead, batch_shape)
-    if tuple(out[len(out) - m :]) != tuple(batch_shape):
-        raise V.bad_value(
-            "x",
-            f"leading dims {tuple(x.shape[:-2])} would broadcast the graph's batch shape "
-            f"{tuple(batch_shape)} to {tuple(out)}; expand the graph instead",
-        )
-    extra = out[: len(out) - m]
-    n, c = x.shape[-2], x.shape[-1]
-    e, bf = _numel(extra), _numel(batch_shape)
-    xf = x.expand(*out, n, c).reshape(e, bf, n, c)  # (E, Bf, N, C)
-    xf = xf.permute(1, 2, 0, 3).reshape(bf, n, e * c)  # (Bf, N, E*C)
-
-    def unfold(y: Tensor) -> Tensor:
-        y = y.reshape(bf, n, e, c).permute(2, 0, 1, 3)  # (E, Bf, N, C)
-        return y.reshape(*out, n, c)
-
-    return xf, unfold
-
-
-def _check_key_mask(key_mask: object, batch_shape: torch.Size, n: int) -> Tensor:
-    """A key mask: bool ``(B, N)`` (``True`` = a real key), or with more of the graph's leading
-    batch dims, each that of ``batch_shape`` or 1. Checked where a graph or a graph kind is
-    given one (its public boundary), never per product.
-
-    Raises:
-        TypeError: not a bool tensor.
-        ValueError: a shape that does not fit the graph's batch shape and ``N``.
-    """
-    if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
-        got = getattr(key_mask, "dtype", type(key_mask).__name__)
-        raise V.bad_type("key_mask", f"expected a bool tensor (True = a real key), got {got}")
-    lead = tuple(key_mask.shape[:-1])
-    fits = (
-        key_mask.dim() >= 1
-        and key_mask.shape[-1] == n
-        and len(lead) <= len(batch_shape)
-        and all(dim in (1, want) for dim, want in zip(lead, batch_shape))
-    )
-    if not fits:
-        expected = f"({batch_shape[0]}, {n})" if batch_shape else f"({n},)"
-        raise V.bad_value(
-            "key_mask",
-            f"expected shape {expected}, (B, N) for queries of batch shape "
-            f"{tuple(batch_shape)} and N = {n} (a leading dim may be 1), got "
-            f"{tuple(key_mask.shape)}",
-        )
-    return key_mask
-
-
-def _safe_reciprocal(d: Tensor) -> Tensor:
-    """``1/d`` where ``d > 0`` and 0 elsewhere (the pseudo-inverse of a diagonal)."""
-    pos = d > 0
-    return torch.where(pos, 1.0 / torch.where(pos, d, torch.ones_like(d)), torch.zeros_like(d))
-
-
-def _safe_rsqrt(d: Tensor) -> Tensor:
-    """``1/sqrt(d)`` where ``d > 0`` and 0 elsewhere, with finite gradients at ``d = 0``."""
-    pos = d > 0
-    return torch.where(pos, torch.where(pos, d, torch.ones_like(d)).rsqrt(), torch.zeros_like(d))
-
-
-def _row_normalize(w: Tensor) -> Tensor:
-    """Divide each row (last dim) by its sum; rows summing to 0 stay 0."""
-    return w * _safe_reciprocal(w.sum(-1, keepdim=True))
-
-
-def _masked_softmax(s: Tensor, allowed: Tensor | None, *, exact_zeros: bool = True) -> Tensor:
-    """The one masked-score softmax of every graph kind: the softmax of scores ``s`` over the
-    ``allowed`` entries of each row (bool, broadcast with ``s``; None = all).
-
-    With ``exact_zeros`` the others, and every entry of a row with none, are structural zeros
-    (0, not NaN; no gradient reaches, or in half precision overflows at, an entry that cannot
-    carry weight); without, the plain softmax of the ``-inf``-filled scores (exact when every
-    row keeps an allowed entry, and cheaper). A NaN score of an allowed entry stays NaN.
-    """
-    if allowed is None:
-        return torch.softmax(s, dim=-1)
-    s = s.masked_fill(~allowed, float("-inf"))
-    if not exact_zeros:
-        return torch.softmax(s, dim=-1)
-    has = allowed.any(-1, keepdim=True)
-    return torch.where(allowed, torch.softmax(torch.where(has, s, 0.0), dim=-1), 0.0)
 
 
 class Graph(ABC):
@@ -256,7 +158,7 @@ class Graph(ABC):
         """Renormalized weights ``(Bf, N, k)`` of the kept entries ``idx`` ``(Bf, N, k)``,
         row block by row block of ``blocks`` (those of the selection)."""
         w = [self.weight_rows(s, e).gather(-1, idx[:, s:e].long()) for s, e in blocks]
-        return _row_normalize(torch.cat(w, dim=1))
+        return row_normalize(torch.cat(w, dim=1))
 
     def uniform(self, x: Tensor) -> Tensor:
         r"""``U x``: the mean of ``x`` over each node's out-neighbours, whatever the weights.
@@ -277,13 +179,13 @@ class Graph(ABC):
             edges = (self.to_dense() != 0).to(x.dtype)
             edges / edges.sum(-1, keepdim=True).clamp_min(1) @ x
         """
-        xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, N, C')
+        xf, unfold = fold(self._check_x(x), self.batch_shape)  # (Bf, N, C')
         outs = []
         for start, stop in self._blocks(None):
             with torch.no_grad():
                 edges = (self.weight_rows(start, stop) != 0).to(x.dtype)  # (Bf, rows, N)
             count = edges.sum(-1, keepdim=True)  # (Bf, rows, 1)
-            outs.append((edges @ xf) * _safe_reciprocal(count))  # (Bf, rows, C')
+            outs.append((edges @ xf) * safe_reciprocal(count))  # (Bf, rows, C')
         return unfold(torch.cat(outs, dim=1))
 
     def signal_elements(self, x: Tensor) -> int:
@@ -328,7 +230,7 @@ class Graph(ABC):
             row_block = self._default_row_block()
         if row_block is None:  # a (Bf, rows, row_entries) slab near slab_elements entries
             per_row = self.num_nodes if row_entries is None else row_entries
-            slab_row = max(1, _numel(self.batch_shape) * per_row)
+            slab_row = max(1, numel(self.batch_shape) * per_row)
             row_block = min(DEFAULT_BLOCK_SIZE, max(MIN_BLOCK_SIZE, slab_elements // slab_row))
         b = row_block
         V.check_positive_int("row_block", b)

@@ -12,14 +12,9 @@ from torch.utils.checkpoint import checkpoint
 
 from heatformer import _torch_compat
 from heatformer import checks as V
+from heatformer.graph_ops._arrays import fold, masked_softmax, numel
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
-from heatformer.graph_ops.protocol import (
-    UNIFORM_DIM,
-    Graph,
-    _fold,
-    _masked_softmax,
-    _numel,
-)
+from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
 
 __all__ = ["SoftmaxGraph"]
 
@@ -124,7 +119,7 @@ class SoftmaxGraph(Graph):
 
     def materialized_bytes(self) -> int:
         n = self.num_nodes
-        return _numel(self.batch_shape) * n * n * self.q.element_size()
+        return numel(self.batch_shape) * n * n * self.q.element_size()
 
     def materialized(self) -> Graph:
         """``DenseGraph(self.to_dense())``, keeping what is known of the rows (stochastic,
@@ -159,7 +154,7 @@ class SoftmaxGraph(Graph):
         flat = self._flat_qk.get(grad)
         if flat is None:
             n, e = self.q.shape[-2:]
-            bf = _numel(self.batch_shape)  # not -1: N may be 0
+            bf = numel(self.batch_shape)  # not -1: N may be 0
             flat = self.q.reshape(bf, n, e), self.k.reshape(bf, n, e)  # (Bf, N, E) each
             self._flat_qk[grad] = flat
         return flat
@@ -172,7 +167,7 @@ class SoftmaxGraph(Graph):
         allowed: Tensor | None = None
         if self.mask is not None:
             m = self.mask.expand(*self.batch_shape, n, n)[..., start:stop, :w]
-            allowed = m.reshape(_numel(self.batch_shape), stop - start, w)  # (Bf, rows, W)
+            allowed = m.reshape(numel(self.batch_shape), stop - start, w)  # (Bf, rows, W)
         if self.causal:
             i = torch.arange(start, stop, device=self.device).unsqueeze(-1)
             tri = (torch.arange(w, device=self.device) <= i).unsqueeze(0)  # (1, rows, W)
@@ -204,11 +199,11 @@ class SoftmaxGraph(Graph):
     def _masked_softmax(
         self, s: Tensor, allowed: Tensor | None, *, cut_gradient: bool = False
     ) -> Tensor:
-        """:func:`~heatformer.graph_ops.protocol._masked_softmax` of every slab (dense rows,
+        """:func:`~heatformer.graph_ops._arrays.masked_softmax` of every slab (dense rows,
         transpose products, top-k). Only a key mask can leave a row without an allowed key (a
         causal row keeps its diagonal), so without one (and without ``cut_gradient``) the
         plain softmax of the ``-inf``-filled scores is exact."""
-        return _masked_softmax(s, allowed, exact_zeros=self.mask is not None or cut_gradient)
+        return masked_softmax(s, allowed, exact_zeros=self.mask is not None or cut_gradient)
 
     def _kept_weights(self, idx: Tensor, blocks: list[tuple[int, int]]) -> Tensor:
         """Weights of the kept keys ``idx`` ``(Bf, N, k)``: the softmax over each row's kept
@@ -256,7 +251,7 @@ class SoftmaxGraph(Graph):
             has = self.mask.any(-1, keepdim=True)  # broadcast shape of mask, last dim 1
             y = _torch_compat.sdpa(self.q, self.k, x, attn_mask=self.mask | ~has, scale=self.scale)
             return y * has
-        xf, unfold = _fold(x, self.batch_shape)
+        xf, unfold = fold(x, self.batch_shape)
         q, k = self._flat()
         outs = []
         for s, e in self._blocks(None):
@@ -274,7 +269,7 @@ class SoftmaxGraph(Graph):
 
     def propagate_transpose(self, x: Tensor) -> Tensor:
         x = self._check_x(x)
-        xf, unfold = _fold(x, self.batch_shape)
+        xf, unfold = fold(x, self.batch_shape)
         q, k = self._flat()
 
         def block(s: int, e: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
@@ -314,7 +309,7 @@ class SoftmaxGraph(Graph):
             elif not self.causal:
                 has = self.mask.any(-1).expand(shape)
             else:
-                bf = _numel(self.batch_shape)
+                bf = numel(self.batch_shape)
                 blocks = [
                     self._allowed_mask_rows(s, e).any(-1).expand(bf, -1)
                     for s, e in self._blocks(None)

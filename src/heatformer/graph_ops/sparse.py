@@ -10,9 +10,10 @@ from torch import Tensor
 
 from heatformer import checks as V
 from heatformer._optional import require
+from heatformer.graph_ops._arrays import fold, numel, safe_reciprocal
 from heatformer.graph_ops._csr import CSRStructure, TransposeCache, csr_matmul, index_dtype
 from heatformer.graph_ops._precision import accumulation_dtype
-from heatformer.graph_ops.protocol import Graph, _fold, _numel, _safe_reciprocal
+from heatformer.graph_ops.protocol import Graph
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -52,7 +53,7 @@ def _check_edges(
             f"expected E source indices, E target indices and E weights, got shapes "
             f"{tuple(row.shape)}, {tuple(col.shape)} and {tuple(weight.shape)}",
         )
-    size = _numel(batch_shape) * num_nodes
+    size = numel(batch_shape) * num_nodes
     if row.numel() == 0:
         return
     with torch.no_grad():
@@ -121,7 +122,7 @@ class SparseGraph(Graph):
         *,
         sort: bool,
     ) -> None:
-        size = _numel(batch_shape) * num_nodes
+        size = numel(batch_shape) * num_nodes
         if sort:
             key = row.long() * size + col
             if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):  # sort to row-major
@@ -205,7 +206,7 @@ class SparseGraph(Graph):
         renormalized rows are ``row_stochastic``: the Laplacian's ``c = 1`` is then known)."""
         *batch_list, n, k = indices.shape
         batch = torch.Size(batch_list)
-        bf = _numel(batch)
+        bf = numel(batch)
         dtype = index_dtype(bf * n, bf * n * k)
         # every row holds k entries: the row pointers are multiples of k, and no row index is
         # stored; columns within a row in any order suit the kernel
@@ -339,13 +340,13 @@ class SparseGraph(Graph):
     # ---- protocol --------------------------------------------------------------------------
 
     def propagate(self, x: Tensor) -> Tensor:
-        xf, unfold = _fold(self._check_x(x), self.batch_shape)
+        xf, unfold = fold(self._check_x(x), self.batch_shape)
         bf, n, c = xf.shape
         y = csr_matmul(self.weight, xf.reshape(bf * n, c), self._struct, self._transposed)
         return unfold(y.reshape(bf, n, c))
 
     def propagate_transpose(self, x: Tensor) -> Tensor:
-        xf, unfold = _fold(self._check_x(x), self.batch_shape)
+        xf, unfold = fold(self._check_x(x), self.batch_shape)
         bf, n, c = xf.shape
         struct_t, perm = self._transpose()
         # its backward transposes A^T again (a sort, made only then): a cache holding A's
@@ -365,7 +366,7 @@ class SparseGraph(Graph):
         return self._degree(self._struct.col)
 
     def weight_rows(self, start: int, stop: int) -> Tensor:
-        n, bf = self.num_nodes, _numel(self.batch_shape)
+        n, bf = self.num_nodes, numel(self.batch_shape)
         row, col = self.row, self.col
         local_row = row % n
         sel = ((local_row >= start) & (local_row < stop)).nonzero(as_tuple=True)[0]
@@ -378,7 +379,7 @@ class SparseGraph(Graph):
         )
 
     def to_dense(self) -> Tensor:
-        n, bf = self.num_nodes, _numel(self.batch_shape)
+        n, bf = self.num_nodes, numel(self.batch_shape)
         out = self.weight.new_zeros(bf, n, n)
         row, col = self.row, self.col
         out = out.index_put(
@@ -398,7 +399,7 @@ class SparseGraph(Graph):
 
     def row_normalize(self) -> SparseGraph:
         """The random-walk graph ``D_out^+ W`` (rows with edges sum to 1)."""
-        inv = _safe_reciprocal(self.out_degree()).reshape(-1)
+        inv = safe_reciprocal(self.out_degree()).reshape(-1)
         row = self._struct.rows()
         return SparseGraph._trusted(
             row, self._struct.col, self.weight * inv[row],
@@ -439,7 +440,7 @@ class SparseGraph(Graph):
         edge = (self.weight.detach() > 0).to(self.dtype)  # (E,)
         row = self._struct.rows()  # (E,)
         count = edge.new_zeros(self._struct.size).index_add_(0, row, edge)  # (Bf * N,)
-        return self._with_weight(edge * _safe_reciprocal(count)[row]).propagate(x)
+        return self._with_weight(edge * safe_reciprocal(count)[row]).propagate(x)
 
     def to_edge_index(self, flow: str = "target_to_source") -> tuple[Tensor, Tensor]:
         """``(edge_index (2, E), edge_weight (E,))``; batched graphs as a disjoint union.

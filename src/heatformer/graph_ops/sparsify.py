@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer.graph_ops._arrays import numel
 from heatformer.graph_ops._csr import index_dtype
-from heatformer.graph_ops.protocol import SELECTION_SLAB_ELEMENTS, Graph, _numel
+from heatformer.graph_ops.protocol import SELECTION_SLAB_ELEMENTS, Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 
@@ -24,7 +25,7 @@ __all__ = ["threshold", "to_sparse", "topk", "topk_graph"]
 def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGraph:
     """:meth:`Graph.topk <heatformer.graph_ops.Graph.topk>` (see there)."""
     k = V.check_positive_int("k_top", k_top, upper=graph.num_nodes)
-    rows = _numel(graph.batch_shape) * graph.num_nodes
+    rows = numel(graph.batch_shape) * graph.num_nodes
     dtype = index_dtype(rows, rows * k)  # int32 unless the batch needs int64: 4 bytes an edge
     blocks = graph._blocks(
         row_block, row_entries=graph._kept_row_entries(k), slab_elements=SELECTION_SLAB_ELEMENTS
@@ -33,7 +34,7 @@ def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGra
     # the indices twice, and its thousands of small pieces (a 16-row block's is 8 KiB) came
     # from the heap, whose holes stay resident (docs/benchmarks.md, top-k training memory)
     idx = torch.empty(
-        _numel(graph.batch_shape), graph.num_nodes, k, dtype=dtype, device=graph.device
+        numel(graph.batch_shape), graph.num_nodes, k, dtype=dtype, device=graph.device
     )
     with torch.no_grad():
         for s, e in blocks:

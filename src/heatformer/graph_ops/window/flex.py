@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
-from heatformer.graph_ops.protocol import _fold
+from heatformer.graph_ops._arrays import fold
 from heatformer.graph_ops.window.layout import WindowLayout, window_allowed
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ MAX_TILE_PAIRS = 1 << 26
 #: padded with zeros, which changes no score and no output.
 _MIN_DIM = 16
 #: Signals wider than this go through the kernel in channel groups (``P x`` is linear in x): a
-#: heat series may fold extra leading dims into the channels (``_fold``), and the CUDA kernels
+#: heat series may fold extra leading dims into the channels (``fold``), and the CUDA kernels
 #: compile per value width, with shared memory growing with it.
 _MAX_VALUE_DIM = 128
 
@@ -411,7 +411,7 @@ def window_propagate(graph: WindowGraph, x: Tensor) -> Tensor:
         RuntimeError: FlexAttention is not available (:func:`flex_available`).
     """
     _require_flex()
-    xf, unfold = _fold(graph._check_x(x), graph.batch_shape)  # (Bf, N, C)
+    xf, unfold = fold(graph._check_x(x), graph.batch_shape)  # (Bf, N, C)
     q, k = graph._flat()  # (Bf, R, E), (Bf, N, E)
     q = graph.layout.query_rows(q, 0, graph.num_nodes)  # (Bf, N, E): a view unless q_offset
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or xf.requires_grad)

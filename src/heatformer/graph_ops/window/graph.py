@@ -42,16 +42,9 @@ from torch.utils.checkpoint import checkpoint
 import heatformer.graph_ops.window as package  # its BACKEND, the switch, read at every call
 from heatformer import _torch_compat
 from heatformer import checks as V
+from heatformer.graph_ops._arrays import check_key_mask, fold, masked_softmax, numel, row_normalize
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
-from heatformer.graph_ops.protocol import (
-    UNIFORM_DIM,
-    Graph,
-    _check_key_mask,
-    _fold,
-    _masked_softmax,
-    _numel,
-    _row_normalize,
-)
+from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
 from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.window import flex
 from heatformer.graph_ops.window.kernels import GradSink, shared, window_attention
@@ -158,7 +151,7 @@ class WindowGraph(Graph):
         n = int(q.shape[-2])
         check_window(n, window, num_global, causal, drop_masked_queries, row_block)
         if key_mask is not None:
-            _check_key_mask(key_mask, batch, n)
+            check_key_mask(key_mask, batch, n)
         checked = WindowGraph._trusted(
             q, k, window=window, causal=causal, num_global=num_global, key_mask=key_mask,
             drop_masked_queries=drop_masked_queries, row_block=row_block, scale=scale,
@@ -258,7 +251,7 @@ class WindowGraph(Graph):
         propagation adds its gradient in ``q``, ``k`` into one buffer each (:attr:`_sink`)."""
         grad = torch.is_grad_enabled()
         if self._flat_qk is None or self._flat_qk[0] != grad:
-            bf = _numel(self.batch_shape)  # not -1: N may be 0
+            bf = numel(self.batch_shape)  # not -1: N may be 0
             q = self.q.reshape(bf, *self.q.shape[-2:])  # (Bf, R, E)
             k = self.k.reshape(bf, *self.k.shape[-2:])  # (Bf, N, E)
             sink = None
@@ -282,7 +275,7 @@ class WindowGraph(Graph):
         them to the graph's dtype)."""
         lay = self.layout
         s = attention_scores(lay.block_queries(q, blocks), lay.keys(k, blocks), lay.scale)
-        p = _masked_softmax(s, lay.block_allowed(blocks))
+        p = masked_softmax(s, lay.block_allowed(blocks))
         if lay.dense_rows:  # computed apart
             p = p.masked_fill((lay.block_query_rows(blocks) < lay.dense_rows)[..., None], 0.0)
         return p
@@ -292,14 +285,14 @@ class WindowGraph(Graph):
         :meth:`_block_weights`)."""
         g = self.layout.dense_rows
         s = attention_scores(self.layout.query_rows(q, 0, g), k, self.scale)
-        return _masked_softmax(s, self.layout.dense_allowed(0, g))
+        return masked_softmax(s, self.layout.dense_allowed(0, g))
 
     # ---- protocol ------------------------------------------------------------------------
 
     def propagate(self, x: Tensor) -> Tensor:
         if flex.use_flex(self, package.BACKEND):  # FlexAttention (see BACKEND)
             return flex.window_propagate(self, x)
-        xf, unfold = _fold(self._check_x(x), self.batch_shape)
+        xf, unfold = fold(self._check_x(x), self.batch_shape)
         q, k = self._flat()
         n, g = self.num_nodes, self.layout.dense_rows
         if _tracing():  # the same products, differentiated by autograd (see _traced_products)
@@ -345,7 +338,7 @@ class WindowGraph(Graph):
         return torch.cat(outs, dim=1) if len(outs) != 1 else outs[0]
 
     def propagate_transpose(self, x: Tensor) -> Tensor:
-        xf, unfold = _fold(self._check_x(x), self.batch_shape)
+        xf, unfold = fold(self._check_x(x), self.batch_shape)
         q, k = self._flat()
         lay = self.layout
         n, g, b, nb, slab, before = (
@@ -392,7 +385,7 @@ class WindowGraph(Graph):
             if lay.key_mask is None:
                 has = torch.ones(shape, dtype=torch.bool, device=self.device)
             else:
-                bf, n, g = _numel(self.batch_shape), lay.n, lay.dense_rows
+                bf, n, g = numel(self.batch_shape), lay.n, lay.dense_rows
                 blocks = lay.block_allowed(slice(None)).any(-1).expand(bf, -1, -1)  # (Bf, nb, b)
                 has = blocks.reshape(bf, -1)[:, :n]
                 if g:
@@ -416,7 +409,7 @@ class WindowGraph(Graph):
         q, k = self._flat()
         qs = self.layout.query_rows(q, start, stop)  # (Bf, rows, E)
         s = attention_scores(qs, k, self.scale)  # float32 for half inputs
-        return _masked_softmax(s, self.layout.dense_allowed(start, stop)).to(q.dtype)
+        return masked_softmax(s, self.layout.dense_allowed(start, stop)).to(q.dtype)
 
     # ---- top-k inside the window: O(N (w + g)) -------------------------------------------
 
@@ -450,7 +443,7 @@ class WindowGraph(Graph):
                     ~lay.dense_allowed(0, g), float("-inf")
                 )
                 gidx = _stable_topk(ranks, k_top)  # (Bf, g, K)
-            gw = _row_normalize(dense.gather(-1, gidx)).to(q.dtype)
+            gw = row_normalize(dense.gather(-1, gidx)).to(q.dtype)
             idx = torch.cat([gidx, idx[:, g:]], dim=1)
             w = torch.cat([gw, w[:, g:]], dim=1)
         shape = (*self.batch_shape, n, k_top)
@@ -467,7 +460,7 @@ class WindowGraph(Graph):
     def _kept(self, q: Tensor, k: Tensor, blocks: slice, slot: Tensor) -> Tensor:
         def kept(q: Tensor, k: Tensor) -> Tensor:
             p = self._block_weights(q, k, blocks).gather(-1, slot)  # (Bf, nb', b, K)
-            return _row_normalize(p).to(q.dtype)  # in float32 for half inputs, rounded once
+            return row_normalize(p).to(q.dtype)  # in float32 for half inputs, rounded once
 
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             return checkpoint(kept, q, k, use_reentrant=False)

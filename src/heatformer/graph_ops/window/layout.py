@@ -37,7 +37,8 @@ from torch import Tensor
 
 from heatformer import _torch_compat
 from heatformer import checks as V
-from heatformer.graph_ops.protocol import SLAB_ELEMENTS, _numel
+from heatformer.graph_ops._arrays import numel
+from heatformer.graph_ops.protocol import SLAB_ELEMENTS
 
 __all__ = ["WindowLayout", "check_window", "flat_key_mask", "window_allowed"]
 
@@ -80,7 +81,7 @@ def flat_key_mask(key_mask: Tensor | None, batch: torch.Size, num_nodes: int) ->
         return None
     lead = key_mask.shape[:-1]
     view = key_mask.reshape(*lead, *([1] * (len(batch) - len(lead))), num_nodes)
-    return view.expand(*batch, num_nodes).reshape(_numel(batch), num_nodes)  # (Bf, N)
+    return view.expand(*batch, num_nodes).reshape(numel(batch), num_nodes)  # (Bf, N)
 
 
 def window_allowed(

@@ -65,9 +65,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer.graph_ops._arrays import check_key_mask, fold, numel
 from heatformer.graph_ops._precision import attention_scores
 from heatformer.graph_ops.builders import GraphBuilder, WindowBuilder, resolve_graph
-from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph, _check_key_mask, _fold, _numel
+from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
 from heatformer.graph_ops.window.graph import WindowGraph, check_qk
 from heatformer.graph_ops.window.halo import (
     GlobalRows,
@@ -257,8 +258,8 @@ class ShardedWindowGraph(Graph):
         check_window(total, window, num_global, causal, drop_masked_queries, row_block)
         w, drop = min(window, max(total, 1)), drop_masked_queries
         if key_mask is not None:
-            _check_key_mask(key_mask, batch, n)
-        bf, e = _numel(batch), q.shape[-1]
+            check_key_mask(key_mask, batch, n)
+        bf, e = numel(batch), q.shape[-1]
         flat_mask = flat_key_mask(key_mask, batch, n)  # (Bf, n)
         s = float(scale) if scale is not None else 1.0 / math.sqrt(e)
         halo = HaloPlan(
@@ -385,7 +386,7 @@ class ShardedWindowGraph(Graph):
         return self._with_qk(zq, z, zg).propagate(x)
 
     def propagate(self, x: Tensor) -> Tensor:
-        xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)
+        xf, unfold = fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)
         halo, glob = self.layout.halo, self.layout.glob
         x_ext = halo.gather(xf, "values")  # (Bf, n_ext, C): a copy, unless no halo
         with saved_as_parts(x_ext, xf, halo.offset):  # the kernels keep xf, not the copy
@@ -397,7 +398,7 @@ class ShardedWindowGraph(Graph):
         return unfold(y)
 
     def propagate_transpose(self, x: Tensor) -> Tensor:
-        xf, unfold = _fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)
+        xf, unfold = fold(self._check_x(x), self.batch_shape)  # (Bf, n, C)
         halo, glob, n = self.layout.halo, self.layout.glob, self.num_nodes
         x_win = xf
         dense = self._dense_weights()
@@ -427,7 +428,7 @@ class ShardedWindowGraph(Graph):
     def signal_elements(self, x: Tensor) -> int:
         """Elements of ``x`` ``(..., n_local, C)`` over the whole sequence (``N`` rows): the
         same on every rank, so size-based choices (a series' recomputed segments) agree."""
-        return _numel(x.shape[:-2]) * self.shard.num_nodes * int(x.shape[-1])
+        return numel(x.shape[:-2]) * self.shard.num_nodes * int(x.shape[-1])
 
     def in_degree(self) -> Tensor:
         ones = torch.ones(
