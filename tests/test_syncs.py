@@ -203,7 +203,7 @@ def test_kv_cache_decoding_makes_no_host_sync(spec: str, kind: str, device: torc
 
 def test_the_cpu_topk_read_is_the_only_one() -> None:
     """On the CPU top-k reads one flag per selection (a CPU read, no device sync): from
-    ``_stable_topk_indices`` and nowhere else; both ways select the same edges, ties too."""
+    ``stable_topk_indices`` and nowhere else; both ways select the same edges, ties too."""
     layer = _layer("laplacian", "topk[k=3]", True, torch.device("cpu"))
     x = torch.randn(2, 9, 16, requires_grad=True)
     with no_syncs(torch.device("cpu")) as spy:
@@ -213,7 +213,7 @@ def test_the_cpu_topk_read_is_the_only_one() -> None:
     scores = torch.randn(3, 5, 40)
     scores[0, :, :12] = 2.5  # ties across the cut
     scores[1, :, 30:] = float("-inf")
-    fast = sparsify._stable_topk_indices(scores, 8)
+    fast = sparsify.stable_topk_indices(scores, 8)
     kth = torch.topk(scores, 8, dim=-1).values[..., -1:]
     assert torch.equal(fast, sparsify._tie_broken_topk(scores, kth, 8))
     assert torch.equal(fast[0, 0], torch.arange(8))  # the lowest-index ties

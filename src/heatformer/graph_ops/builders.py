@@ -39,7 +39,7 @@ from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
-from heatformer.graph_ops.sparsify import _stable_topk_indices
+from heatformer.graph_ops.sparsify import stable_topk_indices
 from heatformer.graph_ops.window import WindowGraph, check_qk
 from heatformer.graph_ops.window.layout import window_allowed
 from heatformer.registry import Registry
@@ -328,7 +328,7 @@ class TopkBuilder(GraphBuilder):
         # product of a half-precision top-k graph)
         scores = attention_scores(q, k, 1.0 / math.sqrt(q.shape[-1]))  # (B, H, n, T)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        idx = _stable_topk_indices(scores, min(self.k, scores.shape[-1]))  # (B, H, n, K)
+        idx = stable_topk_indices(scores, min(self.k, scores.shape[-1]))  # (B, H, n, K)
         kept = scores.gather(-1, idx)
         w = torch.softmax(kept, dim=-1).masked_fill(kept == float("-inf"), 0.0).to(v.dtype)
         v_kept = v.unsqueeze(-3).expand(*idx.shape[:-1], *v.shape[-2:])  # (B, H, n, T, C)

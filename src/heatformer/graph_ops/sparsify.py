@@ -19,7 +19,7 @@ from heatformer.graph_ops.protocol import SELECTION_SLAB_ELEMENTS, Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
 
-__all__ = ["threshold", "to_sparse", "topk", "topk_graph"]
+__all__ = ["stable_topk_indices", "threshold", "to_sparse", "topk", "topk_graph"]
 
 
 def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGraph:
@@ -38,7 +38,7 @@ def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGra
     )
     with torch.no_grad():
         for s, e in blocks:
-            idx[:, s:e] = _stable_topk_indices(graph._score_rows(s, e, k), k)  # (Bf, rows, k)
+            idx[:, s:e] = stable_topk_indices(graph._score_rows(s, e, k), k)  # (Bf, rows, k)
     w = graph._kept_weights(idx, blocks)  # (Bf, N, k)
     shape = (*graph.batch_shape, graph.num_nodes, k)
     return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape), row_stochastic=True)
@@ -85,10 +85,12 @@ def _reads_free(t: Tensor) -> bool:
     return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
-def _stable_topk_indices(scores: Tensor, k: int) -> Tensor:
+def stable_topk_indices(scores: Tensor, k: int) -> Tensor:
     """Indices of the ``k`` largest entries of each row, ties broken by the lower index.
 
-    Works in ``O(rows * N)`` memory (no sort). Returned column indices are ascending per row.
+    The one selection of every kind's top-k (:func:`topk`, the window kind's top-k inside the
+    window, the ``topk`` kind's decoding), so that they all keep the same edges. Works in
+    ``O(rows * N)`` memory (no sort). Returned column indices are ascending per row.
 
     Two ways to the same indices: on the CPU (:func:`_reads_free`), one ``topk`` and a read of
     whether any row has a tie across its ``k``-th value, which only those rows then resolve

@@ -46,6 +46,7 @@ from heatformer.graph_ops._arrays import check_key_mask, fold, masked_softmax, n
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
 from heatformer.graph_ops.sparse import SparseGraph
+from heatformer.graph_ops.sparsify import stable_topk_indices
 from heatformer.graph_ops.window import flex
 from heatformer.graph_ops.window.kernels import GradSink, shared, window_attention
 from heatformer.graph_ops.window.layout import WindowLayout, check_window, flat_key_mask
@@ -59,12 +60,6 @@ def _tracing() -> bool:
     path of plain products that autograd differentiates, see
     :meth:`WindowGraph._traced_products`."""
     return torch.compiler.is_compiling() or _torch_compat.func_transforming()
-
-
-def _stable_topk(scores: Tensor, k: int) -> Tensor:
-    from heatformer.graph_ops.sparsify import _stable_topk_indices
-
-    return _stable_topk_indices(scores, k)
 
 
 def check_qk(q: object, k: object) -> torch.Size:
@@ -431,7 +426,7 @@ class WindowGraph(Graph):
             with torch.no_grad():  # ranked on the scores the weights are made of (float32)
                 s = attention_scores(lay.block_queries(q, blocks), lay.keys(k, blocks), self.scale)
                 s = s.masked_fill(~lay.block_allowed(blocks), float("-inf"))
-                slot = _stable_topk(s, k_top)  # (Bf, nb', b, K) slots, ascending
+                slot = stable_topk_indices(s, k_top)  # (Bf, nb', b, K) slots, ascending
             idx_parts.append(self._slot_columns(slot, blocks))
             w_parts.append(self._kept(q, k, blocks, slot))
         idx = torch.cat(idx_parts, dim=1).reshape(q.shape[0], -1, k_top)[:, :n]
@@ -442,7 +437,7 @@ class WindowGraph(Graph):
                 ranks = attention_scores(lay.query_rows(q, 0, g), k, self.scale).masked_fill(
                     ~lay.dense_allowed(0, g), float("-inf")
                 )
-                gidx = _stable_topk(ranks, k_top)  # (Bf, g, K)
+                gidx = stable_topk_indices(ranks, k_top)  # (Bf, g, K)
             gw = row_normalize(dense.gather(-1, gidx)).to(q.dtype)
             idx = torch.cat([gidx, idx[:, g:]], dim=1)
             w = torch.cat([gw, w[:, g:]], dim=1)
