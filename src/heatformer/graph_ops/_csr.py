@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from heatformer import _torch_compat
+from heatformer._torch_compat import func_transforming
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
 
 
@@ -171,7 +171,7 @@ def csr_matmul(
     """
     compute = accumulation_dtype(x.dtype)
     with full_precision(x.device.type):
-        if _torch_compat.func_transforming():  # see below
+        if func_transforming():  # see below
             return _gathered_matmul(values.to(compute), x.to(compute), struct).to(x.dtype)
         y = _CSRMatmul.apply(values.to(compute), x.to(compute), struct, transposed)
     return y.to(x.dtype)

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from heatformer import _torch_compat
 from heatformer import checks as V
 from heatformer._spec import format_entry
+from heatformer._torch_compat import sdpa
 from heatformer.graph_ops._arrays import check_key_mask
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import Graph
@@ -261,7 +261,7 @@ class SoftmaxBuilder(GraphBuilder):
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:
         allowed = decode_allowed(q.shape[-2], positions, past)
-        return _torch_compat.sdpa(q, k, v, attn_mask=allowed)
+        return sdpa(q, k, v, attn_mask=allowed)
 
 
 class TopkBuilder(GraphBuilder):
@@ -408,7 +408,7 @@ class WindowBuilder(GraphBuilder):
         allowed = window_allowed(
             rows, positions, window=self.w, causal=True, num_global=self.num_global
         )
-        return _torch_compat.sdpa(q, k, v, attn_mask=allowed)
+        return sdpa(q, k, v, attn_mask=allowed)
 
     def cache_keep(self) -> tuple[int, int | None]:
         return self.num_global, self.w

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from heatformer import _torch_compat
 from heatformer import checks as V
+from heatformer._torch_compat import func_transforming, sdpa
 from heatformer.graph_ops._arrays import fold, masked_softmax, numel
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
@@ -209,7 +209,7 @@ class SoftmaxGraph(Graph):
         """Weights of the kept keys ``idx`` ``(Bf, N, k)``: the softmax over each row's kept
         scores, with gradients to ``q`` and ``k`` (see :class:`_KeptScores`); ``(Bf, N, k)``."""
         q, k = self._flat()
-        if _torch_compat.func_transforming():  # autograd through the gather (see _KeptScores)
+        if func_transforming():  # autograd through the gather (see _KeptScores)
             bf = torch.arange(k.shape[0], device=k.device)[:, None, None]
             s = attention_scores(q[:, :, None], k[bf, idx], self.scale).squeeze(-2)
         else:
@@ -245,11 +245,11 @@ class SoftmaxGraph(Graph):
     def propagate(self, x: Tensor) -> Tensor:
         x = self._check_x(x)
         if self.mask is None:
-            return _torch_compat.sdpa(self.q, self.k, x, is_causal=self.causal, scale=self.scale)
+            return sdpa(self.q, self.k, x, is_causal=self.causal, scale=self.scale)
         if not self.causal:
             # fully masked rows attend everywhere inside SDPA, then are zeroed: no NaN anywhere
             has = self.mask.any(-1, keepdim=True)  # broadcast shape of mask, last dim 1
-            y = _torch_compat.sdpa(self.q, self.k, x, attn_mask=self.mask | ~has, scale=self.scale)
+            y = sdpa(self.q, self.k, x, attn_mask=self.mask | ~has, scale=self.scale)
             return y * has
         xf, unfold = fold(x, self.batch_shape)
         q, k = self._flat()
@@ -257,7 +257,7 @@ class SoftmaxGraph(Graph):
         for s, e in self._blocks(None):
             allowed = self._allowed_mask_rows(s, e)
             has = allowed.any(-1, keepdim=True)  # (Bf, rows, 1)
-            y = _torch_compat.sdpa(q[:, s:e], k, xf, attn_mask=allowed | ~has, scale=self.scale)
+            y = sdpa(q[:, s:e], k, xf, attn_mask=allowed | ~has, scale=self.scale)
             outs.append(y * has)
         return unfold(torch.cat(outs, dim=1))
 

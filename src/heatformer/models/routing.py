@@ -37,7 +37,8 @@ from typing import NamedTuple, cast
 import torch
 from torch import Tensor
 
-from heatformer import _torch_compat, checks
+from heatformer import checks
+from heatformer._torch_compat import sdpa
 from heatformer.graph_ops import (
     DiffusionOperator,
     Graph,
@@ -511,13 +512,13 @@ def _sdpa(
     n_q, n_k = int(q.shape[-2]), int(k.shape[-2])
     plain = mask.dense is None and mask.key_mask is None
     if plain and mask.causal and n_q == n_k and mask.q_offset == mask.kv_offset:
-        pv = _torch_compat.sdpa(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
+        pv = sdpa(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
         return pv, None
     allowed = mask.allowed(n_q, n_k, q.device)
     if allowed is None:
-        return _torch_compat.sdpa(q, k, v, dropout_p=dropout, scale=scale), None
+        return sdpa(q, k, v, dropout_p=dropout, scale=scale), None
     has = allowed.any(-1, keepdim=True)  # (.., Nq, 1)
-    pv = _torch_compat.sdpa(q, k, v, attn_mask=allowed | ~has, dropout_p=dropout, scale=scale)
+    pv = sdpa(q, k, v, attn_mask=allowed | ~has, dropout_p=dropout, scale=scale)
     return pv * has, has
 
 

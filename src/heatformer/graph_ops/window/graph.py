@@ -40,8 +40,8 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 import heatformer.graph_ops.window as package  # its BACKEND, the switch, read at every call
-from heatformer import _torch_compat
 from heatformer import checks as V
+from heatformer._torch_compat import func_transforming, sdpa
 from heatformer.graph_ops._arrays import check_key_mask, fold, masked_softmax, numel, row_normalize
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
@@ -59,7 +59,7 @@ def _tracing() -> bool:
     running it (:func:`~heatformer._torch_compat.func_transforming`): the graph then takes the
     path of plain products that autograd differentiates, see
     :meth:`WindowGraph._traced_products`."""
-    return torch.compiler.is_compiling() or _torch_compat.func_transforming()
+    return torch.compiler.is_compiling() or func_transforming()
 
 
 def check_qk(q: object, k: object) -> torch.Size:
@@ -299,7 +299,7 @@ class WindowGraph(Graph):
             ga = self.layout.dense_allowed(0, g)
             g_has = ga.any(-1, keepdim=True)
             qg = self.layout.query_rows(q, 0, g)  # (Bf, g, E)
-            yg = _torch_compat.sdpa(qg, k, xf, ga | ~g_has, scale=self.scale)
+            yg = sdpa(qg, k, xf, ga | ~g_has, scale=self.scale)
             y = torch.cat([yg * g_has, y[:, g:]], dim=1)
         return unfold(y)
 
@@ -328,7 +328,7 @@ class WindowGraph(Graph):
             qb, kb, xb = lay.block_queries(q, blocks), lay.keys(k, blocks), lay.keys(x, blocks)
             empty = lay.run_masks(blocks)[2]
             mask = lay.sdpa_mask(blocks)
-            y = _torch_compat.sdpa(qb, kb, xb, mask, scale=self.scale)  # (Bf, nb', b, C)
+            y = sdpa(qb, kb, xb, mask, scale=self.scale)  # (Bf, nb', b, C)
             outs.append(y if empty is None else y.masked_fill(empty, 0.0))
         return torch.cat(outs, dim=1) if len(outs) != 1 else outs[0]
 

@@ -64,7 +64,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from heatformer import _torch_compat
+from heatformer._torch_compat import (
+    flash_attention_cpu,
+    flash_attention_cpu_backward,
+    graph_task_id,
+    softmax_backward,
+)
 from heatformer.graph_ops.window.layout import Spec, WindowLayout
 from heatformer.graph_ops.window.packed import (
     Projection,
@@ -196,7 +201,7 @@ class GradSink:
         projection's layout (:func:`~heatformer.graph_ops.window.packed.gradient_buffers`),
         whose third part :meth:`values` offers to the product of the values: the three
         gradients then reach the projection as one tensor, with no stacking copy."""
-        task = _torch_compat.graph_task_id()
+        task = graph_task_id()
         if task not in self._by_pass:
             bf, (q_rows, k_rows) = q.shape[0], self._rows
             if self._projection is not None and dtype == q.dtype:
@@ -217,7 +222,7 @@ class GradSink:
         ``x`` of a product, by padded slab position, when ``x`` is that part of the projection
         (and ``dtype`` its dtype); once per pass (a second product of the same values sums
         into its own buffer, and autograd adds the two). None otherwise."""
-        found = self._by_pass.get(_torch_compat.graph_task_id())
+        found = self._by_pass.get(graph_task_id())
         if found is None or not found[2] or self._projection is None or x.dtype != dtype:
             return None
         if not holds_values(self._projection, x):
@@ -227,7 +232,7 @@ class GradSink:
     def pop(self) -> tuple[Tensor, Tensor] | None:
         """The current pass's ``(dq (Bf, R, E), dk (Bf, N, E))``, ``R`` the rows of ``q`` (None
         if nothing was added)."""
-        found = self._by_pass.pop(_torch_compat.graph_task_id(), None)
+        found = self._by_pass.pop(graph_task_id(), None)
         if found is None:
             return None
         n, before, (off, rows) = self._n, self._before, self._q
@@ -331,7 +336,7 @@ def _interior_forward(
     kernel takes their strides), merged with the ``g`` global keys by the log-sum-exp
     (``lse = log(e^{lse_slab} + sum_j e^{s_j})``), which every interior row attends."""
     g, qb = layout.num_global, layout.block_queries(q, blocks)
-    y, lse = _torch_compat.flash_attention_cpu(
+    y, lse = flash_attention_cpu(
         qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False),
         layout.sdpa_mask(blocks, q.dtype)[..., g:], layout.scale,
     )  # fmt: skip
@@ -362,7 +367,7 @@ def _interior_backward(
     part of ``dq``, ``dS_g k_g``, is added into the run's rows of ``dq_rows`` ``(Bf, nb b, E)``
     here (the kernel's part, the returned ``dq``, is the caller's to add)."""
     g, qb = layout.num_global, layout.block_queries(q, blocks)
-    dq, dk, dx = _torch_compat.flash_attention_cpu_backward(
+    dq, dk, dx = flash_attention_cpu_backward(
         dy, qb, layout.keys(k, blocks, glob=False), layout.keys(x, blocks, glob=False), out,
         lse, layout.sdpa_mask(blocks, q.dtype)[..., g:], layout.scale,
     )  # fmt: skip
@@ -416,7 +421,7 @@ class WindowAttention(torch.autograd.Function):
             else:  # (Bf, nb', b, C), with the log-sum-exp of each row (Bf, nb', b) if fused
                 k_run, x_run = layout.keys(k, blocks), layout.keys(x, blocks)
                 if fused:
-                    y, lse_b = _torch_compat.flash_attention_cpu(
+                    y, lse_b = flash_attention_cpu(
                         qb, k_run, x_run, layout.sdpa_mask(blocks, q.dtype), layout.scale
                     )
                 else:
@@ -472,7 +477,7 @@ class WindowAttention(torch.autograd.Function):
             qb, kb = slabs.queries(blocks), slabs.keys(blocks)  # (Bf, nb', b or g + L, E)
             if fused:
                 out, lse = saved[4:]
-                dqb, dkb, dxb = _torch_compat.flash_attention_cpu_backward(
+                dqb, dkb, dxb = flash_attention_cpu_backward(
                     dyb, qb, kb, slabs.values(blocks), out[:, blocks], lse[:, blocks],
                     layout.sdpa_mask(blocks, q.dtype), layout.scale,
                 )  # fmt: skip
@@ -480,7 +485,7 @@ class WindowAttention(torch.autograd.Function):
                 p = slabs.weights(blocks, qb, kb)  # (Bf, nb', b, g + L), recomputed
                 dyb = _work(dyb)
                 dp = dyb @ slabs.values(blocks).transpose(-1, -2)  # (Bf, nb', b, g + L)
-                ds = _torch_compat.softmax_backward(dp, p, -1)  # P (dp - rowsum)
+                ds = softmax_backward(dp, p, -1)  # P (dp - rowsum)
                 dqb = (ds @ kb).mul_(layout.scale)  # (Bf, nb', b, E)
                 dkb = (ds.transpose(-1, -2) @ qb).mul_(layout.scale)
                 dxb = p.transpose(-1, -2) @ dyb  # (Bf, nb', g + L, C)

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from heatformer import _torch_compat
 from heatformer import checks as V
+from heatformer._torch_compat import func_transforming
 from heatformer.graph_ops._arrays import numel
 from heatformer.graph_ops.protocol import SLAB_ELEMENTS
 
@@ -250,7 +250,7 @@ class WindowLayout:
         piece = t[:, max(lo, 0) : min(hi, n)]
         if lo < 0 or hi > n:
             piece = F.pad(piece, [0, 0] * (t.dim() - 2) + [max(-lo, 0), max(hi - n, 0)])
-        if _torch_compat.func_transforming():  # vmap has no batching rule for unfold's backward
+        if func_transforming():  # vmap has no batching rule for unfold's backward
             at = torch.arange(stop - start, device=t.device)[:, None] * b  # (nb', 1)
             slabs = piece[:, at + torch.arange(self.slab, device=t.device)]  # (Bf, nb', L, D)
         else:
