@@ -118,8 +118,7 @@ def test_public_viz_api_is_documented() -> None:
     page = (DOCS / "api" / "viz.md").read_text()
     missing = [
         n for n in heatformer.viz.__all__
-        if f"heatformer.viz.{n}" not in page and n not in {"INSTALL_HINT", "LAYOUTS",
-                                                            "require_matplotlib", "token_labels"}
+        if f"heatformer.viz.{n}" not in page and n not in {"INSTALL_HINT", "LAYOUTS"}
     ]  # fmt: skip
     assert not missing
 

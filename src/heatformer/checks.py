@@ -64,6 +64,7 @@ __all__ = [
     "check_square",
     "check_threshold",
     "check_time",
+    "check_times",
     "check_tol",
     "topk_and_graph",
 ]
@@ -309,6 +310,29 @@ def check_time(t: object, *, name: str = "t") -> Tensor | float:
             raise bad_value(name, f"expected finite values >= 0, got {shown}")
         return t
     raise bad_type(name, f"expected a float or a floating-point tensor, got {type(t).__name__}")
+
+
+def check_times(times: Sequence[float] | Tensor) -> list[float]:
+    """Check the diffusion times of a picture or a table: at least one, each ``>= 0``.
+
+    Args:
+        times: a sequence of numbers or a 1-D tensor.
+
+    Returns:
+        The times as a list of floats, in the given order.
+
+    Example:
+        >>> check_times((0, 0.5, 2))
+        [0.0, 0.5, 2.0]
+    """
+    import torch
+
+    values = [float(t) for t in (times.tolist() if isinstance(times, torch.Tensor) else times)]
+    if not values:
+        raise bad_value("times", "expected at least one diffusion time, got none")
+    if any(not t >= 0 for t in values):
+        raise bad_value("times", f"expected diffusion times >= 0, got {values}")
+    return values
 
 
 def check_open_unit(name: str, value: object) -> float:

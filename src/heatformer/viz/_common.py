@@ -1,51 +1,29 @@
-"""Shared plumbing of :mod:`heatformer.viz`: lazy matplotlib, figures, saving, one graph.
+"""Shared plumbing of :mod:`heatformer.viz`: axes or a new figure, one graph of a batch, labels.
 
-matplotlib is the optional ``viz`` extra, so it is imported only when a plot is made, and a
-missing install raises an :class:`ImportError` that says what to install. Figures are built
-with the object-oriented API on an Agg canvas (:class:`matplotlib.figure.Figure` +
-``FigureCanvasAgg``): no pyplot state, no global backend switch, no window; a figure is freed
-as soon as the caller drops it.
+The public half of the plumbing, figures on an Agg canvas and saving them, is
+:mod:`heatformer.viz.figures`; what is here only ``viz``'s own modules use (and
+:func:`token_labels`, public as ``heatformer.viz.token_labels``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
 
-from heatformer._optional import require
 from heatformer.checks import bad_type, bad_value
 from heatformer.graph_ops import DenseGraph, Graph
+from heatformer.viz.figures import PathLike, new_figure, save_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.collections import Collection
     from matplotlib.figure import Figure
 
-PathLike = str | os.PathLike[str]
-
 #: Glyphs for whitespace and control bytes in token labels.
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
-
-
-def require_matplotlib() -> None:
-    """Import matplotlib or raise an :class:`ImportError` naming the ``viz`` extra."""
-    require("matplotlib", "viz", feature="heatformer.viz")
-
-
-def new_figure(figsize: tuple[float, float], **kwargs: object) -> Figure:
-    """A :class:`~matplotlib.figure.Figure` on an Agg canvas, constrained layout."""
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize, layout="constrained", **kwargs)  # type: ignore[arg-type]
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def axes_or_new(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
@@ -57,18 +35,9 @@ def axes_or_new(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, 
     return cast("Figure", root), ax
 
 
-def save_figure(fig: Figure, save: PathLike | None, *, dpi: int = 110) -> None:
-    """Write ``fig`` to ``save`` (format from the suffix) when ``save`` is given."""
-    if save is None:
-        return
-    path = Path(save)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-
-
 def finish_figure(fig: Figure, ax: Axes, title: str | None, save: PathLike | None) -> Figure:
     """The last steps of every ``viz`` figure: the axes' ``title`` (when given), then
-    :func:`save_figure`; returns ``fig``."""
+    :func:`~heatformer.viz.figures.save_figure`; returns ``fig``."""
     if title is not None:
         ax.set_title(title, fontsize=10)
     save_figure(fig, save)

@@ -12,23 +12,17 @@ Laplacian ``L = D - W`` of a symmetric graph, heat is conserved: ``sum_i u_i(t) 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from heatformer.checks import bad_type, bad_value
+from heatformer.checks import bad_type, bad_value, check_times
 from heatformer.graph_ops import DenseGraph, Graph, heat_kernel
-from heatformer.viz._common import (
-    PathLike,
-    colour_labels,
-    new_figure,
-    save_figure,
-    single_graph,
-)
+from heatformer.viz._common import colour_labels, single_graph
 from heatformer.viz._layouts import arc_extent, arc_width, check_layout
+from heatformer.viz.figures import PathLike, new_figure, save_figure
 from heatformer.viz.graphs import draw_attention_graph, find_collection
 
 if TYPE_CHECKING:
@@ -36,19 +30,13 @@ if TYPE_CHECKING:
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
 
-__all__ = ["animate_heat_diffusion", "heat_diffusion_frames", "plot_heat_diffusion"]
-
-
-@dataclass(frozen=True)
-class HeatStyle:
-    """How the heat frames are drawn (the drawing options of :func:`plot_heat_diffusion` and
-    :func:`animate_heat_diffusion`, which document them)."""
-
-    tokens: Sequence[str] | str | bytes | None = None
-    layout: str = "arc"
-    top_k: int | None = 2
-    cmap: str = "YlOrRd"
-    gamma: float = 0.5
+__all__ = [
+    "animate_heat_diffusion",
+    "draw_heat_strip",
+    "heat_diffusion_frames",
+    "plot_heat_diffusion",
+    "write_heat_gif",
+]
 
 
 def _signal(signal: int | Tensor | Sequence[float], n: int) -> Tensor:
@@ -68,15 +56,6 @@ def _signal(signal: int | Tensor | Sequence[float], n: int) -> Tensor:
     if not bool(torch.isfinite(x).all()):
         raise bad_value("signal", "expected finite values, got NaN or inf")
     return x
-
-
-def _times(times: Sequence[float] | Tensor) -> list[float]:
-    values = [float(t) for t in (times.tolist() if isinstance(times, Tensor) else times)]
-    if not values:
-        raise bad_value("times", "expected at least one diffusion time, got none")
-    if any(not t >= 0 for t in values):
-        raise bad_value("times", f"expected diffusion times >= 0, got {values}")
-    return values
 
 
 def heat_diffusion_frames(
@@ -116,7 +95,7 @@ def heat_diffusion_frames(
     x = _signal(signal, one.num_nodes).unsqueeze(-1)  # (N, 1)
     frames = [
         heat_kernel(one, x, t, normalization=normalization, method=method).squeeze(-1)
-        for t in _times(times)
+        for t in check_times(times)
     ]
     return torch.stack(frames)  # (T, N)
 
@@ -151,6 +130,7 @@ def plot_heat_diffusion(
 
     Frames are stacked top to bottom for the ``"arc"`` layout (each frame is one line of
     tokens) and left to right otherwise; all share one colour scale, shown by a colorbar.
+    :func:`heat_diffusion_frames` computes them, :func:`draw_heat_strip` draws them.
 
     Args:
         graph: any heatformer graph or an ``(..., N, N)`` weight tensor.
@@ -173,27 +153,76 @@ def plot_heat_diffusion(
     """
     check_layout(layout)
     one = single_graph(graph, index)
-    ts = _times(times)
+    ts = check_times(times)
     frames = heat_diffusion_frames(one, signal, ts, normalization=normalization)
-    style = HeatStyle(tokens, layout, top_k, cmap, gamma)
-    label = f"heat exp(−tL) x  ({normalization})"
-    return _draw_heat_strip(one, ts, frames, style, label=label, save=save)
+    return draw_heat_strip(
+        one, ts, frames, tokens=tokens, layout=layout, top_k=top_k, cmap=cmap, gamma=gamma,
+        label=f"heat exp(−tL) x  ({normalization})", save=save,
+    )  # fmt: skip
 
 
-def _draw_heat_strip(
-    one: DenseGraph,
-    ts: Sequence[float],
+def _checked_frames(
+    graph: Graph | Tensor, times: Sequence[float] | Tensor, frames: Tensor
+) -> tuple[DenseGraph, list[float], Tensor]:
+    """``(graph, times, frames)`` of :func:`draw_heat_strip` and :func:`write_heat_gif`
+    checked: one float64 graph on the CPU, the times as floats, frames ``(T, N)`` float64."""
+    one = single_graph(graph, None)
+    ts = check_times(times)
+    if not isinstance(frames, Tensor):
+        raise bad_type("frames", f"expected a (T, N) tensor, got {type(frames).__name__}")
+    expected = (len(ts), one.num_nodes)
+    if tuple(frames.shape) != expected:
+        raise bad_value(
+            "frames", f"expected shape {expected} (one row per time), got {tuple(frames.shape)}"
+        )
+    return one, ts, frames.detach().to("cpu", torch.float64)
+
+
+def draw_heat_strip(
+    graph: Graph | Tensor,
+    times: Sequence[float] | Tensor,
     frames: Tensor,
-    style: HeatStyle,
     *,
-    label: str,
+    tokens: Sequence[str] | str | bytes | None = None,
+    layout: str = "arc",
+    top_k: int | None = 2,
+    cmap: str = "YlOrRd",
+    gamma: float = 0.5,
+    label: str = "heat",
     totals: bool = False,
     save: PathLike | None = None,
 ) -> Figure:
-    """The strip of :func:`plot_heat_diffusion` for given frames ``(T, N)`` at times ``ts``;
-    ``totals`` adds each frame's total ``Σ_i u_i(t)`` to its title."""
-    layout, top_k, cmap = style.layout, style.top_k, style.cmap
-    norm = _heat_norm(frames, style.gamma)
+    """A strip of given frames on a graph: one axes per time, nodes coloured by the frame.
+
+    The figure of :func:`plot_heat_diffusion` for frames computed elsewhere (e.g. the heat
+    flow of another operator, or stored numbers): each axes is :func:`draw_attention_graph`
+    with the nodes coloured by one row of ``frames`` and titled ``t = ...``; all share one
+    colour scale, shown by a colour bar. Frames are stacked top to bottom for the ``"arc"``
+    layout and left to right otherwise.
+
+    Args:
+        graph: one unbatched graph (a heatformer graph or an ``(N, N)`` weight tensor).
+        times: the frames' times ``t >= 0``, one each.
+        frames: ``(T, N)``: row ``s`` the values of the nodes at ``times[s]``.
+        tokens: node labels.
+        layout: a key of :data:`~heatformer.viz.LAYOUTS`.
+        top_k: edges drawn per node; ``None`` draws every edge.
+        cmap: matplotlib colormap of the values.
+        gamma: colour scale exponent for non-negative values (see
+            :func:`plot_heat_diffusion`).
+        label: the colour bar's label (it adds ``colour ∝ √value`` when ``gamma`` is 0.5).
+        totals: add each frame's total ``Σ_i u_i(t)`` to its title.
+        save: write the figure to this path.
+
+    Returns:
+        A :class:`~matplotlib.figure.Figure` with one axes per time plus the colorbar's.
+
+    Raises:
+        ValueError: unknown ``layout``, bad ``times``, ``frames`` not of shape ``(T, N)``.
+    """
+    check_layout(layout)
+    one, ts, frames = _checked_frames(graph, times, frames)
+    norm = _heat_norm(frames, gamma)
     n, count = one.num_nodes, len(ts)
     if layout == "arc":
         drawn = (one.topk(top_k) if top_k is not None else one).to_dense()
@@ -206,7 +235,7 @@ def _draw_heat_strip(
         axes = [fig.add_subplot(1, count, s + 1) for s in range(count)]
     for ax, t, frame in zip(axes, ts, frames):
         draw_attention_graph(
-            one, tokens=style.tokens, top_k=top_k, layout=layout, node_values=frame, cmap=cmap,
+            one, tokens=tokens, top_k=top_k, layout=layout, node_values=frame, cmap=cmap,
             norm=norm, curvature=0.2 if layout == "arc" else None, edge_width=2.0,
             edge_alpha=0.45, ax=ax,
             title=f"t = {t:g}" + (f",  total {float(frame.sum()):.4f}" if totals else ""),
@@ -235,6 +264,18 @@ def _colorbar(fig: Figure, axes: list[Axes], cmap: str, norm: Normalize, label: 
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, shrink=0.6, label=label)
 
 
+def _gif_path(save: PathLike) -> Path:
+    path = Path(save)
+    if path.suffix.lower() != ".gif":
+        raise bad_value("save", f"expected a path ending in .gif, got {str(save)!r}")
+    return path
+
+
+def _check_fps(fps: int) -> None:
+    if isinstance(fps, bool) or not isinstance(fps, int) or fps < 1:
+        raise bad_value("fps", f"expected a positive int, got {fps!r}")
+
+
 def animate_heat_diffusion(
     graph: Graph | Tensor,
     signal: int | Tensor | Sequence[float],
@@ -254,6 +295,7 @@ def animate_heat_diffusion(
     """An animated GIF of the heat flow (matplotlib's ``PillowWriter``; Pillow is needed).
 
     The graph is drawn once; each frame only recolours the nodes, so a long animation is cheap.
+    :func:`heat_diffusion_frames` computes the frames, :func:`write_heat_gif` writes them.
 
     Args:
         graph: any heatformer graph or an ``(..., N, N)`` weight tensor.
@@ -277,51 +319,80 @@ def animate_heat_diffusion(
         ValueError: ``save`` does not end in ``.gif``; bad times, signal or layout.
         ImportError: matplotlib or Pillow is missing.
     """
-    path = Path(save)
-    if path.suffix.lower() != ".gif":
-        raise bad_value("save", f"expected a path ending in .gif, got {str(save)!r}")
-    if isinstance(fps, bool) or not isinstance(fps, int) or fps < 1:
-        raise bad_value("fps", f"expected a positive int, got {fps!r}")
-    ts = _times(times if times is not None else torch.linspace(0.0, 6.0, 24))
+    _gif_path(save)
+    _check_fps(fps)
+    ts = check_times(times if times is not None else torch.linspace(0.0, 6.0, 24))
     one = single_graph(graph, index)
     frames = heat_diffusion_frames(one, signal, ts, normalization=normalization)
-    style = HeatStyle(tokens, layout, top_k, cmap, gamma)
-    label = f"heat exp(−tL) x  ({normalization})"
-    return _write_heat_gif(
-        one, ts, frames, style, path=path, label=label, title="heat flow exp(−tL) x", fps=fps,
-        dpi=dpi,
+    return write_heat_gif(
+        one, ts, frames, save=save, tokens=tokens, layout=layout, top_k=top_k, cmap=cmap,
+        gamma=gamma, label=f"heat exp(−tL) x  ({normalization})", title="heat flow exp(−tL) x",
+        fps=fps, dpi=dpi,
     )  # fmt: skip
 
 
-def _write_heat_gif(
-    one: DenseGraph,
-    ts: Sequence[float],
+def write_heat_gif(
+    graph: Graph | Tensor,
+    times: Sequence[float] | Tensor,
     frames: Tensor,
-    style: HeatStyle,
     *,
-    path: Path,
-    label: str,
-    title: str,
+    save: PathLike,
+    tokens: Sequence[str] | str | bytes | None = None,
+    layout: str = "arc",
+    top_k: int | None = 2,
+    cmap: str = "YlOrRd",
+    gamma: float = 0.5,
+    label: str = "heat",
+    title: str = "heat flow",
     fps: int = 6,
     dpi: int = 80,
 ) -> Path:
-    """The GIF of :func:`animate_heat_diffusion` for given frames ``(T, N)`` at times ``ts``:
-    ``label`` names the colour bar, ``title`` what the frames show (each frame's title adds
-    its time and total)."""
-    layout = style.layout
-    norm = _heat_norm(frames, style.gamma)
+    """An animated GIF of given frames on a graph, one GIF frame per time.
+
+    The GIF of :func:`animate_heat_diffusion` for frames computed elsewhere: the graph is
+    drawn once (:func:`draw_attention_graph`, with a colour bar on one scale for all frames);
+    each frame recolours the nodes with one row of ``frames`` and retitles the axes
+    ``"{title}, t = ..., total ..."``. Needs Pillow (a matplotlib dependency).
+
+    Args:
+        graph: one unbatched graph (a heatformer graph or an ``(N, N)`` weight tensor).
+        times: the frames' times ``t >= 0``, one each.
+        frames: ``(T, N)``: row ``s`` the values of the nodes at ``times[s]``.
+        save: the ``.gif`` path to write (required; missing folders are created).
+        tokens: node labels.
+        layout: a key of :data:`~heatformer.viz.LAYOUTS`.
+        top_k: edges drawn per node (``None``: all).
+        cmap: matplotlib colormap of the values.
+        gamma: colour scale exponent (see :func:`plot_heat_diffusion`).
+        label: the colour bar's label.
+        title: what the frames show; each frame's title adds its time and total.
+        fps: frames per second.
+        dpi: resolution of the frames.
+
+    Returns:
+        The path of the written GIF.
+
+    Raises:
+        ValueError: ``save`` does not end in ``.gif``; bad ``fps``, ``times``, ``layout``;
+            ``frames`` not of shape ``(T, N)``.
+        ImportError: matplotlib or Pillow is missing.
+    """
+    path = _gif_path(save)
+    _check_fps(fps)
+    check_layout(layout)
+    one, ts, frames = _checked_frames(graph, times, frames)
+    norm = _heat_norm(frames, gamma)
     fig = draw_attention_graph(
-        one, tokens=style.tokens, top_k=style.top_k, layout=layout, node_values=frames[0],
-        cmap=style.cmap, norm=norm, curvature=0.3 if layout == "arc" else None, edge_width=2.0,
-        edge_alpha=0.45,
+        one, tokens=tokens, top_k=top_k, layout=layout, node_values=frames[0], cmap=cmap,
+        norm=norm, curvature=0.3 if layout == "arc" else None, edge_width=2.0, edge_alpha=0.45,
     )  # fmt: skip
     ax = fig.axes[0]
     nodes = find_collection(ax, "nodes")
-    _colorbar(fig, [ax], style.cmap, norm, label)
+    _colorbar(fig, [ax], cmap, norm, label)
     try:
         from matplotlib.animation import PillowWriter
     except ImportError as err:  # pragma: no cover - Pillow is a matplotlib dependency
-        raise ImportError("animate_heat_diffusion needs Pillow: pip install pillow") from err
+        raise ImportError("write_heat_gif needs Pillow: pip install pillow") from err
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.canvas.draw()  # lay out once, then freeze the layout: frames only recolour nodes
     fig.set_layout_engine("none")

@@ -14,18 +14,16 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from heatformer.checks import bad_value
-from heatformer.graph_ops import DenseGraph, Graph
+from heatformer.graph_ops import Graph
 from heatformer.viz._common import (
-    PathLike,
     axes_or_new,
     colour_labels,
     finish_figure,
-    new_figure,
-    save_figure,
     single_graph,
     token_labels,
 )
 from heatformer.viz._layouts import LAYOUTS, arc_extent, arc_width, check_layout
+from heatformer.viz.figures import PathLike, new_figure, save_figure
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,9 +35,11 @@ if TYPE_CHECKING:
 __all__ = [
     "LAYOUTS",
     "draw_attention_graph",
+    "draw_topk_pruning",
     "find_collection",
     "plot_attention_matrix",
     "plot_topk_pruning",
+    "topk_title",
 ]
 
 
@@ -428,31 +428,67 @@ def plot_topk_pruning(
     if len(ks) == 0:
         raise bad_value("ks", "expected at least one value of k (None = the full graph)")
     one = single_graph(graph, index)
-    kept = [(_topk_title(k), one if k is None else single_graph(one.topk(k), None)) for k in ks]
-    return _draw_topk_pruning(kept, tokens=tokens, layout=layout, save=save)
+    kept = [(topk_title(k), one if k is None else one.topk(k)) for k in ks]
+    return draw_topk_pruning(kept, tokens=tokens, layout=layout, save=save)
 
 
-def _topk_title(k: int | None) -> str:
+def topk_title(k: int | None) -> str:
+    """The name of the column of ``k`` in :func:`plot_topk_pruning`: ``"full attention"``
+    for ``None``, else ``"top-k"``; name the graphs given to :func:`draw_topk_pruning` with it
+    to match.
+
+    Example:
+        >>> topk_title(None), topk_title(4)
+        ('full attention', 'top-4')
+    """
     return "full attention" if k is None else f"top-{k}"
 
 
-def _draw_topk_pruning(
-    kept: Sequence[tuple[str, DenseGraph]],
+def draw_topk_pruning(
+    kept: Sequence[tuple[str, Graph | Tensor]],
     *,
-    tokens: Sequence[str] | str | bytes | None,
-    layout: str,
-    save: PathLike | None,
+    tokens: Sequence[str] | str | bytes | None = None,
+    layout: str = "arc",
+    save: PathLike | None = None,
 ) -> Figure:
-    """The figure of :func:`plot_topk_pruning` for given ``(title, pruned graph)`` pairs."""
-    n = kept[0][1].num_nodes
-    cols = len(kept)
+    """Given graphs side by side, one column each: the matrix (top) and the graph below it.
+
+    The figure of :func:`plot_topk_pruning` for graphs pruned elsewhere (e.g. stored
+    numbers): each column is :func:`plot_attention_matrix` titled with the column's name, and
+    :func:`draw_attention_graph` (nodes coloured by in-degree, each column on its own colour
+    scale) titled with the name and the number of edges (weights above 0).
+
+    Args:
+        kept: ``(name, graph)`` pairs, one column each in order; every graph is unbatched
+            (a heatformer graph or an ``(N, N)`` weight tensor), all with the same ``N``.
+            :func:`topk_title` gives :func:`plot_topk_pruning`'s names.
+        tokens: node labels (see :func:`draw_attention_graph`).
+        layout: a key of :data:`LAYOUTS` for the graph row.
+        save: write the figure to this path.
+
+    Returns:
+        A :class:`~matplotlib.figure.Figure` with ``2 * len(kept)`` axes: the matrices, then
+        the graphs.
+
+    Raises:
+        ValueError: no graphs, graphs of different sizes, a batched graph, unknown ``layout``.
+    """
+    check_layout(layout)
+    if len(kept) == 0:
+        raise bad_value("kept", "expected at least one (name, graph) pair")
+    graphs = [(str(name), single_graph(g, None)) for name, g in kept]
+    sizes = [g.num_nodes for _, g in graphs]
+    if len(set(sizes)) != 1:
+        raise bad_value("kept", f"expected graphs with one number of nodes, got {sizes}")
+    n = sizes[0]
+    cols = len(graphs)
     width = max(4.2 * cols, 0.16 * n * cols)
     graph_height = 0.35 if layout == "arc" else 1.0  # relative to the matrix row
     fig = new_figure((width, (width / cols) * (1.0 + graph_height) + 0.6))
     grid = fig.add_gridspec(2, cols, height_ratios=[1.0, graph_height])
     mat_axes = [fig.add_subplot(grid[0, c]) for c in range(cols)]
     graph_axes = [fig.add_subplot(grid[1, c]) for c in range(cols)]
-    for c, (name, pruned) in enumerate(kept):
+    for c, (name, pruned) in enumerate(graphs):
         plot_attention_matrix(pruned, tokens=tokens, ax=mat_axes[c], title=name, colorbar=False)
         draw_attention_graph(pruned, tokens=tokens, layout=layout, ax=graph_axes[c])
         count = int((pruned.to_dense() > 0).sum())

@@ -28,15 +28,8 @@ from heatformer.graph_ops import (
     resolve_operator,
     spectrum,
 )
-from heatformer.viz._common import (
-    PathLike,
-    axes_or_new,
-    finish_figure,
-    new_figure,
-    save_figure,
-    single_graph,
-    token_labels,
-)
+from heatformer.viz._common import axes_or_new, finish_figure, single_graph, token_labels
+from heatformer.viz.figures import PathLike, new_figure, save_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -44,6 +37,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "default_operators",
+    "draw_frequency_responses",
+    "draw_operator_outputs",
+    "draw_spectra",
+    "frequency_responses",
+    "operator_outputs",
     "plot_frequency_responses",
     "plot_operator_outputs",
     "plot_spectra",
@@ -86,23 +84,46 @@ def plot_spectra(
     for name in normalizations:
         check_normalization(name)
     one = single_graph(graph, index)
-    return _draw_spectra({name: spectrum(one, name) for name in normalizations}, save=save)
+    return draw_spectra({name: spectrum(one, name) for name in normalizations}, save=save)
 
 
-def _draw_spectra(
+def draw_spectra(
     spectra: Mapping[str, Tensor],
     *,
     titles: Mapping[str, str] | None = None,
     imag_tol: float = 1e-9,
-    save: PathLike | None,
+    save: PathLike | None = None,
 ) -> Figure:
-    """The figure of :func:`plot_spectra` for given eigenvalues, ``{normalization: (N,)}``;
-    ``titles`` replaces the default title of some normalizations; a spectrum is drawn in the
-    complex plane when an imaginary part exceeds ``imag_tol``, else sorted along a line."""
+    """Given Laplacian spectra side by side, one axes each: the figure of :func:`plot_spectra`.
+
+    A spectrum with an imaginary part above ``imag_tol`` is drawn in the complex plane (one
+    scatter; for ``"rw"`` with the circle ``|lam - 1| = 1``), any other as its sorted real
+    parts against their rank (one line).
+
+    Args:
+        spectra: ``{normalization: eigenvalues}``, keys among ``"rw"``, ``"sym"``,
+            ``"combinatorial"``, values ``(N,)`` real or complex tensors (e.g. from
+            :func:`~heatformer.graph_ops.spectrum`); one axes each, in order.
+        titles: ``{normalization: title}`` for the axes whose default title (the formula of
+            that Laplacian) should change.
+        imag_tol: the largest imaginary part still drawn as a real spectrum.
+        save: write the figure to this path.
+
+    Returns:
+        A :class:`~matplotlib.figure.Figure` with one axes per spectrum.
+
+    Raises:
+        ValueError: no spectra, or a key that is not a normalization.
+    """
     import numpy as np
 
+    if len(spectra) == 0:
+        raise bad_value("spectra", "expected at least one of ['rw', 'sym', 'combinatorial']")
+    for name in spectra:
+        check_normalization(name)
     fig = new_figure((4.2 * len(spectra), 3.8))
     for c, (name, ev) in enumerate(spectra.items()):
+        ev = torch.as_tensor(ev).detach().cpu()  # (N,)
         ax = fig.add_subplot(1, len(spectra), c + 1)
         if ev.is_complex() and float(ev.imag.abs().max()) > imag_tol:
             ax.scatter(ev.real.numpy(), ev.imag.numpy(), s=18, color="C0", label="eigenvalues")
@@ -207,39 +228,94 @@ def plot_frequency_responses(
         lam = torch.linspace(0.0, float(lam_max), num, dtype=torch.float64)
     elif not isinstance(lam, Tensor) or lam.dim() != 1:
         raise bad_value("lam", f"expected a 1-D tensor of eigenvalues, got {lam!r}")
-    lam = lam.detach().to(torch.float64).cpu()
-    curves = _frequency_responses(ops, lam)
-    return _draw_frequency_responses(
+    curves = frequency_responses(ops, lam)
+    return draw_frequency_responses(
         lam, curves, eigenvalues=eigenvalues, ax=ax, title=title, save=save
     )
 
 
-def _frequency_responses(
-    operators: Mapping[str, DiffusionOperator], lam: Tensor
+def frequency_responses(
+    operators: Mapping[str, DiffusionOperator | str] | Sequence[DiffusionOperator | str],
+    lam: Tensor,
 ) -> dict[str, Tensor]:
-    """``{label: f(lam)}`` of each operator, float64 on the CPU (the curves of
-    :func:`plot_frequency_responses`): shape ``lam.shape``, or ``(H, len(lam))`` for an
-    operator with one diffusion time per head."""
+    """The factor ``f(lam)`` each operator applies to a Laplacian eigenvector (the numbers
+    of :func:`plot_frequency_responses`).
+
+    Args:
+        operators: ``{label: operator}``, or a list of operators or names (labelled by their
+            ``repr``).
+        lam: the eigenvalues to evaluate at, a 1-D tensor.
+
+    Returns:
+        ``{label: f(lam)}``, float64 on the CPU, without gradients: shape ``lam.shape``, or
+        ``(H, len(lam))`` for an operator with one diffusion time per head.
+
+    Raises:
+        ValueError: no operators, ``lam`` not a 1-D tensor.
+
+    Example:
+        >>> import torch
+        >>> from heatformer.graph_ops import Laplacian
+        >>> frequency_responses({"L": Laplacian()}, torch.tensor([0.0, 1.0, 2.0]))
+        {'L': tensor([0., 1., 2.], dtype=torch.float64)}
+    """
+    ops = _operators(operators)
+    if not ops:
+        raise bad_value("operators", "expected at least one operator")
+    if not isinstance(lam, Tensor) or lam.dim() != 1:
+        raise bad_value("lam", f"expected a 1-D tensor of eigenvalues, got {lam!r}")
+    lam = lam.detach().to(torch.float64).cpu()
     with torch.no_grad():
         return {
             label: op.frequency_response(lam).detach().to(torch.float64).cpu()
-            for label, op in operators.items()
+            for label, op in ops.items()
         }
 
 
-def _draw_frequency_responses(
+def draw_frequency_responses(
     lam: Tensor,
     curves: Mapping[str, Tensor],
     *,
-    eigenvalues: Tensor | None,
-    ax: Axes | None,
-    title: str | None,
-    save: PathLike | None,
+    eigenvalues: Tensor | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+    save: PathLike | None = None,
 ) -> Figure:
-    """The figure of :func:`plot_frequency_responses` for given curves ``{label: f(lam)}``."""
+    """Given frequency responses, one line each, on one axes: what
+    :func:`plot_frequency_responses` draws, for curves computed elsewhere.
+
+    Args:
+        lam: the eigenvalues, a 1-D tensor: the x-axis.
+        curves: ``{label: f(lam)}``, each of shape ``lam.shape`` (one line) or
+            ``(..., len(lam))`` (one line per row, labelled ``"label [h]"``), e.g. from
+            :func:`frequency_responses`.
+        eigenvalues: a graph's (real parts of) eigenvalues, drawn as ticks on the axis.
+        ax: draw into this axes instead of a new figure.
+        title: axes title.
+        save: write the figure to this path.
+
+    Returns:
+        The :class:`~matplotlib.figure.Figure` (the one holding ``ax`` when given). The axes
+        has one labelled line per curve (in order), a ``"graph spectrum"`` line when
+        ``eigenvalues`` is given, and an unlabelled zero line.
+
+    Raises:
+        ValueError: ``lam`` not a 1-D tensor, a curve whose last size is not ``len(lam)``.
+    """
+    if not isinstance(lam, Tensor) or lam.dim() != 1:
+        raise bad_value("lam", f"expected a 1-D tensor of eigenvalues, got {lam!r}")
+    lam = lam.detach().to(torch.float64).cpu()
+    for label, y in curves.items():
+        if y.dim() == 0 or y.shape[-1] != lam.numel():
+            raise bad_value(
+                "curves",
+                f"expected {label!r} of shape ({lam.numel()},) or (H, {lam.numel()}), "
+                f"got {tuple(y.shape)}",
+            )
     fig, ax = axes_or_new(ax, (6.4, 4.2))
     x = lam.numpy()
     for label, y in curves.items():
+        y = y.detach().to("cpu", torch.float64)
         if y.dim() == 1:
             ax.plot(x, y.numpy(), lw=2, label=label)
         else:  # one curve per head (e.g. a time per head)
@@ -293,49 +369,101 @@ def plot_operator_outputs(
     """
     one = single_graph(graph, index)
     x = _signal_of(signal, one.num_nodes)
-    outputs = _operator_outputs(one, x, _operators(operators))
-    return _draw_operator_outputs(
+    outputs = operator_outputs(one, x, operators)
+    return draw_operator_outputs(
         x, outputs, tokens=tokens, ax=ax, title=title, save=save, signal_label=signal_label
     )
 
 
-def _signal_of(signal: Tensor | Sequence[float], n: int) -> Tensor:
-    """``signal`` as a float64 CPU tensor of shape ``(n,)``, or a ``ValueError``."""
+def _signal_of(signal: Tensor | Sequence[float], n: int | None) -> Tensor:
+    """``signal`` as a float64 CPU tensor of shape ``(n,)`` (any ``(N,)`` for ``n=None``),
+    or a ``ValueError``."""
     x = torch.as_tensor(
         signal.detach().cpu() if isinstance(signal, Tensor) else signal, dtype=torch.float64
     )
-    if x.shape != (n,):
-        raise bad_value("signal", f"expected shape ({n},), got {tuple(x.shape)}")
+    if x.dim() != 1 or (n is not None and x.shape != (n,)):
+        raise bad_value("signal", f"expected shape ({n or 'N'},), got {tuple(x.shape)}")
     return x
 
 
-def _operator_outputs(
-    one: Graph, x: Tensor, operators: Mapping[str, DiffusionOperator]
+def operator_outputs(
+    graph: Graph | Tensor,
+    signal: Tensor | Sequence[float],
+    operators: Mapping[str, DiffusionOperator | str] | Sequence[DiffusionOperator | str],
+    *,
+    index: tuple[int, ...] | int | None = None,
 ) -> dict[str, Tensor]:
-    """``{label: op(one, x)}`` for an unbatched graph and a signal ``x`` of shape ``(N,)``."""
+    """What each operator makes of a signal on one graph (the numbers of
+    :func:`plot_operator_outputs`).
+
+    Args:
+        graph: any heatformer graph or an ``(..., N, N)`` weight tensor.
+        signal: ``(N,)`` signal (e.g. one channel of the values ``v``).
+        operators: ``{label: operator}`` or a list of operators or names.
+        index: which graph of the batch.
+
+    Returns:
+        ``{label: op(graph, signal)}``, each ``(N,)`` float64 on the CPU, without gradients.
+
+    Raises:
+        ValueError: bad ``index``, ``signal`` not of shape ``(N,)``.
+
+    Example:
+        >>> import torch
+        >>> from heatformer.graph_ops import Attention, Laplacian
+        >>> w = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+        >>> out = operator_outputs(w, [1.0, 3.0], {"P": Attention(), "I - P": Laplacian()})
+        >>> out["P"], out["I - P"]
+        (tensor([2., 2.], dtype=torch.float64), tensor([-1.,  1.], dtype=torch.float64))
+    """
+    one = single_graph(graph, index)
+    x = _signal_of(signal, one.num_nodes).unsqueeze(-1)  # (N, 1)
     with torch.no_grad():
-        return {label: op(one, x.unsqueeze(-1)).squeeze(-1) for label, op in operators.items()}
+        return {label: op(one, x).squeeze(-1) for label, op in _operators(operators).items()}
 
 
-def _draw_operator_outputs(
-    x: Tensor,
+def draw_operator_outputs(
+    signal: Tensor | Sequence[float],
     outputs: Mapping[str, Tensor],
     *,
-    tokens: Sequence[str] | str | bytes | None,
-    ax: Axes | None,
-    title: str | None,
-    save: PathLike | None,
+    tokens: Sequence[str] | str | bytes | None = None,
     signal_label: str = "input x",
+    ax: Axes | None = None,
+    title: str | None = None,
+    save: PathLike | None = None,
 ) -> Figure:
-    """The figure of :func:`plot_operator_outputs` for given outputs ``{label: (N,)}``."""
+    """A signal on the tokens and given outputs, one line each, on one axes: what
+    :func:`plot_operator_outputs` draws, for outputs computed elsewhere.
+
+    Args:
+        signal: the ``(N,)`` input, drawn dashed.
+        outputs: ``{label: (N,) values}``, one line each, e.g. from :func:`operator_outputs`.
+        tokens: x-axis labels.
+        signal_label: the legend's name of the input line.
+        ax: draw into this axes instead of a new figure.
+        title: axes title.
+        save: write the figure to this path.
+
+    Returns:
+        The :class:`~matplotlib.figure.Figure` (the one holding ``ax`` when given); its axes
+        has the input line first, then one line per output.
+
+    Raises:
+        ValueError: ``signal`` not 1-D, an output not of the signal's shape.
+    """
     import numpy as np
 
+    x = _signal_of(signal, None)
     n = x.shape[0]
+    for label, y in outputs.items():
+        if tuple(y.shape) != (n,):
+            raise bad_value("outputs", f"expected {label!r} of shape ({n},), got {tuple(y.shape)}")
     labels = token_labels(tokens, n)
     fig, ax = axes_or_new(ax, (max(6.4, 0.25 * n + 2), 3.8))
     pos = np.arange(n)
     ax.plot(pos, x.numpy(), color="0.55", lw=1.2, ls="--", marker=".", label=signal_label)
     for label, y in outputs.items():
+        y = y.detach().to("cpu", torch.float64)
         ax.plot(pos, y.numpy(), lw=1.8, marker="o", ms=3, label=label)
     ax.axhline(0.0, color="0.85", lw=0.6, zorder=0)
     step = max(1, n // 40)

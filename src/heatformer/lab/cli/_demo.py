@@ -66,7 +66,7 @@ def add_demo_arguments(parser: OptionParser) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     """Build the demo; print where the page is. Returns the exit code."""
     try:
-        from heatformer.viz._common import require_matplotlib
+        from heatformer.viz import require_matplotlib
 
         require_matplotlib()
     except ImportError as err:

@@ -34,6 +34,7 @@ same page from a local transformers checkpoint's own attention (:mod:`heatformer
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -56,7 +57,7 @@ from heatformer.lab.demo.explore import explorer_data, write_explorer
 from heatformer.lab.demo.facts import PageFacts, demo_facts
 from heatformer.lab.demo.hf import build_hf_demo, compute_hf_demo
 from heatformer.lab.demo.page import DemoResult, check_writable, demo_pictures, write_demo
-from heatformer.viz._common import PathLike, require_matplotlib
+from heatformer.viz import require_matplotlib
 
 __all__ = [
     "CORPUS_MODULES",
@@ -86,7 +87,7 @@ __all__ = [
 
 
 def render_demo(
-    out_dir: PathLike,
+    out_dir: str | os.PathLike[str],
     layers: Sequence[LayerSnapshot],
     *,
     text: str,
@@ -135,7 +136,7 @@ def render_demo(
 
 
 def build_demo(
-    out_dir: PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     text: str = DEFAULT_TEXT,
     steps: int = 200,

@@ -32,7 +32,7 @@ from heatformer.analysis import (
     snapshot_attention,
     within_sequence_variance,
 )
-from heatformer.checks import NORMALIZATIONS, bad_type, bad_value
+from heatformer.checks import NORMALIZATIONS, bad_type, bad_value, check_times
 from heatformer.graph_ops import (
     Attention,
     DenseGraph,
@@ -42,11 +42,9 @@ from heatformer.graph_ops import (
     heat_kernel,
     spectrum,
 )
+from heatformer.graph_ops.interop import single_graph
 from heatformer.lab.demo.data import DemoData
-from heatformer.viz._common import single_graph
-from heatformer.viz.diffusion import _times, heat_diffusion_frames
-from heatformer.viz.graphs import _topk_title
-from heatformer.viz.spectra import _frequency_responses, _operator_outputs, _signal_of
+from heatformer.viz import frequency_responses, heat_diffusion_frames, operator_outputs, topk_title
 
 if TYPE_CHECKING:
     from heatformer.lab.tasks.base import Task
@@ -295,7 +293,7 @@ def mass_frames(graph: DenseGraph, source: int, times: Sequence[float]) -> Tenso
         times: diffusion times ``t >= 0``.
     """
     eye = torch.eye(graph.num_nodes, dtype=graph.dtype, device=graph.device)  # (N, N)
-    rows = [heat_kernel(graph, eye, t, method="exact")[source] for t in _times(times)]
+    rows = [heat_kernel(graph, eye, t, method="exact")[source] for t in check_times(times)]
     return torch.stack(rows).to("cpu", torch.float64)  # (T, N)
 
 
@@ -373,13 +371,10 @@ def demo_from_snapshots(
     if any(d.shape != dense[layer].shape for d in dense):
         shapes = [tuple(d.shape) for d in dense]
         raise bad_value("layers", f"expected graphs of one shape (H, N, N), got {shapes}")
-    head = single_graph(snap.graph, att)  # the head of the single-head pictures
+    head = _head(snap, att)  # the head of the single-head pictures
     filter_head = lap if lap is not None else att
-    heat_times, animation_times = _times(HEAT_TIMES), _times(ANIMATION_TIMES)
-    topk = {
-        _topk_title(k): (head if k is None else single_graph(head.topk(k), None)).to_dense()
-        for k in topk_ks(n)
-    }
+    heat_times, animation_times = check_times(HEAT_TIMES), check_times(ANIMATION_TIMES)
+    topk = {topk_title(k): (head if k is None else head.topk(k)).to_dense() for k in topk_ks(n)}
     return DemoData(
         text=text,
         layer=layer % len(layers),
@@ -395,7 +390,7 @@ def demo_from_snapshots(
         mass=mass_frames(head, source, heat_times),  # (T, N)
         animation_times=tuple(animation_times),
         animation=heat_diffusion_frames(head, source, animation_times),  # (T', N)
-        **_filter_panels(snap, filter_head, n),
+        **_filter_panels(snap, filter_head),
         topk=topk,
         per_layer=None if per_layer is None else {k: tuple(v) for k, v in per_layer.items()},
         losses=dict(losses or {}),
@@ -404,6 +399,11 @@ def demo_from_snapshots(
         source_dtype=str(_least_precise(s.weight_dtype for s in layers)).removeprefix("torch."),
         token_unit=token_unit or ("character" if tokens is None else "token"),
     )
+
+
+def _head(snap: LayerSnapshot, h: int) -> DenseGraph:
+    """Head ``h`` of the snapshot as one unbatched float64 graph on the CPU."""
+    return DenseGraph(single_graph(snap.graph, h).to("cpu", torch.float64))
 
 
 def _source(snap: LayerSnapshot, att: int, n: int, source: int | None) -> int:
@@ -417,7 +417,7 @@ def _source(snap: LayerSnapshot, att: int, n: int, source: int | None) -> int:
     return source
 
 
-def _filter_panels(snap: LayerSnapshot, filter_head: int, n: int) -> dict[str, Any]:
+def _filter_panels(snap: LayerSnapshot, filter_head: int) -> dict[str, Any]:
     """The filter section's fields of :class:`DemoData`: frequency responses on ``lam``, the
     eigenvalues of head ``filter_head``, one channel of its values and the operators' outputs."""
     filters = {  # section 5, left: what each head does to each frequency
@@ -429,13 +429,13 @@ def _filter_panels(snap: LayerSnapshot, filter_head: int, n: int) -> dict[str, A
     outputs = {"attention head: P v": Attention(), "Laplacian head: (I − P) v": Laplacian()}
     lam = torch.linspace(0.0, 2.0, 201, dtype=torch.float64)
     filter_graph = DenseGraph(snap.graph.to_dense()[filter_head].detach().to(torch.float64))
-    channel = _signal_of(snap.values[filter_head, :, 0], n)  # (N,)
+    channel = snap.values[filter_head, :, 0].detach().to("cpu", torch.float64)  # (N,)
     return {
         "lam": lam,
-        "responses": _frequency_responses(filters, lam),
+        "responses": frequency_responses(filters, lam),
         "eigenvalues": spectrum(filter_graph, "rw").cpu(),
         "channel": channel,
-        "outputs": _operator_outputs(single_graph(snap.graph, filter_head), channel, outputs),
+        "outputs": operator_outputs(snap.graph, channel, outputs, index=filter_head),
     }
 
 

@@ -20,6 +20,7 @@ import html
 import itertools
 import json
 import math
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from heatformer.graph_ops import (
     laplacian_matrix,
 )
 from heatformer.lab.demo.data import DemoData
-from heatformer.viz._common import PathLike, token_labels
+from heatformer.viz import token_labels
 
 __all__ = ["EXPLORE_ALPHA", "EXPLORE_DIGITS", "EXPLORE_TIMES", "explorer_data", "write_explorer"]
 
@@ -182,7 +183,9 @@ def _script() -> str:
     return resources.files("heatformer.lab.demo").joinpath("explore.js").read_text("utf-8")
 
 
-def write_explorer(out_dir: PathLike, data: DemoData, *, name: str = "explore.html") -> Path:
+def write_explorer(
+    out_dir: str | os.PathLike[str], data: DemoData, *, name: str = "explore.html"
+) -> Path:
     """Write the interactive page: :func:`explorer_data` as JSON plus ``explore.js``, inline.
 
     Args:

@@ -34,7 +34,7 @@ from torch import Tensor
 from heatformer.checks import bad_value
 from heatformer.lab.demo.compute import topk_ks
 from heatformer.lab.demo.data import DemoData
-from heatformer.viz.graphs import _topk_title
+from heatformer.viz import topk_title
 
 __all__ = ["HABITS", "PageFacts", "TopkFacts", "demo_facts", "source_dtype"]
 
@@ -166,11 +166,11 @@ def demo_facts(data: DemoData) -> PageFacts:
     row_stochastic = bool(((out - 1).abs().le(n * eps) | out.abs().le(n * eps)).all())
     rw = data.spectra["rw"]
     imag = rw.imag.abs() if rw.is_complex() else torch.zeros_like(rw)
-    full = data.topk[_topk_title(None)]  # (N, N)
+    full = data.topk[topk_title(None)]  # (N, N)
     topk = tuple(
         TopkFacts(
             k=k,
-            edges=int((data.topk[_topk_title(k)] > eps).sum()),
+            edges=int((data.topk[topk_title(k)] > eps).sum()),
             weight_kept=float(full.topk(k, dim=-1).values.sum(-1).mean()),
         )
         for k in topk_ks(n)

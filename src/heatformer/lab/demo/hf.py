@@ -24,7 +24,7 @@ from heatformer.checks import bad_type, bad_value
 from heatformer.lab.demo.compute import DEFAULT_TEXT, demo_from_snapshots
 from heatformer.lab.demo.data import DemoData
 from heatformer.lab.demo.page import DemoResult, check_writable, write_demo
-from heatformer.viz._common import require_matplotlib
+from heatformer.viz import require_matplotlib
 
 __all__ = [
     "MAX_TOKENS",

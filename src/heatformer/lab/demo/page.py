@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import html
+import os
 import re
 import tempfile
 import time
@@ -47,16 +48,21 @@ from heatformer.lab.demo.text import (
     topk_text,
 )
 from heatformer.lab.progress import Progress
-from heatformer.viz._common import PathLike, new_figure, require_matplotlib, save_figure
-from heatformer.viz.diffusion import HeatStyle, _draw_heat_strip, _write_heat_gif
-from heatformer.viz.graphs import (
-    _draw_topk_pruning,
+from heatformer.viz import (
     draw_attention_graph,
+    draw_frequency_responses,
+    draw_heat_strip,
+    draw_operator_outputs,
+    draw_spectra,
+    draw_topk_pruning,
     find_collection,
+    new_figure,
     plot_attention_matrix,
+    plot_per_layer,
+    require_matplotlib,
+    save_figure,
+    write_heat_gif,
 )
-from heatformer.viz.layers import plot_per_layer
-from heatformer.viz.spectra import _draw_frequency_responses, _draw_operator_outputs, _draw_spectra
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -242,27 +248,27 @@ def _matrices_section(out: Path, data: DemoData, facts: PageFacts) -> _Section:
 def _spectrum_section(out: Path, data: DemoData, facts: PageFacts) -> _Section:
     """The head's Laplacian spectra, one panel for two that coincide."""
     shown, titles = _spectra_shown(data, facts)
-    _draw_spectra(shown, titles=titles, imag_tol=facts.imag_tol, save=out / "spectrum.png")
+    draw_spectra(shown, titles=titles, imag_tol=facts.imag_tol, save=out / "spectrum.png")
     return "spectrum", "Its Laplacian spectrum", spectrum_text(facts), ["spectrum.png"]
 
 
 def _heat_section(out: Path, data: DemoData, facts: PageFacts, *, gif: bool) -> _Section:
     """Both views of the heat flow from the source token, and the animation."""
     graph = DenseGraph(data.attention[data.layer, data.attention_head])
-    style = HeatStyle(tokens=data.labels)
     for name, frames, label in (
         ("heat_flow.png", data.heat, "influence exp(−tL) e_j"),
         ("heat_mass.png", data.mass, "mass exp(−tLᵀ) e_j"),
     ):
-        _draw_heat_strip(
-            graph, data.heat_times, frames, style, totals=True, label=label, save=out / name
-        )
+        draw_heat_strip(
+            graph, data.heat_times, frames, tokens=data.labels, totals=True, label=label,
+            save=out / name,
+        )  # fmt: skip
     files = ["heat_flow.png", "heat_mass.png"]
     if gif:
-        gif_path = out / "heat_flow.gif"
-        _write_heat_gif(
-            graph, data.animation_times, data.animation, style, path=gif_path, dpi=120,
-            label="influence uᵢ(t)", title="influence u(t) = exp(−tL) e_j",
+        write_heat_gif(
+            graph, data.animation_times, data.animation, save=out / "heat_flow.gif",
+            tokens=data.labels, dpi=120, label="influence uᵢ(t)",
+            title="influence u(t) = exp(−tL) e_j",
         )  # fmt: skip
         files.append("heat_flow.gif")
     title = "Heat flow of a one-hot signal: influence and mass"
@@ -273,12 +279,12 @@ def _laplacian_section(out: Path, data: DemoData, facts: PageFacts) -> _Section:
     """Frequency responses, and what both operators make of one value channel."""
     fig = new_figure((12.5, 4.2))
     ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    _draw_frequency_responses(
+    draw_frequency_responses(
         data.lam, data.responses, eigenvalues=data.eigenvalues, ax=ax1,
-        title="what each head does to each frequency", save=None,
+        title="what each head does to each frequency",
     )  # fmt: skip
-    _draw_operator_outputs(
-        data.channel, data.outputs, tokens=data.labels, ax=ax2, save=None,
+    draw_operator_outputs(
+        data.channel, data.outputs, tokens=data.labels, ax=ax2,
         title=f"one value channel on layer {data.layer}, head {data.filter_head}",
         signal_label="values v (one channel)",
     )  # fmt: skip
@@ -292,9 +298,8 @@ def _topk_section(out: Path, data: DemoData, facts: PageFacts) -> _Section:
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
-    kept = [(title, DenseGraph(w)) for title, w in data.topk.items()]
-    fig = _draw_topk_pruning(kept, tokens=data.labels, layout="arc", save=None)
-    cols = len(kept)
+    fig = draw_topk_pruning(list(data.topk.items()), tokens=data.labels, layout="arc")
+    cols = len(data.topk)
     mats, nets = fig.axes[:cols], fig.axes[cols : 2 * cols]
     top = max(float(w.max()) for w in data.topk.values()) or 1.0
     received = max(float(w.sum(0).max()) for w in data.topk.values()) or 1.0
@@ -341,7 +346,7 @@ def demo_pictures(data: DemoData, *, gif: bool = True) -> tuple[str, ...]:
 
 
 def write_demo(
-    out_dir: PathLike,
+    out_dir: str | os.PathLike[str],
     data: DemoData,
     *,
     gif: bool = True,
