@@ -53,8 +53,8 @@ from torch.utils.checkpoint import checkpoint
 from heatformer import checks as V
 from heatformer.graph_ops._methods import Method, check_method, select_method
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
-from heatformer.graph_ops.laplacian import GraphLaplacian, _check_graph, dense_laplacian
-from heatformer.graph_ops.protocol import Graph
+from heatformer.graph_ops.laplacian import GraphLaplacian, dense_laplacian
+from heatformer.graph_ops.protocol import Graph, check_graph
 
 __all__ = [
     "HEAT_METHODS", "HeatMethod", "converged_expm", "heat_kernel", "poisson_order",
@@ -485,7 +485,7 @@ def heat_kernel(
         >>> heat_kernel(g, x, 1.0).squeeze(-1)      # (1 ± e^{-2}) / 2
         tensor([0.5677, 0.4323], dtype=torch.float64)
     """
-    graph = _check_graph(graph)
+    graph = check_graph(graph)
     V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
     t = V.check_time(t)
     tol = V.check_tol(tol)

@@ -50,19 +50,9 @@ from torch import Tensor
 from heatformer import checks as V
 from heatformer.graph_ops._arrays import safe_reciprocal, safe_rsqrt
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
-from heatformer.graph_ops.protocol import Graph
+from heatformer.graph_ops.protocol import Graph, check_graph
 
 __all__ = ["GraphLaplacian", "adjacency_matrix", "laplacian", "laplacian_matrix", "spectrum"]
-
-
-def _check_graph(graph: object) -> Graph:
-    if not isinstance(graph, Graph):
-        raise V.bad_type(
-            "graph",
-            f"expected a heatformer Graph (DenseGraph, SoftmaxGraph, SparseGraph), "
-            f"got {type(graph).__name__}",
-        )
-    return graph
 
 
 class GraphLaplacian:
@@ -77,7 +67,7 @@ class GraphLaplacian:
     """
 
     def __init__(self, graph: Graph, normalization: str = "rw") -> None:
-        self.graph = _check_graph(graph)
+        self.graph = check_graph(graph)
         self.normalization = V.check_normalization(normalization)
         ones = torch.ones(graph.batch_shape, dtype=graph.dtype, device=graph.device)
         self.scale: Tensor = ones
@@ -172,7 +162,7 @@ def laplacian(graph: Graph, x: Tensor, normalization: str = "rw") -> Tensor:
         >>> laplacian(g, torch.ones(3, 1), "combinatorial").squeeze(-1)   # L 1 = 0
         tensor([0., 0., 0.])
     """
-    graph = _check_graph(graph)
+    graph = check_graph(graph)
     V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
     return GraphLaplacian(graph, normalization).laplacian(x)
 
@@ -190,7 +180,7 @@ def laplacian_matrix(graph: Graph, normalization: str = "rw") -> Tensor:
     Returns:
         ``(..., N, N)`` tensor.
     """
-    graph = _check_graph(graph)
+    graph = check_graph(graph)
     V.check_normalization(normalization)
     return dense_laplacian(graph.to_dense(), normalization)
 
@@ -227,7 +217,7 @@ def adjacency_matrix(graph: Graph, normalization: str = "rw") -> Tensor:
                 [0.5000, 0.0000, 0.5000],
                 [0.0000, 1.0000, 0.0000]])
     """
-    graph = _check_graph(graph)
+    graph = check_graph(graph)
     V.check_normalization(normalization)
     w = graph.to_dense()
     if normalization == "rw":
@@ -272,7 +262,7 @@ def spectrum(graph: Graph, normalization: str = "rw", *, atol: float = 1e-6) -> 
         >>> spectrum(g, "sym")
         tensor([0., 1., 2.])
     """
-    graph = _check_graph(graph)
+    graph = check_graph(graph)
     V.check_normalization(normalization)
     if isinstance(atol, bool) or not isinstance(atol, (int, float)):
         raise V.bad_type("atol", f"expected a float >= 0, got {type(atol).__name__}")

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from heatformer.graph_ops.sparse import SparseGraph
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "MIN_BLOCK_SIZE", "SLAB_ELEMENTS", "Graph"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "MIN_BLOCK_SIZE", "SLAB_ELEMENTS", "Graph", "check_graph"]
 
 #: Most query rows per block in chunked computations (top-k, transpose products, slabs).
 DEFAULT_BLOCK_SIZE = 256
@@ -353,3 +353,20 @@ class Graph(ABC):
             f"{type(self).__name__}(num_nodes={self.num_nodes}, "
             f"batch_shape={tuple(self.batch_shape)}, dtype={self.dtype})"
         )
+
+
+def check_graph(graph: object) -> Graph:
+    """``graph``, checked to be a :class:`Graph`: the one check of every function and operator
+    that takes a graph (the Laplacians, the heat kernel, every
+    :class:`~heatformer.graph_ops.DiffusionOperator`).
+
+    Raises:
+        TypeError: naming ``graph``, anything else.
+    """
+    if not isinstance(graph, Graph):
+        raise V.bad_type(
+            "graph",
+            f"expected a heatformer Graph (DenseGraph, SoftmaxGraph, SparseGraph), "
+            f"got {type(graph).__name__}",
+        )
+    return graph

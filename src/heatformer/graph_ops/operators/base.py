@@ -45,8 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from heatformer import checks as V
-from heatformer.graph_ops.laplacian import _check_graph
-from heatformer.graph_ops.protocol import Graph
+from heatformer.graph_ops.protocol import Graph, check_graph
 
 __all__ = ["DiffusionOperator", "NormalizedOperator"]
 
@@ -157,7 +156,7 @@ class DiffusionOperator(nn.Module):
         """
 
     def _check(self, graph: Graph, x: Tensor) -> None:
-        graph = _check_graph(graph)
+        graph = check_graph(graph)
         V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
 
     # ---- constants checked in the dtype they are used in ----------------------------------
