@@ -18,12 +18,14 @@ from heatformer.viz import (
     animate_heat_diffusion,
     draw_attention_graph,
     find_collection,
+    new_figure,
     plot_frequency_responses,
     plot_heat_diffusion,
     plot_per_layer,
     plot_spectra,
     plot_topk_pruning,
     require_matplotlib,
+    save_figure,
     token_labels,
 )
 
@@ -63,6 +65,18 @@ def test_no_print_or_show_in_the_library() -> None:
                 func = node.func
                 name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
                 assert name not in {"print", "show"}, f"{path.name}:{node.lineno} calls {name}"
+
+
+def test_a_figure_of_ones_own_is_saved_by_suffix(tmp_path) -> None:
+    fig = new_figure((2.0, 1.5))
+    assert type(fig.canvas).__name__ == "FigureCanvasAgg" and fig.axes == []
+    fig.add_subplot().plot([0, 1], [1, 0])
+    save_figure(fig, None)  # nothing to write
+    assert list(tmp_path.iterdir()) == []
+    save_figure(fig, tmp_path / "new" / "f.svg")
+    assert (tmp_path / "new" / "f.svg").read_text().lstrip().startswith("<?xml")
+    save_figure(fig, tmp_path / "f.png", dpi=50)
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_token_labels() -> None:

@@ -11,9 +11,11 @@ import viz_helpers as vh
 from heatformer.graph_ops import laplacian_matrix
 from heatformer.viz import (
     animate_heat_diffusion,
+    draw_heat_strip,
     find_collection,
     heat_diffusion_frames,
     plot_heat_diffusion,
+    write_heat_gif,
 )
 
 TIMES = (0.0, 0.3, 1.0, 2.5, 6.0)
@@ -93,3 +95,34 @@ def test_gif_has_one_frame_per_time(tmp_path) -> None:
     assert vh.gif_frames(path) == 6
     with pytest.raises(ValueError, match=r"save: expected a path ending in \.gif"):
         animate_heat_diffusion(vh.random_attention(n=7), 0, index=1, save=tmp_path / "a.png")
+
+
+def test_a_strip_of_given_frames_is_the_strip_of_the_plot() -> None:
+    graph = vh.random_attention(n=6, causal=True)
+    frames = heat_diffusion_frames(graph, 2, TIMES, index=0)
+    plotted = plot_heat_diffusion(graph, 2, TIMES, index=0)
+    strip = draw_heat_strip(graph.to_dense()[0], TIMES, frames, totals=True, label="u")
+    assert len(strip.axes) == len(TIMES) + 1  # the frames and the colour bar
+    for ax, same, t, frame in zip(strip.axes, plotted.axes, TIMES, frames):
+        colours = find_collection(ax, "nodes").get_array()
+        np.testing.assert_allclose(colours, frame.numpy())
+        np.testing.assert_allclose(colours, find_collection(same, "nodes").get_array())
+        assert ax.get_title() == f"t = {t:g},  total {float(frame.sum()):.4f}"
+    assert strip.axes[-1].get_ylabel() == "u  (colour ∝ √value)"
+    with pytest.raises(ValueError, match=r"frames: expected shape \(5, 6\)"):
+        draw_heat_strip(graph.to_dense()[0], TIMES, frames[:, :4])
+    with pytest.raises(ValueError, match="times: expected diffusion times >= 0"):
+        draw_heat_strip(graph.to_dense()[0], (-1.0,), frames[:1])
+
+
+def test_a_gif_of_given_frames(tmp_path) -> None:
+    one = vh.random_attention(n=5).to_dense()[1]
+    times = (0.0, 1.0, 2.0)
+    frames = heat_diffusion_frames(one, 1, times, normalization="sym")
+    path = write_heat_gif(one, times, frames, save=tmp_path / "g" / "h.gif", fps=2)
+    assert path == tmp_path / "g" / "h.gif"
+    assert vh.gif_frames(path) == 3
+    with pytest.raises(ValueError, match=r"save: expected a path ending in \.gif"):
+        write_heat_gif(one, times, frames, save=tmp_path / "h.png")
+    with pytest.raises(ValueError, match="fps: expected a positive int"):
+        write_heat_gif(one, times, frames, save=tmp_path / "h.gif", fps=0)

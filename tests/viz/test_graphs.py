@@ -11,9 +11,11 @@ from heatformer.graph_ops import DenseGraph
 from heatformer.viz import (
     LAYOUTS,
     draw_attention_graph,
+    draw_topk_pruning,
     find_collection,
     plot_attention_matrix,
     plot_topk_pruning,
+    topk_title,
 )
 
 
@@ -134,3 +136,25 @@ def test_topk_pruning_panels(tmp_path) -> None:
     assert counts == [100, 30, 10]
     assert [ax.get_title() for ax in fig.axes[:3]] == ["full attention", "top-3", "top-1"]
     vh.assert_png(tmp_path / "t.png")
+
+
+def test_topk_pruning_of_given_graphs_and_its_titles() -> None:
+    graph = vh.random_attention(n=7)
+    one = graph.to_dense()[1]
+    kept = [(topk_title(k), one if k is None else DenseGraph(one).topk(k)) for k in (None, 2)]
+    assert [name for name, _ in kept] == ["full attention", "top-2"]
+    fig = draw_topk_pruning(kept, layout="circular")
+    assert len(fig.axes) == 4
+    np.testing.assert_allclose(fig.axes[0].get_images()[0].get_array(), one.numpy())
+    counts = [len(find_collection(ax, "edges").get_paths()) for ax in fig.axes[2:]]
+    assert counts == [49, 14]
+    assert [ax.get_title() for ax in fig.axes[2:]] == [
+        "full attention: 49 edges",
+        "top-2: 14 edges",
+    ]
+    same = plot_topk_pruning(graph, 1, ks=(None, 2), layout="circular")
+    assert [ax.get_title() for ax in same.axes] == [ax.get_title() for ax in fig.axes]
+    with pytest.raises(ValueError, match="kept: expected at least one"):
+        draw_topk_pruning([])
+    with pytest.raises(ValueError, match=r"kept: expected graphs with one number of nodes"):
+        draw_topk_pruning([("a", one), ("b", one[:3, :3])])

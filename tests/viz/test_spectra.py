@@ -18,9 +18,16 @@ from heatformer.graph_ops import (
     PersonalizedPageRank,
     Polynomial,
     laplacian_matrix,
+    spectrum,
 )
 from heatformer.viz import (
     default_operators,
+    draw_frequency_responses,
+    draw_operator_outputs,
+    draw_spectra,
+    frequency_responses,
+    new_figure,
+    operator_outputs,
     plot_frequency_responses,
     plot_operator_outputs,
     plot_spectra,
@@ -115,3 +122,59 @@ def test_operator_outputs_split_the_signal() -> None:
     assert math.isclose(float(np.asarray(inp.get_ydata())[3]), float(x[3]))
     named = plot_operator_outputs(graph, x, [Attention()], index=0, signal_label="values v")
     assert _labelled_lines(named.axes[0])[0].get_label() == "values v"
+
+
+def test_frequency_responses_are_the_curves_of_the_plot() -> None:
+    ops = {"P": Attention(), "heads": HeatKernel(t=[0.5, 2.0])}
+    curves = frequency_responses(ops, LAM)
+    assert curves["heads"].shape == (2, LAM.numel())
+    assert frequency_responses(ops, LAM.float())["P"].dtype == torch.float64
+    lines = _labelled_lines(plot_frequency_responses(ops, lam=LAM).axes[0])
+    np.testing.assert_allclose(lines[0].get_ydata(), curves["P"].numpy())
+    np.testing.assert_allclose(lines[2].get_ydata(), curves["heads"][1].numpy())
+    with pytest.raises(ValueError, match="lam: expected a 1-D tensor"):
+        frequency_responses(ops, LAM[None])
+
+
+def test_given_curves_and_outputs_share_one_figure() -> None:
+    graph = vh.random_attention(n=6, causal=True)
+    x = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    outputs = operator_outputs(
+        graph, x, {"attention": Attention(), "laplacian": "laplacian"}, index=1
+    )
+    dense = graph.to_dense()[1].numpy()
+    np.testing.assert_allclose(outputs["attention"].numpy(), dense @ x.numpy(), atol=1e-12)
+    fig = new_figure((10.0, 4.0))
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    curves = {"P": 1 - LAM, "L": LAM}
+    assert draw_frequency_responses(LAM, curves, ax=left, title="f") is fig
+    assert draw_operator_outputs(x, outputs, ax=right, signal_label="v") is fig
+    assert [line.get_label() for line in _labelled_lines(left)] == ["P", "L"]
+    assert left.get_title() == "f"
+    inp, *outs = _labelled_lines(right)
+    assert [inp.get_label(), *(o.get_label() for o in outs)] == ["v", "attention", "laplacian"]
+    np.testing.assert_allclose(outs[1].get_ydata(), outputs["laplacian"].numpy())
+    with pytest.raises(ValueError, match=r"curves: expected 'P' of shape \(41,\)"):
+        draw_frequency_responses(LAM, {"P": LAM[:3]})
+    with pytest.raises(ValueError, match=r"outputs: expected 'y' of shape \(6,\)"):
+        draw_operator_outputs(x, {"y": x[:2]})
+    with pytest.raises(ValueError, match=r"signal: expected shape \(6,\)"):
+        operator_outputs(graph, x[:5], [Attention()], index=1)
+
+
+def test_given_spectra_with_a_title_of_ones_own() -> None:
+    graph = vh.random_attention(n=7, causal=True)
+    spectra = {name: spectrum(graph, name)[0] for name in ("sym", "rw")}
+    fig = draw_spectra(spectra, titles={"rw": "mine"})
+    assert [ax.get_title() for ax in fig.axes] == [
+        plot_spectra(graph, 0).axes[1].get_title(),
+        "mine",
+    ]
+    (line,) = fig.axes[0].get_lines()[:1]
+    np.testing.assert_allclose(
+        line.get_ydata(), np.sort(_eigenvalues(graph, 0, "sym").real), atol=1e-8
+    )
+    with pytest.raises(ValueError, match="spectra: expected at least one"):
+        draw_spectra({})
+    with pytest.raises(ValueError, match="normalization"):
+        draw_spectra({"lap": spectra["rw"]})
