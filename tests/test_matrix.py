@@ -56,6 +56,7 @@ from heatformer.graph_ops import (
     resolve_graph,
     resolve_operator,
 )
+from heatformer.graph_ops.sparse import trusted_sparse_graph
 from heatformer.models import GPT, DiffusionAttention, GPTConfig, KVCache
 from heatformer.models.heads import format_operator
 
@@ -339,7 +340,7 @@ def _with_rounded_weights(graph64: Graph, rounded: Graph) -> Graph:
     assert torch.equal(rounded.row, graph64.row) and torch.equal(rounded.col, graph64.col)
     assert_agrees(rounded.weight, graph64.weight, rounded.dtype, "top-k weights")
     weight = graph64.weight + (rounded.weight.double() - graph64.weight).detach()
-    return SparseGraph._trusted(
+    return trusted_sparse_graph(
         graph64.row, graph64.col, weight, num_nodes=graph64.num_nodes,
         batch_shape=graph64.batch_shape, sort=False,
     )  # fmt: skip

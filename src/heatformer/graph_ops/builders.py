@@ -38,7 +38,7 @@ from heatformer.graph_ops._arrays import check_key_mask
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
-from heatformer.graph_ops.sparse import SparseGraph
+from heatformer.graph_ops.sparse import trusted_sparse_graph_from_ell
 from heatformer.graph_ops.sparsify import stable_topk_indices
 from heatformer.graph_ops.window import WindowGraph, check_qk
 from heatformer.graph_ops.window.layout import window_allowed
@@ -318,7 +318,7 @@ class TopkBuilder(GraphBuilder):
         graph = _softmax_graph(q, k, key_mask, drop_masked_queries, causal, row_block)
         if not graph.num_nodes:  # no keys to rank (topk refuses k_top = 0): no edges
             empty = q.new_zeros(*graph.batch_shape, 0, 0)  # (..., N = 0, k = 0)
-            return SparseGraph._from_ell(empty.long(), empty, row_stochastic=True)
+            return trusted_sparse_graph_from_ell(empty.long(), empty, row_stochastic=True)
         return graph.topk(min(self.k, graph.num_nodes), row_block=row_block)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, *, positions: Tensor, past: int) -> Tensor:

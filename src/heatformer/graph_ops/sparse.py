@@ -138,26 +138,6 @@ class SparseGraph(Graph):
         self._transposed = TransposeCache()
         self.weight = self._tensor = weight
 
-    @classmethod
-    def _trusted(
-        cls,
-        row: Tensor,
-        col: Tensor,
-        weight: Tensor,
-        *,
-        num_nodes: int,
-        batch_shape: torch.Size,
-        sort: bool = True,
-    ) -> SparseGraph:
-        """Build from edges the library made itself: no validation, no host sync for it.
-
-        ``row``/``col`` are integer global indices in range; non-finite weights pass through
-        (NaN in, NaN out). With ``sort=False`` the entries must already be row-major.
-        """
-        graph = cls.__new__(cls)
-        graph._init(row, col, weight, num_nodes, torch.Size(batch_shape), sort=sort)
-        return graph
-
     # ---- constructors ----------------------------------------------------------------------
 
     @classmethod
@@ -196,27 +176,7 @@ class SparseGraph(Graph):
                     f"[{int(indices.min())}, {int(indices.max())}]",
                 )
             _check_weights("weight", weight)
-        return cls._from_ell(indices, weight)
-
-    @classmethod
-    def _from_ell(
-        cls, indices: Tensor, weight: Tensor, *, row_stochastic: bool = False
-    ) -> SparseGraph:
-        """:meth:`from_ell` without checks, for indices the library made (e.g. top-k, whose
-        renormalized rows are ``row_stochastic``: the Laplacian's ``c = 1`` is then known)."""
-        *batch_list, n, k = indices.shape
-        batch = torch.Size(batch_list)
-        bf = numel(batch)
-        dtype = index_dtype(bf * n, bf * n * k)
-        # every row holds k entries: the row pointers are multiples of k, and no row index is
-        # stored; columns within a row in any order suit the kernel
-        crow = torch.arange(bf * n + 1, dtype=dtype, device=indices.device) * k
-        base = (torch.arange(bf, dtype=dtype, device=indices.device) * n).view(bf, 1, 1)
-        col = (indices.reshape(bf, n, k).to(dtype) + base).reshape(-1)  # (Bf * N * k,)
-        graph = cls.__new__(cls)
-        graph._set(CSRStructure(crow, col, bf * n), weight.reshape(-1), batch, n)
-        graph.row_stochastic = row_stochastic
-        return graph
+        return trusted_sparse_graph_from_ell(indices, weight)
 
     @classmethod
     def from_edge_index(
@@ -268,7 +228,7 @@ class SparseGraph(Graph):
             row, col, edge_weight, num_nodes, torch.Size(),
             index_name="edge_index", weight_name="edge_weight",
         )  # fmt: skip
-        return cls._trusted(
+        return trusted_sparse_graph(
             row.long(), col.long(), edge_weight, num_nodes=num_nodes, batch_shape=torch.Size()
         )
 
@@ -391,7 +351,7 @@ class SparseGraph(Graph):
 
     def symmetrize(self) -> SparseGraph:
         row, col = self.row, self.col
-        return SparseGraph._trusted(
+        return trusted_sparse_graph(
             torch.cat([row, col]), torch.cat([col, row]),
             0.5 * torch.cat([self.weight, self.weight]), num_nodes=self.num_nodes,
             batch_shape=self.batch_shape,
@@ -401,7 +361,7 @@ class SparseGraph(Graph):
         """The random-walk graph ``D_out^+ W`` (rows with edges sum to 1)."""
         inv = safe_reciprocal(self.out_degree()).reshape(-1)
         row = self._struct.rows()
-        return SparseGraph._trusted(
+        return trusted_sparse_graph(
             row, self._struct.col, self.weight * inv[row],
             num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
         )  # fmt: skip
@@ -411,7 +371,7 @@ class SparseGraph(Graph):
         :func:`~heatformer.graph_ops.sparsify.select_edges` keeps of a sparse graph: no dense
         rows are formed)."""
         kept = keep(self.weight.detach()).nonzero(as_tuple=True)[0]
-        return SparseGraph._trusted(
+        return trusted_sparse_graph(
             self._struct.rows()[kept], self._struct.col[kept], self.weight[kept],
             num_nodes=self.num_nodes, batch_shape=self.batch_shape, sort=False,
         )  # fmt: skip
@@ -459,6 +419,54 @@ class SparseGraph(Graph):
         if _check_flow(flow) == "source_to_target":
             return torch.stack([col, row]), self.weight
         return torch.stack([row, col]), self.weight
+
+
+def trusted_sparse_graph(
+    row: Tensor,
+    col: Tensor,
+    weight: Tensor,
+    *,
+    num_nodes: int,
+    batch_shape: torch.Size,
+    sort: bool = True,
+) -> SparseGraph:
+    """A :class:`SparseGraph` of edges the library made itself (the entries
+    :func:`~heatformer.graph_ops.sparsify.select_edges` keeps, a sparse graph's symmetrized or
+    row-normalized copy): no validation, no host sync for it.
+
+    Not part of the API (the public constructor checks the edges, reading them on the host):
+    ``row``/``col`` are integer global indices in range; non-finite weights pass through (NaN
+    in, NaN out). With ``sort=False`` the entries must already be row-major.
+    """
+    graph = SparseGraph.__new__(SparseGraph)
+    graph._init(row, col, weight, num_nodes, torch.Size(batch_shape), sort=sort)
+    return graph
+
+
+def trusted_sparse_graph_from_ell(
+    indices: Tensor, weight: Tensor, *, row_stochastic: bool = False
+) -> SparseGraph:
+    """:meth:`SparseGraph.from_ell` without its checks, for indices the library made: a top-k
+    selection (:func:`~heatformer.graph_ops.sparsify.topk`, the window kind's, the ``topk``
+    kind's graph of no nodes), whose renormalized rows are ``row_stochastic`` (the Laplacian's
+    ``c = 1`` is then known).
+
+    Not part of the API: ``indices`` ``(..., N, k)`` integers in ``[0, N)``, ``weight`` of
+    their shape.
+    """
+    *batch_list, n, k = indices.shape
+    batch = torch.Size(batch_list)
+    bf = numel(batch)
+    dtype = index_dtype(bf * n, bf * n * k)
+    # every row holds k entries: the row pointers are multiples of k, and no row index is
+    # stored; columns within a row in any order suit the kernel
+    crow = torch.arange(bf * n + 1, dtype=dtype, device=indices.device) * k
+    base = (torch.arange(bf, dtype=dtype, device=indices.device) * n).view(bf, 1, 1)
+    col = (indices.reshape(bf, n, k).to(dtype) + base).reshape(-1)  # (Bf * N * k,)
+    graph = SparseGraph.__new__(SparseGraph)
+    graph._set(CSRStructure(crow, col, bf * n), weight.reshape(-1), batch, n)
+    graph.row_stochastic = row_stochastic
+    return graph
 
 
 FLOWS = ("target_to_source", "source_to_target")

@@ -17,7 +17,11 @@ from heatformer.graph_ops._arrays import numel
 from heatformer.graph_ops._csr import index_dtype
 from heatformer.graph_ops.protocol import SELECTION_SLAB_ELEMENTS, Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
-from heatformer.graph_ops.sparse import SparseGraph
+from heatformer.graph_ops.sparse import (
+    SparseGraph,
+    trusted_sparse_graph,
+    trusted_sparse_graph_from_ell,
+)
 
 __all__ = ["stable_topk_indices", "threshold", "to_sparse", "topk", "topk_graph"]
 
@@ -41,7 +45,7 @@ def topk(graph: Graph, k_top: int, *, row_block: int | None = None) -> SparseGra
             idx[:, s:e] = stable_topk_indices(graph._score_rows(s, e, k), k)  # (Bf, rows, k)
     w = graph._kept_weights(idx, blocks)  # (Bf, N, k)
     shape = (*graph.batch_shape, graph.num_nodes, k)
-    return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape), row_stochastic=True)
+    return trusted_sparse_graph_from_ell(idx.reshape(shape), w.reshape(shape), row_stochastic=True)
 
 
 def threshold(
@@ -73,7 +77,7 @@ def select_edges(
         rows.append(b * n + i + s)
         cols.append(b * n + j)
         vals.append(w[b, i, j])
-    return SparseGraph._trusted(
+    return trusted_sparse_graph(
         torch.cat(rows), torch.cat(cols), torch.cat(vals), num_nodes=n,
         batch_shape=graph.batch_shape,
     )  # fmt: skip

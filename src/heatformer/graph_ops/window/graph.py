@@ -45,7 +45,7 @@ from heatformer._torch_compat import func_transforming, sdpa
 from heatformer.graph_ops._arrays import check_key_mask, fold, masked_softmax, numel, row_normalize
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
 from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
-from heatformer.graph_ops.sparse import SparseGraph
+from heatformer.graph_ops.sparse import SparseGraph, trusted_sparse_graph_from_ell
 from heatformer.graph_ops.sparsify import stable_topk_indices
 from heatformer.graph_ops.window import flex
 from heatformer.graph_ops.window.kernels import GradSink, shared, window_attention
@@ -442,7 +442,9 @@ class WindowGraph(Graph):
             idx = torch.cat([gidx, idx[:, g:]], dim=1)
             w = torch.cat([gw, w[:, g:]], dim=1)
         shape = (*self.batch_shape, n, k_top)
-        return SparseGraph._from_ell(idx.reshape(shape), w.reshape(shape), row_stochastic=True)
+        return trusted_sparse_graph_from_ell(
+            idx.reshape(shape), w.reshape(shape), row_stochastic=True
+        )
 
     def _slot_columns(self, slot: Tensor, blocks: slice) -> Tensor:
         """Absolute key index of each kept slot; an empty slot points at the row itself."""
