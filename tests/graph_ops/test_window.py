@@ -26,6 +26,7 @@ from heatformer.graph_ops import (
     WindowGraph,
     resolve_graph,
 )
+from heatformer.graph_ops.window.graph import trusted_window_graph
 from heatformer.models import GPT, DiffusionAttention, GPTConfig, KVCache
 
 F64 = torch.float64
@@ -503,7 +504,7 @@ def test_queries_at_an_offset_equal_the_zero_padded_queries(
     for shifted in (False, True):
         qq = (q_full[:, offset : offset + rows] if shifted else q_full).clone().requires_grad_()
         kk, xx = k.clone().requires_grad_(), x.clone().requires_grad_()
-        graph = WindowGraph._trusted(qq, kk, q_offset=offset if shifted else 0, **kw)
+        graph = trusted_window_graph(qq, kk, q_offset=offset if shifted else 0, **kw)
         assert graph.num_nodes == n
         y = (graph.propagate(xx), graph.propagate_transpose(xx), graph.uniform(xx),
              HeatKernel(t=1.0, tol=1e-12)(graph, xx), Laplacian("sym")(graph, xx))  # fmt: skip

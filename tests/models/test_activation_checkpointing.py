@@ -155,16 +155,17 @@ def test_no_window_graph_is_kept_for_backward(monkeypatch, on: bool) -> None:
     import gc
     import weakref
 
-    from heatformer.graph_ops import WindowGraph
+    from heatformer.graph_ops import builders
 
-    original, made = WindowGraph._trusted, []  # the builder's path (it checked the arguments)
+    # the builder's path (it checked the arguments)
+    original, made = builders.trusted_window_graph, []
 
-    def recording(cls, *args, **kwargs):
+    def recording(*args, **kwargs):
         graph = original(*args, **kwargs)
         made.append(weakref.ref(graph))
         return graph
 
-    monkeypatch.setattr(WindowGraph, "_trusted", classmethod(recording))
+    monkeypatch.setattr(builders, "trusted_window_graph", recording)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=13, block_size=32, n_layer=2, n_head=2, n_embd=16,
                           graph="window[w=4,global=1]", activation_checkpointing=on))  # fmt: skip

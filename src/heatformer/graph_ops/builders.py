@@ -40,7 +40,8 @@ from heatformer.graph_ops.protocol import Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import trusted_sparse_graph_from_ell
 from heatformer.graph_ops.sparsify import stable_topk_indices
-from heatformer.graph_ops.window import WindowGraph, check_qk
+from heatformer.graph_ops.window import check_qk
+from heatformer.graph_ops.window.graph import trusted_window_graph
 from heatformer.graph_ops.window.layout import window_allowed
 from heatformer.registry import Registry
 
@@ -398,7 +399,7 @@ class WindowBuilder(GraphBuilder):
         V.check_bool("causal", causal)
         V.check_bool("drop_masked_queries", drop_masked_queries)
         V.check_positive_int("row_block", row_block, optional=True)
-        return WindowGraph._trusted(
+        return trusted_window_graph(
             q, k, window=self.w, causal=causal, num_global=min(self.num_global, q.shape[-2]),
             key_mask=key_mask, drop_masked_queries=drop_masked_queries, row_block=row_block,
         )  # fmt: skip

@@ -147,52 +147,11 @@ class WindowGraph(Graph):
         check_window(n, window, num_global, causal, drop_masked_queries, row_block)
         if key_mask is not None:
             check_key_mask(key_mask, batch, n)
-        checked = WindowGraph._trusted(
+        checked = trusted_window_graph(
             q, k, window=window, causal=causal, num_global=num_global, key_mask=key_mask,
             drop_masked_queries=drop_masked_queries, row_block=row_block, scale=scale,
         )  # fmt: skip
         self._init(checked.q, checked.k, checked.layout)
-
-    @classmethod
-    def _trusted(
-        cls,
-        q: Tensor,
-        k: Tensor,
-        *,
-        window: int,
-        causal: bool,
-        num_global: int,
-        key_mask: Tensor | None,
-        drop_masked_queries: bool,
-        row_block: int | None,
-        scale: float | None = None,
-        q_offset: int = 0,
-    ) -> WindowGraph:
-        """The graph of arguments its caller checked (:class:`~heatformer.graph_ops.
-        WindowBuilder`: the window and ``num_global <= N`` when it was made, ``q``, ``k``, the key
-        mask and the flags by :func:`check_qk` and its own checks in ``build``): the public
-        constructor's checks are not made again on every forward.
-
-        ``q_offset`` (a :class:`~heatformer.graph_ops.window.sharding.ShardedWindowGraph`'s extended
-        block): ``q`` ``(..., R, E)`` holds the queries of graph rows ``q_offset ... q_offset +
-        R - 1`` of the ``N = k.shape[-2]`` rows, the others' are zeros (never read; see
-        :class:`~heatformer.graph_ops.window.layout.WindowLayout`).
-
-        The public constructor is its checks, then this."""
-        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        n = int(k.shape[-2])
-        # a window of N or more keys already holds every key: the same graph as w = N, whose
-        # slabs stay O(N) (the given w would size them: 3-4 GB for w = 10^6 on 16 tokens)
-        w = min(window, max(n, 1))
-        flat_mask = flat_key_mask(key_mask, batch, n)  # (Bf, N)
-        b = row_block if row_block is not None else min(256, max(w, 32))
-        s = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        drop = drop_masked_queries
-        layout = WindowLayout(n, w, causal, num_global, b, drop, s, q_offset, q.device, flat_mask)
-        q = q.expand(*batch, *q.shape[-2:])  # (..., R, E): R = N unless q_offset says otherwise
-        graph = cls.__new__(cls)
-        graph._init(q, k.expand(*batch, n, k.shape[-1]), layout)
-        return graph
 
     def _init(self, q: Tensor, k: Tensor, layout: WindowLayout) -> None:
         """The graph of ``layout`` on ``q`` ``(..., R, E)`` (``R = N`` unless the layout's
@@ -462,3 +421,45 @@ class WindowGraph(Graph):
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             return checkpoint(kept, q, k, use_reentrant=False)
         return kept(q, k)
+
+
+def trusted_window_graph(
+    q: Tensor,
+    k: Tensor,
+    *,
+    window: int,
+    causal: bool,
+    num_global: int,
+    key_mask: Tensor | None,
+    drop_masked_queries: bool,
+    row_block: int | None,
+    scale: float | None = None,
+    q_offset: int = 0,
+) -> WindowGraph:
+    """The :class:`WindowGraph` of arguments its caller checked: the window kind's builder
+    (:class:`~heatformer.graph_ops.builders.WindowBuilder`: the window and ``num_global <= N``
+    when it was made, ``q``, ``k``, the key mask and the flags by :func:`check_qk` and its own
+    checks in ``build``), so that the public constructor's checks are not made again on every
+    forward; the public constructor is its checks, then this.
+
+    ``q_offset`` (a :class:`~heatformer.graph_ops.window.sharding.ShardedWindowGraph`'s
+    extended block): ``q`` ``(..., R, E)`` holds the queries of graph rows ``q_offset ...
+    q_offset + R - 1`` of the ``N = k.shape[-2]`` rows, the others' are zeros (never read; see
+    :class:`~heatformer.graph_ops.window.layout.WindowLayout`).
+
+    Not part of the API: nothing is checked here.
+    """
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n = int(k.shape[-2])
+    # a window of N or more keys already holds every key: the same graph as w = N, whose
+    # slabs stay O(N) (the given w would size them: 3-4 GB for w = 10^6 on 16 tokens)
+    w = min(window, max(n, 1))
+    flat_mask = flat_key_mask(key_mask, batch, n)  # (Bf, N)
+    b = row_block if row_block is not None else min(256, max(w, 32))
+    s = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    drop = drop_masked_queries
+    layout = WindowLayout(n, w, causal, num_global, b, drop, s, q_offset, q.device, flat_mask)
+    q = q.expand(*batch, *q.shape[-2:])  # (..., R, E): R = N unless q_offset says otherwise
+    graph = WindowGraph.__new__(WindowGraph)
+    graph._init(q, k.expand(*batch, n, k.shape[-1]), layout)
+    return graph

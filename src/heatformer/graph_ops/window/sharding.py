@@ -69,7 +69,7 @@ from heatformer.graph_ops._arrays import check_key_mask, fold, numel
 from heatformer.graph_ops._precision import attention_scores
 from heatformer.graph_ops.builders import GraphBuilder, WindowBuilder, resolve_graph
 from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
-from heatformer.graph_ops.window.graph import WindowGraph, check_qk
+from heatformer.graph_ops.window.graph import check_qk, trusted_window_graph
 from heatformer.graph_ops.window.halo import (
     GlobalRows,
     HaloPlan,
@@ -302,7 +302,7 @@ class ShardedWindowGraph(Graph):
         #: the window graph of the extended block: its rows offset ... offset + n_local - 1 are
         #: this rank's, whose queries are q; the other rows' (the halo's) are never read, so q
         #: is not copied into an extended block (their outputs are dropped)
-        self.ext = WindowGraph._trusted(
+        self.ext = trusted_window_graph(
             q, k_ext, window=layout.window, causal=layout.causal,
             num_global=min(layout.num_global, halo.ext_nodes), key_mask=layout.ext_mask,
             drop_masked_queries=layout.drop_masked_queries, scale=layout.scale,
