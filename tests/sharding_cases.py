@@ -23,7 +23,7 @@ from torch import Tensor
 
 from heatformer.checks import ArgumentValueError
 from heatformer.graph_ops import OPERATORS, SequenceShard, heat, resolve_operator, shard_graph
-from heatformer.graph_ops.builders import WindowBuilder
+from heatformer.graph_ops.window.builder import WindowBuilder
 
 B, H, E, C = 2, 2, 4, 3
 TOL = 1e-10

@@ -30,7 +30,7 @@ from heatformer.graph_ops import (
     resolve_operator,
     shard_graph,
 )
-from heatformer.graph_ops.builders import WindowBuilder
+from heatformer.graph_ops.window.builder import WindowBuilder
 from heatformer.graph_ops.window.sharding import ShardedWindowBuilder, ShardedWindowGraph
 
 needs_gloo = pytest.mark.skipif(

@@ -155,17 +155,17 @@ def test_no_window_graph_is_kept_for_backward(monkeypatch, on: bool) -> None:
     import gc
     import weakref
 
-    from heatformer.graph_ops import builders
+    from heatformer.graph_ops.window import builder
 
     # the builder's path (it checked the arguments)
-    original, made = builders.trusted_window_graph, []
+    original, made = builder.trusted_window_graph, []
 
     def recording(*args, **kwargs):
         graph = original(*args, **kwargs)
         made.append(weakref.ref(graph))
         return graph
 
-    monkeypatch.setattr(builders, "trusted_window_graph", recording)
+    monkeypatch.setattr(builder, "trusted_window_graph", recording)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=13, block_size=32, n_layer=2, n_head=2, n_embd=16,
                           graph="window[w=4,global=1]", activation_checkpointing=on))  # fmt: skip

@@ -11,14 +11,16 @@ operator ever needs the ``N x N`` matrix. One module per concept:
   kernels, FlexAttention path and a sequence split over processes);
 - :mod:`~heatformer.graph_ops.sparsify` -- top-k, thresholding; :mod:`~heatformer.graph_ops.
   interop` -- NetworkX, SciPy, PyG;
-- :mod:`~heatformer.graph_ops.builders` -- graph kinds for layers (:data:`GRAPHS`);
+- :mod:`~heatformer.graph_ops.kind` and :mod:`~heatformer.graph_ops.builders` -- graph kinds for
+  layers (:class:`GraphBuilder`, :data:`GRAPHS`);
 - :mod:`~heatformer.graph_ops.laplacian`, :mod:`~heatformer.graph_ops.heat` and
   :mod:`~heatformer.graph_ops.operators` -- Laplacians, heat methods, diffusion operators.
 """
 
-from heatformer.graph_ops.builders import GRAPHS, GraphBuilder, resolve_graph
+from heatformer.graph_ops.builders import GRAPHS, resolve_graph, shard_graph
 from heatformer.graph_ops.dense import DenseGraph
 from heatformer.graph_ops.heat import HEAT_METHODS, HeatMethod, heat_kernel, select_heat_method
+from heatformer.graph_ops.kind import GraphBuilder
 from heatformer.graph_ops.laplacian import (
     GraphLaplacian,
     adjacency_matrix,
@@ -47,7 +49,6 @@ from heatformer.graph_ops.sparse import SparseGraph
 from heatformer.graph_ops.sparsify import topk_graph
 from heatformer.graph_ops.symmetrized import SymmetrizedGraph
 from heatformer.graph_ops.window import SequenceShard, WindowGraph
-from heatformer.graph_ops.window.sharding import shard_graph
 
 __all__ = [
     "GRAPHS",

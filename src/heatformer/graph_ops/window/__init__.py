@@ -14,12 +14,15 @@ One kind in one folder, its modules in dependency order:
   them;
 - :mod:`~heatformer.graph_ops.window.halo`, :mod:`~heatformer.graph_ops.window.shard` -- a
   sequence split over processes: the messages, and a rank's block (:class:`SequenceShard`);
+- :mod:`~heatformer.graph_ops.window.builder` -- the kind for layers,
+  ``"window[w=..,global=..]"`` (:class:`~heatformer.graph_ops.window.builder.WindowBuilder`,
+  registered in :data:`~heatformer.graph_ops.GRAPHS` by :mod:`~heatformer.graph_ops.builders`);
 - :mod:`~heatformer.graph_ops.window.sharding` -- the window kind over a split sequence
-  (:func:`~heatformer.graph_ops.window.sharding.shard_graph`,
-  :class:`~heatformer.graph_ops.window.sharding.ShardedWindowGraph`). It builds on the
-  registry of graph kinds (:mod:`heatformer.graph_ops.builders`), which builds on this
-  package, so this ``__init__`` does not import it: import it from its module, or
-  ``shard_graph`` from :mod:`heatformer.graph_ops`.
+  (:class:`~heatformer.graph_ops.window.sharding.ShardedWindowBuilder`,
+  :class:`~heatformer.graph_ops.window.sharding.ShardedWindowGraph`; made by
+  :func:`~heatformer.graph_ops.shard_graph`).
+
+This ``__init__`` exports the graph and the shard; import the two builders from their modules.
 """
 
 from heatformer.graph_ops.window.graph import WindowGraph, check_qk

@@ -64,8 +64,9 @@ def _tracing() -> bool:
 
 def check_qk(q: object, k: object) -> torch.Size:
     """The queries and keys of a window graph, checked (by :class:`WindowGraph` and by
-    :class:`~heatformer.graph_ops.WindowBuilder`'s ``build``): float tensors ``(..., N, E)`` of
-    one dtype, ``N`` and ``E``, whose batch dims broadcast; returns the broadcast batch shape.
+    :class:`~heatformer.graph_ops.window.builder.WindowBuilder`'s ``build``): float tensors
+    ``(..., N, E)`` of one dtype, ``N`` and ``E``, whose batch dims broadcast; returns the
+    broadcast batch shape.
 
     Raises:
         TypeError: not float tensors, or of two dtypes.
@@ -437,7 +438,7 @@ def trusted_window_graph(
     q_offset: int = 0,
 ) -> WindowGraph:
     """The :class:`WindowGraph` of arguments its caller checked: the window kind's builder
-    (:class:`~heatformer.graph_ops.builders.WindowBuilder`: the window and ``num_global <= N``
+    (:class:`~heatformer.graph_ops.window.builder.WindowBuilder`: the window and ``num_global <= N``
     when it was made, ``q``, ``k``, the key mask and the flags by :func:`check_qk` and its own
     checks in ``build``), so that the public constructor's checks are not made again on every
     forward; the public constructor is its checks, then this.

@@ -11,7 +11,7 @@ and, in a graph (:meth:`WindowLayout.allowed`), ``0 <= j < N`` and the key is re
 the allowed pairs of a block's keys (:meth:`WindowLayout.block_allowed`), the dense rows of the
 global tokens (:meth:`WindowLayout.dense_allowed`), the masks of the fused kernels
 (:meth:`WindowLayout.sdpa_mask`) and a decoding step's mask (by
-:meth:`~heatformer.graph_ops.builders.WindowBuilder.decode`).
+:meth:`~heatformer.graph_ops.window.builder.WindowBuilder.decode`).
 
 Blocks: queries are cut into blocks of ``b`` rows; block ``m`` (rows ``m b ... m b + b - 1``)
 reads the ``g`` global keys and a slab of ``L = b + w - 1`` positions (``b + 2 w``

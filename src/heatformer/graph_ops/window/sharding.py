@@ -5,8 +5,8 @@ Past one machine's memory, a long sequence is split over the ``P`` processes of 
 keys and values of positions ``[start, stop)`` (:class:`SequenceShard`), and a graph kind that
 shards (:attr:`GraphBuilder.shards <heatformer.graph_ops.GraphBuilder.shards>`) builds, from the
 local blocks only, a graph over the rank's rows whose products equal the rows of the
-single-process graph's (:func:`shard_graph`). Every operator works on it unchanged, because it
-only calls the graph protocol; the messages happen inside the products.
+single-process graph's (:func:`~heatformer.graph_ops.shard_graph`). Every operator works on it
+unchanged, because it only calls the graph protocol; the messages happen inside the products.
 
 Which kinds shard:
 
@@ -67,8 +67,9 @@ from torch import Tensor
 from heatformer import checks as V
 from heatformer.graph_ops._arrays import check_key_mask, fold, numel
 from heatformer.graph_ops._precision import attention_scores
-from heatformer.graph_ops.builders import GraphBuilder, WindowBuilder, resolve_graph
+from heatformer.graph_ops.kind import GraphBuilder
 from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
+from heatformer.graph_ops.window.builder import WindowBuilder
 from heatformer.graph_ops.window.graph import check_qk, trusted_window_graph
 from heatformer.graph_ops.window.halo import (
     GlobalRows,
@@ -80,23 +81,7 @@ from heatformer.graph_ops.window.halo import (
 from heatformer.graph_ops.window.layout import check_window, flat_key_mask, window_allowed
 from heatformer.graph_ops.window.shard import SequenceShard
 
-__all__ = [
-    "ShardedWindowBuilder",
-    "ShardedWindowGraph",
-    "shard_graph",
-]
-
-
-def shard_graph(graph: str | GraphBuilder, shard: SequenceShard) -> GraphBuilder:
-    """``resolve_graph(graph).sharded(shard)``: the graph kind over a sequence split by
-    ``shard``.
-
-    Raises:
-        ValueError: naming ``graph``, for a kind that does not shard (dense softmax, exact
-            top-k) or a bad spec.
-        TypeError: ``shard`` not a :class:`SequenceShard`.
-    """
-    return resolve_graph(graph).sharded(shard)
+__all__ = ["ShardedWindowBuilder", "ShardedWindowGraph"]
 
 
 def _check_shard(shard: object) -> SequenceShard:
