@@ -196,7 +196,6 @@ class TopkBuilder(GraphBuilder):
         return (w.unsqueeze(-1).to(acc) * v_kept).sum(-2).to(v.dtype)  # (B, H, n, C)
 
 
-#: name -> graph kind; the one place strings become graph builders.
 #: name -> graph kind; the one place a graph spec becomes a builder
 #: (:class:`~heatformer.registry.Registry`: ``GRAPHS.register(cls)`` adds one, checked).
 GRAPHS: Registry[type[GraphBuilder]] = Registry(
