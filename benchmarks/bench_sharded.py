@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PeakRSS, fmt_bytes, fmt_ratio, fmt_time, print_machine, print_table, run_child
 
 from heatformer.graph_ops import HeatKernel, SequenceShard, shard_graph
-from heatformer.graph_ops.builders import WindowBuilder
+from heatformer.graph_ops.window.builder import WindowBuilder
 from heatformer.graph_ops.window.sharding import ShardedWindowGraph
 
 
