@@ -310,7 +310,7 @@ def evaluations_per_run(spec: CompareSpec) -> int:
     """Evaluations of one run: every ``eval_every`` steps and at the last step.
 
     Example:
-        >>> from heatformer.lab import CompareSpec
+        >>> from heatformer.lab.spec import CompareSpec
         >>> evaluations_per_run(CompareSpec(steps=500, eval_every=50)), evaluations_per_run(
         ...     CompareSpec(steps=10, eval_every=4))
         (10, 3)
