@@ -29,6 +29,7 @@ models, so it lives above ``viz``, beside the command line: :mod:`heatformer.lab
 """
 
 from heatformer.viz._common import token_labels
+from heatformer.viz._layouts import LAYOUTS
 from heatformer.viz.diffusion import (
     animate_heat_diffusion,
     draw_heat_strip,
@@ -38,7 +39,6 @@ from heatformer.viz.diffusion import (
 )
 from heatformer.viz.figures import new_figure, require_matplotlib, save_figure
 from heatformer.viz.graphs import (
-    LAYOUTS,
     draw_attention_graph,
     draw_topk_pruning,
     find_collection,

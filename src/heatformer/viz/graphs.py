@@ -22,7 +22,7 @@ from heatformer.viz._common import (
     single_graph,
     token_labels,
 )
-from heatformer.viz._layouts import LAYOUTS, arc_extent, arc_width, check_layout
+from heatformer.viz._layouts import arc_extent, arc_width, check_layout
 from heatformer.viz.figures import PathLike, new_figure, save_figure
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
-    "LAYOUTS",
     "draw_attention_graph",
     "draw_topk_pruning",
     "find_collection",
