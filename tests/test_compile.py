@@ -33,8 +33,9 @@ from heatformer.graph_ops import GRAPHS, OPERATORS
 from heatformer.models import DiffusionAttention
 
 #: the oldest torch these tests hold on: the newest (2.13) passes them; torch 2.5, the declared
-#: floor, traces with graph breaks (its dynamo stops at itertools.pairwise, at context managers
-#: made by contextlib and at a module's __dict__), measured; the versions between are untested
+#: floor, traces with graph breaks (its dynamo stops at context managers made by contextlib and
+#: at a module's __dict__; the docs' window example compiles whole there), measured; the
+#: versions between are untested
 COMPILE_TESTED = (2, 13)
 _TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 pytestmark = pytest.mark.skipif(

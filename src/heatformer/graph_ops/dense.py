@@ -78,7 +78,7 @@ class DenseGraph(Graph):
     def to(self, dtype: torch.dtype) -> DenseGraph:
         if dtype == self.dtype:
             return self
-        graph = DenseGraph.__new__(DenseGraph)  # the weights were checked already
+        graph = object.__new__(DenseGraph)  # the weights were checked already
         graph.weight = graph._tensor = self.weight.to(dtype)
         return graph
 

@@ -126,7 +126,7 @@ class SoftmaxGraph(Graph):
         non-empty) so that the Laplacians skip the work they would do for unknown weights."""
         from heatformer.graph_ops.dense import DenseGraph
 
-        dense = DenseGraph.__new__(DenseGraph)  # trusted: NaN in, NaN out
+        dense = object.__new__(DenseGraph)  # trusted: NaN in, NaN out
         dense.weight = dense._tensor = self.to_dense()
         dense.row_stochastic = True
         dense.rows_nonempty = self.rows_nonempty

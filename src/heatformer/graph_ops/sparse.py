@@ -386,7 +386,7 @@ class SparseGraph(Graph):
 
     def _with_weight(self, weight: Tensor) -> SparseGraph:
         """The same structure (and its cached transpose) with other weights ``(E,)``."""
-        graph = SparseGraph.__new__(SparseGraph)
+        graph = object.__new__(SparseGraph)
         graph._batch_shape, graph._n = self._batch_shape, self._n
         graph._struct, graph._transposed = self._struct, self._transposed
         graph.weight = graph._tensor = weight
@@ -438,7 +438,7 @@ def trusted_sparse_graph(
     ``row``/``col`` are integer global indices in range; non-finite weights pass through (NaN
     in, NaN out). With ``sort=False`` the entries must already be row-major.
     """
-    graph = SparseGraph.__new__(SparseGraph)
+    graph = object.__new__(SparseGraph)
     graph._init(row, col, weight, num_nodes, torch.Size(batch_shape), sort=sort)
     return graph
 
@@ -463,7 +463,7 @@ def trusted_sparse_graph_from_ell(
     crow = torch.arange(bf * n + 1, dtype=dtype, device=indices.device) * k
     base = (torch.arange(bf, dtype=dtype, device=indices.device) * n).view(bf, 1, 1)
     col = (indices.reshape(bf, n, k).to(dtype) + base).reshape(-1)  # (Bf * N * k,)
-    graph = SparseGraph.__new__(SparseGraph)
+    graph = object.__new__(SparseGraph)
     graph._set(CSRStructure(crow, col, bf * n), weight.reshape(-1), batch, n)
     graph.row_stochastic = row_stochastic
     return graph

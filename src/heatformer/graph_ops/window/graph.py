@@ -185,7 +185,7 @@ class WindowGraph(Graph):
     def _with_qk(self, q: Tensor, k: Tensor) -> WindowGraph:
         """The same layout (and the masks it keeps) on other queries and keys ``(..., N, E')``
         of the graph's batch shape, unchecked."""
-        graph = WindowGraph.__new__(WindowGraph)
+        graph = object.__new__(WindowGraph)
         graph._init(q, k, self.layout)
         return graph
 
@@ -461,6 +461,6 @@ def trusted_window_graph(
     drop = drop_masked_queries
     layout = WindowLayout(n, w, causal, num_global, b, drop, s, q_offset, q.device, flat_mask)
     q = q.expand(*batch, *q.shape[-2:])  # (..., R, E): R = N unless q_offset says otherwise
-    graph = WindowGraph.__new__(WindowGraph)
+    graph = object.__new__(WindowGraph)
     graph._init(q, k.expand(*batch, n, k.shape[-1]), layout)
     return graph

@@ -380,7 +380,7 @@ def _interior_backward(
     dsg = _rows_times(dyw, x[:, :g].to(dt).transpose(1, 2))  # (Bf, R, g): dy x_g^T
     dsg.sub_(torch.linalg.vecdot(dyw, out.to(dt).reshape(bf, -1, out.shape[-1])).unsqueeze(-1))
     dsg.mul_(pg).mul_(layout.scale)
-    start, stop, _ = blocks.indices(layout.num_blocks)
+    start, stop = layout.span(blocks)
     _add_rows_times(dq_rows[:, start * b : stop * b], dsg, k[:, :g].to(dt))  # the global keys'
     dkg = _t_times_rows(dsg, rows)  # (Bf, g, E)
     dxg = _t_times_rows(pg, dyw)  # (Bf, g, C)

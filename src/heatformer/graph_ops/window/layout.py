@@ -29,7 +29,6 @@ global rows are dense rows over all ``N`` keys (:attr:`WindowLayout.dense_rows`)
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import torch
 import torch.nn.functional as F
@@ -218,11 +217,19 @@ class WindowLayout:
 
     # ---- rows and slabs ------------------------------------------------------------------
 
+    def span(self, blocks: slice) -> tuple[int, int]:
+        """``(start, stop)`` of a run of blocks given as a step-less slice of non-negative
+        bounds or ``slice(None)``: ``slice.indices`` without the call that torch 2.5's
+        compiler cannot trace."""
+        start = 0 if blocks.start is None else blocks.start
+        stop = self.num_blocks if blocks.stop is None else min(blocks.stop, self.num_blocks)
+        return start, stop
+
     def block_rows(self, t: Tensor, blocks: slice, offset: int = 0) -> Tensor:
         """Query rows of the blocks ``blocks`` of ``t`` ``(Bf, R, ...)``, whose row ``i`` is
         graph row ``offset + i``: ``(Bf, nb', b, ...)``, zero-padded where the run reaches
         before ``offset`` or past ``t``'s last row (a view unless it does)."""
-        start, stop, _ = blocks.indices(self.num_blocks)
+        start, stop = self.span(blocks)
         b = self.row_block
         rows = _padded_rows(t, start * b - offset, stop * b - offset)  # (Bf, nb' b, ...)
         return rows.reshape(t.shape[0], stop - start, b, *t.shape[2:])
@@ -243,7 +250,7 @@ class WindowLayout:
         ``(Bf, nb', g + L, D)``, overlapping views of one padded copy of the run's own rows
         (``O(run)`` memory, never a padded copy of all of ``t``); ``glob=False``: the slabs
         ``(Bf, nb', L, D)`` only, a view of ``t`` for a run inside ``[0, N)``."""
-        start, stop, _ = blocks.indices(self.num_blocks)
+        start, stop = self.span(blocks)
         b, n = self.row_block, self.n
         lo = start * b - self.before  # first slab position of the run (may be < 0)
         hi = (stop - 1) * b - self.before + self.slab  # one past its last
@@ -276,7 +283,7 @@ class WindowLayout:
 
     def in_interior(self, blocks: slice) -> bool:
         """Whether the run ``blocks`` lies inside :meth:`interior`."""
-        start, stop, _ = blocks.indices(self.num_blocks)
+        start, stop = self.span(blocks)
         lo, hi = self.interior()
         return lo <= start and stop <= hi
 
@@ -289,9 +296,9 @@ class WindowLayout:
         lo, hi = self.interior()
         cuts = sorted({0, nb} | ({lo, hi} & set(range(1, nb)) if lo < hi else set()))
         return [
-            slice(s, min(s + step, stop))
-            for start, stop in itertools.pairwise(cuts)
-            for s in range(start, stop, step)
+            slice(s, min(s + step, cuts[i + 1]))
+            for i in range(len(cuts) - 1)  # not itertools.pairwise: torch 2.5 cannot compile it
+            for s in range(cuts[i], cuts[i + 1], step)
         ]
 
     def run_masks(self, blocks: slice) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -303,7 +310,7 @@ class WindowLayout:
         key mask every block differs, and the masks of all blocks are made once. All are kept
         by the layout: a heat series propagates one graph many times. The rows without keys
         are a mask whether or not there are any: deciding that would read it on the host."""
-        start, stop, _ = blocks.indices(self.num_blocks)
+        start, stop = self.span(blocks)
         cache = self._masks
         if self.in_interior(blocks):
             if "pattern" not in cache:  # any interior block's: they are all the same

@@ -341,7 +341,7 @@ class ShardedWindowGraph(Graph):
     def _with_qk(self, q: Tensor, k_ext: Tensor, q_glob: Tensor | None) -> ShardedWindowGraph:
         """The same layout (plans, masks) on other queries and extended keys (no message but
         the global rows' sums)."""
-        graph = ShardedWindowGraph.__new__(ShardedWindowGraph)
+        graph = object.__new__(ShardedWindowGraph)
         graph._init(self.layout, q, k_ext, q_glob)
         return graph
 
