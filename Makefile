@@ -25,7 +25,7 @@ $(VENV)/.installed-base: setup.cfg pyproject.toml
 # torchvision names its vision transformers never call.
 $(VENV)/.installed-dev: $(VENV)/.installed-base
 	$(PY) -m pip install -q -e ".[dev,lab,viz,pyg,hf,timm]"
-	$(PY) -m pip install -q --no-deps "timm>=1.0.3"
+	$(PY) -m pip install -q --no-deps "timm>=1.0.9"
 	touch $@
 
 # The main job: attention vs 2 Laplacian heads vs 2 heat heads on the `chars` task, 3 seeds

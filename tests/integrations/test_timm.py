@@ -125,15 +125,15 @@ def test_import_timm_names_the_install_line_and_the_floor(
 ) -> None:
     from heatformer.integrations import timm as adapter
 
-    with pytest.raises(ImportError, match=r"needs timm >= 1\.0\.3, found 1\.0\.2: .*--no-deps"):
-        adapter._check_timm_version("1.0.2")
+    with pytest.raises(ImportError, match=r"needs timm >= 1\.0\.9, found 1\.0\.8: .*--no-deps"):
+        adapter._check_timm_version("1.0.8")
     adapter._check_timm_version(adapter.MIN_TIMM)
     monkeypatch.delitem(sys.modules, "timm", raising=False)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
     with pytest.raises(
         ModuleNotFoundError,
         match=r"needs timm: pip install 'heatformer\[timm\]' "
-        r"&& pip install --no-deps 'timm>=1\.0\.3'",
+        r"&& pip install --no-deps 'timm>=1\.0\.9'",
     ):
         adapter.import_timm()
 

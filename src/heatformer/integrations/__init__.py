@@ -7,7 +7,7 @@ One module per library, each imported on its own (its library is an optional ext
   ``attention_graphs(model, **inputs)`` (``pip install 'heatformer[hf]'``);
 - :mod:`heatformer.integrations.timm` -- timm vision transformers (``vit_*``, ``deit3_*``):
   ``import_timm()``, ``convert(model, heads)``, ``load_state_dict(model, state_dict)``
-  (``pip install 'heatformer[timm]'`` and ``pip install --no-deps 'timm>=1.0.3'``);
+  (``pip install 'heatformer[timm]'`` and ``pip install --no-deps 'timm>=1.0.9'``);
 - :mod:`heatformer.integrations.torch` -- every :class:`torch.nn.MultiheadAttention` inside a
   module (``nn.TransformerEncoder``, ``nn.TransformerDecoderLayer``...): ``convert(module,
   heads)``, ``load_state_dict(module, state_dict)`` (no extra).

@@ -54,7 +54,7 @@ from heatformer.models.masks import AttentionMask
 __all__ = ["MIN_TIMM", "TimmDiffusionAttention", "convert", "import_timm", "load_state_dict"]
 
 #: the oldest timm the adapter supports (the floor ``make test-oldest`` runs)
-MIN_TIMM = "1.0.3"
+MIN_TIMM = "1.0.9"
 #: the install line for a CPU torch: timm without its torchvision (docs/integrations/timm.md)
 _INSTALL_HINT = (
     f"pip install 'heatformer[timm]' && pip install --no-deps 'timm>={MIN_TIMM}' "
@@ -161,7 +161,7 @@ def import_timm() -> types.ModuleType:
     is a CUDA build that replaces torch), so timm is installed without its dependencies::
 
         pip install 'heatformer[timm]'            # timm's dependencies other than torchvision
-        pip install --no-deps 'timm>=1.0.3'
+        pip install --no-deps 'timm>=1.0.9'
 
     What this function does:
 
