@@ -3,6 +3,7 @@
 from heatformer.models.attention import DiffusionAttention
 from heatformer.models.cache import KVCache
 from heatformer.models.configs import GPTConfig, SequenceClassifierConfig, ViTConfig
+from heatformer.models.files import UnfinishedTraining, load_model, model_file_keys, save_model
 from heatformer.models.heads import (
     HeadSchedule,
     format_heads,
@@ -16,8 +17,6 @@ from heatformer.models.transformer import (
     SequenceClassifier,
     TransformerBlock,
     ViT,
-    load_model,
-    save_model,
 )
 
 __all__ = [
@@ -30,10 +29,12 @@ __all__ = [
     "SequenceClassifier",
     "SequenceClassifierConfig",
     "TransformerBlock",
+    "UnfinishedTraining",
     "ViT",
     "ViTConfig",
     "format_heads",
     "load_model",
+    "model_file_keys",
     "parse_heads",
     "parse_layer_graphs",
     "parse_layer_heads",

@@ -1,15 +1,13 @@
 """Reference models built from :class:`DiffusionAttention`: block, GPT, ViT, sequence classifier.
 
-Read top to bottom in dependency order: MLP, block, models, save/load. Every model is built
-from a frozen dataclass config of :mod:`heatformer.models.configs` (``Model.from_config(cfg)``),
-whose ``heads`` and ``graph`` fields give each layer its head spec and graph kind.
+Read top to bottom in dependency order: MLP, block, models (saved and loaded by
+:mod:`heatformer.models.files`). Every model is built from a frozen dataclass config of
+:mod:`heatformer.models.configs` (``Model.from_config(cfg)``), whose ``heads`` and ``graph``
+fields give each layer its head spec and graph kind.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import torch
@@ -17,7 +15,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heatformer import checks
-from heatformer._atomic import atomic_write
 from heatformer.graph_ops import Graph, SequenceShard
 from heatformer.models.attention import KVCache, check_shard
 from heatformer.models.blocks import MLP, TransformerBlock, _blocks, _init_weights
@@ -36,8 +33,6 @@ __all__ = [
     "TransformerBlock",
     "ViT",
     "ViTConfig",
-    "load_model",
-    "save_model",
 ]
 
 
@@ -422,56 +417,3 @@ class SequenceClassifier(_ConfigModel):
                 pooled = self.ln_f(x[torch.arange(x.shape[0], device=x.device), last])
         logits: Tensor = self.head(pooled)
         return (logits, graphs) if graphs is not None else logits
-
-
-# ---- save / load -----------------------------------------------------------------------------
-
-_MODELS: dict[str, type[_ConfigModel]] = {
-    "GPT": GPT,
-    "ViT": ViT,
-    "SequenceClassifier": SequenceClassifier,
-}
-
-
-def save_model(model: nn.Module, path: str | os.PathLike[str]) -> None:
-    """Save weights and config (atomically: a temp file, then ``os.replace``).
-
-    Args:
-        model: a :class:`GPT`, :class:`ViT` or :class:`SequenceClassifier`.
-        path: destination file.
-    """
-    kind = type(model).__name__
-    if kind not in _MODELS:
-        raise checks.bad_type("model", f"expected one of {sorted(_MODELS)}, got {kind}")
-    config = dataclasses.asdict(model.config)  # type: ignore[call-overload]
-    payload = {"kind": kind, "config": config, "state_dict": model.state_dict()}
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(target, lambda handle: torch.save(payload, handle))
-
-
-def load_model(path: str | os.PathLike[str], map_location: str | None = "cpu") -> nn.Module:
-    """Load a model saved by :func:`save_model` (config and weights round-trip).
-
-    A config saved while configs had a ``topk`` field loads: its ``"topk": None`` is dropped;
-    a ``topk`` value is refused, naming the graph kind to write instead.
-    """
-    payload = torch.load(Path(path), map_location=map_location, weights_only=True)
-    kind = payload.get("kind") if isinstance(payload, dict) else None
-    if kind not in _MODELS:
-        raise checks.bad_value("path", f"{path} is not a heatformer model file (kind={kind!r})")
-    cls = _MODELS[kind]
-    fields = dict(payload["config"])
-    topk = fields.pop("topk", None)
-    if topk is not None:
-        raise checks.bad_value(
-            "path",
-            f"{path} holds a config with topk={topk}, the removed shorthand for "
-            f"graph='topk[k={topk}]': expected graph='topk[k={topk}]' in its config instead "
-            f"(it has graph={fields.get('graph')!r})",
-        )
-    if isinstance(fields.get("heads"), list):
-        fields["heads"] = tuple(fields["heads"])
-    model = cls(cls.config_class(**fields))
-    model.load_state_dict(payload["state_dict"])
-    return model
