@@ -17,7 +17,7 @@ read back, an interrupted one resumed), 5 seeds each:
   encoder, ``--sweep laplacian=0..2``.
 
 Each declares its primary endpoints (``--primary``): one per claim of the paper at the last
-layer (:data:`SUPERVISED_ENDPOINTS`, :data:`LM_ENDPOINTS`). From each ``results.json`` the
+layer (in its study file, :data:`STUDIES`). From each ``results.json`` the
 markdown of docs/reproducing.md: first the endpoints, every configuration against k = 0
 paired by seed with the p-value Holm-adjusted over the study's family and the verdict
 (:func:`verdict`): "supported after correction", "the other way", "no effect larger than X"
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import shutil
 import subprocess
@@ -50,51 +51,15 @@ from heatformer.lab.report import paired_difference
 from heatformer.lab.report.endpoints import ALPHA
 from heatformer.lab.report.inference import holm
 
-SUPERVISED = [
-    "--sweep", "laplacian=0..4", "--heads", "attention:2,mean:2", "--seeds", "5",
-    "--eval-every", "100",
-]  # fmt: skip
-#: The declared primary endpoints: one per claim of the paper, at the last layer (Holm over
-#: every comparison of every endpoint of a study; see heatformer.lab.report.endpoints).
-SUPERVISED_ENDPOINTS = [
-    "--primary", "test_acc", "--primary", "within_seq_frac@last", "--primary", "nc1@last",
-    "--primary", "nc2@last", "--primary", "decay_rate@last",
-]  # fmt: skip
-LM_ENDPOINTS = [
-    "--primary", "bpc", "--primary", "probe_acc@last", "--primary", "decay_rate@last",
-]  # fmt: skip
+#: The study files (``studies/<study>.toml`` at the repository's root), one per study: each
+#: names its settings, its head schedules and its declared primary endpoints, one per claim
+#: of the paper at the last layer (Holm over every comparison of every endpoint of a study;
+#: see heatformer.lab.report.endpoints).
+STUDY_FILES = Path(__file__).resolve().parents[1] / "studies"
 STUDIES: dict[str, list[str]] = {
-    "stdlib": [
-        "--task", "stdlib", "--num-classes", "8", "--seq-len", "128", *SUPERVISED,
-        "--steps", "500", "--layers", "2", "--embd", "64", "--batch-size", "32", "--lr", "3e-3",
-        *SUPERVISED_ENDPOINTS,
-    ],
-    "digits": [
-        "--task", "digits", "--recipe", "deit3", *SUPERVISED,
-        "--steps", "500", "--layers", "4", "--embd", "64", "--batch-size", "64",
-        *SUPERVISED_ENDPOINTS,
-    ],
-    "digits-layers": [
-        "--task", "digits", "--recipe", "deit3", "--sweep", "laplacian=2@each", "--seeds", "5",
-        "--eval-every", "100", "--steps", "500", "--layers", "4", "--embd", "64",
-        "--batch-size", "64", "--primary", "test_acc", "--primary", "within_seq_frac@last",
-    ],
-    "chars": [
-        "--preset", "demo", "--sweep", "laplacian=0..4", "--seeds", "5", "--steps", "1000",
-        "--batch-size", "32", "--eval-every", "100", *LM_ENDPOINTS,
-    ],
-    "chars-deep": [
-        "--preset", "demo", "--layers", "6", "--heads", "attention:4",
-        "--heads", "attention:2,laplacian:2", "--sweep", "lr=2e-3,4e-3", "--select-by",
-        "val_loss", "--seeds", "5", "--steps", "1000", "--batch-size", "32", "--eval-every",
-        "100", "--eval-size", "128", *LM_ENDPOINTS,
-    ],
-    "masked": [
-        "--task", "masked", "--sweep", "laplacian=0..2", "--seq-len", "32", "--lr", "4e-3",
-        "--steps", "1500", "--layers", "2", "--embd", "64", "--seeds", "5", "--eval-every",
-        "100", *LM_ENDPOINTS,
-    ],
-}  # fmt: skip
+    name: ["--config", str(STUDY_FILES / f"{name}.toml")]
+    for name in ("stdlib", "digits", "digits-layers", "chars", "chars-deep", "masked")
+}
 
 #: (metric, claimed direction: +1 the paper says Laplacian heads raise it, -1 lower it, what)
 CLAIMS: dict[str, list[tuple[str, int, str]]] = {
@@ -132,7 +97,8 @@ def run(name: str, out: Path, threads: int) -> dict[str, Any]:
     if (folder / "spec.json").exists() and not (folder / "results.json").exists():
         cmd = [*cmd[:4], "--resume", str(folder), "--threads", str(threads)]
     if not (folder / "results.json").exists():
-        print("$ " + shlex.join(["heatformer", *cmd[3:]]), flush=True)
+        shown = [os.path.relpath(word) if word.startswith("/") else word for word in cmd[3:]]
+        print("$ " + shlex.join(["heatformer", *shown]), flush=True)
         subprocess.run(cmd, check=True)
     results: dict[str, Any] = json.loads((folder / "results.json").read_text())
     return results

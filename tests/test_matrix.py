@@ -14,7 +14,7 @@ operator or graph kind is covered without editing this file. Each cell either
 
 Entry points: the functional call ``op(graph, x)``, ``DiffusionAttention`` forward and
 backward, ``GPT.generate`` with and without the KV cache, and ``heatformer train`` for two
-steps (with ``--bf16`` and ``--topk``).
+steps (with ``--precision bf16`` and ``--topk``).
 
 Devices: every computing cell takes a ``device`` (``DEVICES``: the CPU; CUDA where available,
 marked ``cuda``; last in the test id, ``test_functional[...-float32-cpu]``); its inputs are
@@ -532,9 +532,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 CLI_VARIANTS = {
     "plain": [],
-    "bf16": ["--bf16"],
+    "bf16": ["--precision", "bf16"],
     "topk": ["--topk", "4"],
-    "bf16-topk": ["--bf16", "--topk", "4"],
+    "bf16-topk": ["--precision", "bf16", "--topk", "4"],
     "digits": [],  # a ViT on 8x8 digits: bidirectional, where symmetrizing heads are allowed
     # every registered graph kind's examples through --graph (the defaults' runs only)
     **{f"graph={kind}": ["--graph", kind] for kind in KINDS if kind != "softmax"},

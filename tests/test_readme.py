@@ -50,8 +50,13 @@ def _commands() -> list[list[str]]:
 
 def _cli_args(argv: list[str]) -> list[str]:
     """The arguments of ``heatformer``: a ``torchrun ... -m heatformer`` line runs as one
-    process here (the DDP launch itself is tested in tests/lab/test_ddp.py)."""
-    return argv[argv.index("heatformer") + 1 :]
+    process here (the DDP launch itself is tested in tests/lab/test_ddp.py); a ``--config``
+    file is the clone's (``studies/...``), read from the clone's root, as a reader there does."""
+    args = argv[argv.index("heatformer") + 1 :]
+    return [
+        str(README.parent / arg) if before == "--config" else arg
+        for before, arg in zip(["", *args], args, strict=False)
+    ]
 
 
 COMMANDS = _commands()

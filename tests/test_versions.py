@@ -22,7 +22,7 @@ from heatformer.integrations.timm import MIN_TIMM
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the extras whose requirements the oldest cell installs, and the dev tools that run it
-EXTRAS = ("networkx", "scipy", "pyg", "viz", "lab", "hf")
+EXTRAS = ("networkx", "scipy", "pyg", "viz", "lab", "hf", "tensorboard")
 DEV_TOOLS = ("pytest", "pytest-xdist", "hypothesis")
 #: the install line of timm, which comes without its dependencies (its torchvision would
 #: replace the CPU torch); its floor is heatformer.integrations.timm.MIN_TIMM

@@ -25,6 +25,7 @@ EXTRAS = {
     "torch_geometric": "pyg",
     "matplotlib": "viz",
     "transformers": "hf",
+    "tensorboard": "tensorboard",
 }
 
 

@@ -21,12 +21,17 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "topk-checkpointed"])
+@pytest.mark.parametrize(
+    "variant", ["plain", "topk-checkpointed", "grad-accum"], ids=lambda variant: variant
+)
 def test_two_process_ddp_matches_one_process(
-    tiny_spec: Callable[..., CompareSpec], corpus: Path, tmp_path: Path, checkpointed: bool
+    tiny_spec: Callable[..., CompareSpec], corpus: Path, tmp_path: Path, variant: str
 ) -> None:
-    """With ``checkpointed``: top-k graphs, and the two processes recompute every block in
-    backward (``--activation-checkpointing``) while the one process keeps its activations."""
+    """``topk-checkpointed``: top-k graphs, and the two processes recompute every block in
+    backward (``--activation-checkpointing``) while the one process keeps its activations;
+    ``grad-accum``: each process runs its half of the batch as 2 micro-batches (gradients
+    all-reduced once per step, after the second) while the one process takes it whole."""
+    checkpointed = variant == "topk-checkpointed"
     graph = "topk[k=8]" if checkpointed else "softmax"
     spec = tiny_spec(heads=("attention:1,laplacian:1",), steps=4, eval_every=4, analysis=False,
                      graph=graph)  # fmt: skip
@@ -43,12 +48,16 @@ def test_two_process_ddp_matches_one_process(
         "--out", str(out),
     ]  # fmt: skip
     command += ["--activation-checkpointing"] if checkpointed else []
+    command += ["--grad-accum", "2"] if variant == "grad-accum" else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("report: ") == 1  # only rank 0 prints
     (ddp,) = json.loads((out / "results.json").read_text())["runs"]
     assert ddp["world_size"] == 2
+    (run_dir,) = (out / "runs").iterdir()  # rank 0 alone appends: each step once
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train_loss"] for r in lines if r["split"] == "train"] == ddp["train_loss"]
 
     (single,) = run_compare(spec, tmp_path / "single").results["runs"]
     assert single["world_size"] == 1

@@ -1,6 +1,6 @@
 """A resume runs as the invocation it continues (issue 38).
 
-The spec's cost- and result-changing fields (``--bf16``, ``--compile``,
+The spec's cost- and result-changing fields (``--precision``, ``--compile``,
 ``--activation-checkpointing``) come from ``DIR/spec.json``; the running flags that the spec
 does not hold (``--threads``, ``--sequence-parallel``, ``--dist-timeout``, a ``--device``
 override) from the last invocation's record in ``DIR/invocations.json``, unless given again;
@@ -75,9 +75,9 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         counts["checkpointed"] += 1
         return real_checkpoint(*args, **kwargs)
 
-    def autocast(device: torch.device, enabled: bool) -> Any:
-        counts["bf16" if enabled else "fp32"] += 1
-        return real_autocast(device, enabled)
+    def autocast(device: torch.device, precision: str) -> Any:
+        counts[precision] += 1
+        return real_autocast(device, precision)
 
     monkeypatch.setattr(torch, "compile", compile)
     monkeypatch.setattr(blocks_module, "checkpoint", checkpoint)
@@ -89,7 +89,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 def test_a_resume_keeps_threads_bf16_compile_and_checkpointing_and_matches_the_full_run(
     corpus: Path, tmp_path: Path, seen: Counter[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    costly = ["--threads", "1", "--bf16", "--compile", "--activation-checkpointing"]
+    costly = ["--threads", "1", "--precision", "bf16", "--compile", "--activation-checkpointing"]
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main(_argv(corpus, full, *costly)) == 0
     assert main(_argv(corpus, cut, *costly, "--stop-at-step", "2")) == 0
@@ -117,7 +117,13 @@ def test_a_resume_keeps_threads_bf16_compile_and_checkpointing_and_matches_the_f
     assert [e["outcome"] for e in entries] == ["stopped", "stopped", "finished"]
     assert [e["environment"]["torch_threads"] for e in entries] == [1, 1, 1]
     assert [e["flags"] for e in entries] == [
-        {"threads": 1, "sequence_parallel": None, "dist_timeout": None, "device": "cpu"}
+        {
+            "threads": 1,
+            "sequence_parallel": None,
+            "dist_timeout": None,
+            "device": "cpu",
+            "log": None,
+        }
     ] * 3
     (resumed,) = json.loads((cut / "results.json").read_text())["runs"]
     (reference,) = json.loads((full / "results.json").read_text())["runs"]

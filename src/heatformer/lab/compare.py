@@ -9,7 +9,7 @@ Layout of a comparison folder::
                            line's running flags (threads, ...: what --resume reuses),
                            environment
       runs/<run>/          one folder per (schedule, optimiser setting, seed): checkpoint.pt,
-                           result.json
+                           metrics.jsonl (tensorboard/ with log="tensorboard"), result.json
       results.json         spec, environment, summary (mean ± std, 95 % intervals, paired
                            differences against the baseline), sweeps, the selection of each
                            schedule's setting, the primary endpoints, every run record
@@ -68,6 +68,7 @@ from heatformer.lab.folder import (
     run_name,
     total_time,
 )
+from heatformer.lab.metrics import require_log
 from heatformer.lab.progress import Progress
 from heatformer.lab.report import (
     add_paired,
@@ -79,6 +80,7 @@ from heatformer.lab.report import (
 )
 from heatformer.lab.resume import ModelFactory, load_run_checkpoint
 from heatformer.lab.spec import SPEC_NAME, CompareSpec
+from heatformer.lab.step import check_precision
 from heatformer.lab.stop import StopSignal, TrainingInterrupted
 from heatformer.lab.sweep import baseline_heads, find_sweeps
 from heatformer.lab.tasks import Task, resolve_task
@@ -314,6 +316,7 @@ def run_compare(
     task: Task | None = None,
     data: Any = None,
     flags: Mapping[str, Any] | None = None,
+    log: str = "jsonl",
 ) -> CompareReport:
     """Train every (head schedule, seed) pair of ``spec`` and write the report.
 
@@ -334,6 +337,7 @@ def run_compare(
             command line's ``{"threads": 1, "sequence_parallel": None, ...}``), recorded in its
             entry of ``invocations.json`` (``"flags"``), where ``--resume`` finds them;
             ``None`` records none.
+        log: ``"jsonl"`` or ``"tensorboard"``, checked first: see :mod:`heatformer.lab.metrics`.
 
     Returns:
         The :class:`CompareReport`.
@@ -350,14 +354,16 @@ def run_compare(
     spec = spec.resolved()
     out = Path(out_dir)
     ctx = ctx or DistContext(device=resolve_device(spec.device))
+    check_precision(spec.precision, ctx.device)  # fp16: CUDA only
     task = _check_task(task) or validate_spec(spec, data)
+    require_log(log)  # before anything is written
     check_output(spec, out, resume=resume)  # a folder that is refused gets no lock file
     with hold_folder(out, ctx, create=not resume):  # checked again under the lock
         prepare_output(spec, out, resume=resume, ctx=ctx)
         return _run_plan(
             spec, task, out, started, ctx=ctx, resume=resume, stop=stop or StopSignal(),
             stop_at_step=stop_at_step, progress=progress, model_factory=model_factory,
-            flags=flags,
+            flags=flags, log=log,
         )  # fmt: skip
 
 
@@ -374,6 +380,7 @@ def _run_plan(
     progress: bool,
     model_factory: ModelFactory | None,
     flags: Mapping[str, Any] | None,
+    log: str,
 ) -> CompareReport:
     """The runs of :func:`run_compare` and the report, in a folder this process writes."""
     plan = list(_runs(spec))
@@ -399,7 +406,7 @@ def _run_plan(
                     raise TrainingInterrupted(run_dir, 0, spec.steps)
                 try:
                     record = train_run(
-                        task_of(setting), heads, seed, run_dir, ctx=ctx, stop=stop,
+                        task_of(setting), heads, seed, run_dir, ctx=ctx, stop=stop, log=log,
                         stop_at_step=stop_at_step, progress=progress, model_factory=model_factory,
                     )  # fmt: skip
                 except TrainingDiverged as err:

@@ -5,8 +5,9 @@ that has loaded the task's data (the interpreter, torch and the data are already
 then), from the model (built on the meta device: no weights are allocated), the graph kind of
 every layer, the batch and the sequence length. With ``s`` bytes per value (4: float32),
 ``P`` parameters, ``L`` layers of width ``D``, ``H`` heads (head width ``D_h``), MLP ratio
-``r``, ``N`` tokens per sequence, ``B`` the training batch per process, ``B_e`` the
-examples of one evaluation or analysis pass:
+``r``, ``N`` tokens per sequence, ``B`` the training micro-batch per process (the batch per
+process divided by ``grad_accum``: a step's micro-batches run one after the other, and only
+the gradients outlive each), ``B_e`` the examples of one evaluation or analysis pass:
 
 .. math::
 
@@ -143,7 +144,8 @@ def estimate_memory(task: Task, heads: str, *, batch_size: int | None = None) ->
         task: the task, its data loaded (``task.spec`` gives the batch and the model).
         heads: the run's head schedule.
         batch_size: the training batch of this process (default ``task.spec.batch_size``;
-            under DDP the global batch divided by the processes).
+            under DDP the global batch divided by the processes); it trains in micro-batches
+            of ``batch_size / task.spec.grad_accum`` examples, which ``B`` is.
 
     Returns:
         The estimate, in bytes.
@@ -153,7 +155,7 @@ def estimate_memory(task: Task, heads: str, *, batch_size: int | None = None) ->
     from heatformer.models import DiffusionAttention
 
     spec = task.spec
-    batch = batch_size or spec.batch_size
+    batch = max(1, (batch_size or spec.batch_size) // spec.grad_accum)  # one micro-batch
     itemsize = 4
     with torch.device("meta"):
         model = task.build_model(heads)
@@ -228,8 +230,8 @@ def check_memory(
     """Refuse a run whose estimated peak exceeds the memory available.
 
     Raises:
-        ValueError: naming ``batch_size`` (and ``--seq-len`` when the task has one), with the
-            estimate, the memory available and ``--force``.
+        ValueError: naming ``batch_size`` (and ``--seq-len`` when the task has one,
+            ``--grad-accum``), with the estimate, the memory available and ``--force``.
     """
     if available is None or estimate.total <= available[0]:
         return
@@ -237,8 +239,8 @@ def check_memory(
     raise bad_value(
         "batch_size",
         f"the estimated peak memory of a run, {estimate.describe()}, exceeds the "
-        f"{_gb(available[0])} GB available ({available[1]}); lower {lower}, or pass --force "
-        "to run anyway",
+        f"{_gb(available[0])} GB available ({available[1]}); lower {lower}, split each step "
+        "into micro-batches (--grad-accum), or pass --force to run anyway",
     )
 
 
@@ -263,6 +265,9 @@ def time_steps(
     """Time ``steps`` real optimizer steps of ``heads`` after ``warmup`` untimed ones, one
     evaluation and (if the spec asks for it) the analysis, on a fresh model; writes nothing.
 
+    A step is the trainer's (:mod:`heatformer.lab.step`): ``spec.grad_accum`` micro-batches,
+    under the autocast (and with the gradient scaler) of ``spec.precision``.
+
     Args:
         task: the task.
         heads: the head schedule.
@@ -272,7 +277,7 @@ def time_steps(
     """
     import torch
 
-    from heatformer.lab.step import backward_pass, build_optimizer, optimizer_step
+    from heatformer.lab.step import backward_pass, build_optimizer, make_scaler, optimizer_step
 
     spec = task.spec
     if steps < 1:
@@ -280,18 +285,20 @@ def time_steps(
     torch.manual_seed(0)
     model = task.build_model(heads).to(device)
     optimizer = build_optimizer(model, spec.lr, spec.weight_decay)
+    scaler = make_scaler(spec.precision, device)
     generator = torch.Generator().manual_seed(0)
     model.train()
     for i in range(warmup + steps):
         if i == warmup:
             started = time.perf_counter()
         inputs, targets = task.train_batch(spec.batch_size, generator)
-        backward_pass(task, model, optimizer, inputs.to(device), targets.to(device))
-        optimizer_step(task, model, optimizer)
+        inputs, targets = inputs.to(device), targets.to(device)
+        backward_pass(task, model, optimizer, inputs, targets, None, None, scaler)
+        optimizer_step(task, model, optimizer, scaler)
     _sync(device)
     step = (time.perf_counter() - started) / steps
     started = time.perf_counter()
-    task.evaluate(model, device, bf16=spec.bf16)
+    task.evaluate(model, device, precision=spec.precision)
     evaluation = time.perf_counter() - started
     started = time.perf_counter()
     if spec.analysis:

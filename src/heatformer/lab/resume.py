@@ -4,9 +4,12 @@
 :func:`resume_run`).
 
 The checkpoint holds the run's key (spec fingerprint, head schedule, seed), the step, the
-model, optimizer, data-generator and torch RNG states, and the record so far (losses,
+model, optimizer, gradient-scaler (``precision="fp16"``), data-generator and torch RNG states,
+and the record so far (losses,
 evaluations, train time, the world sizes it was trained with); resuming restores every piece
-of state the next step depends on (see :mod:`heatformer.lab.trainer`).
+of state the next step depends on (see :mod:`heatformer.lab.trainer`). It is a model file of
+:mod:`heatformer.models.files` too (the model's kind, config and weights, and the steps the run
+is to make), so that ``heatformer.models.load_model(run_dir)`` loads the model it holds.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from heatformer.checks import bad_value
 from heatformer.lab.checkpoint import load_checkpoint, save_checkpoint
 from heatformer.lab.distributed import DistContext
 from heatformer.lab.spec import CompareSpec
-from heatformer.lab.step import build_optimizer
+from heatformer.lab.step import build_optimizer, make_scaler
 from heatformer.lab.tasks.base import Task
-from heatformer.models import DiffusionAttention
+from heatformer.models import DiffusionAttention, model_file_keys
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -106,13 +109,25 @@ def load_run_checkpoint(task: Task, heads: str, seed: int, run_dir: Path) -> dic
     return saved
 
 
+def _model_file_keys(model: nn.Module) -> dict[str, Any]:
+    """What makes a run's checkpoint a model file, which :func:`heatformer.models.load_model`
+    reads: the model's kind, config and weights (the tensors of ``"model"``, which
+    ``torch.save`` writes once); for a model of another kind (a ``model_factory``'s), its
+    class's name, which ``load_model`` gives in its refusal."""
+    keys = model_file_keys(model)
+    if keys is None:
+        return {"model_class": f"{type(model).__module__}.{type(model).__qualname__}"}
+    return keys
+
+
 @dataclasses.dataclass(eq=False)
 class RunState:
     """One run being trained: what trains it and what its checkpoint holds.
 
     ``step``, ``train_loss``, ``evals``, ``train_time`` and ``world_sizes`` are the record
     so far; ``saved_step`` is the step in ``checkpoint.pt`` (step 0: none needed, a fresh
-    start is that).
+    start is that). ``scaler`` is the gradient scaler of ``precision="fp16"`` (else ``None``);
+    its state is checkpointed with the optimizer's.
     """
 
     task: Task
@@ -130,6 +145,7 @@ class RunState:
     evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     train_time: float = 0.0
     saved_step: int = 0
+    scaler: torch.amp.GradScaler | None = None
 
     def due(self, at: int) -> bool:
         """Whether an evaluation is due after step ``at``."""
@@ -146,8 +162,10 @@ class RunState:
             {
                 "key": _run_key(self.task, self.heads, self.seed),
                 "step": self.step,
+                "steps": self.spec.steps,
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
+                "grad_scaler": None if self.scaler is None else self.scaler.state_dict(),
                 "data_generator": self.generator.get_state(),
                 "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
@@ -155,6 +173,7 @@ class RunState:
                 "evals": self.evals,
                 "train_time_s": self.train_time,
                 "world_sizes": self.world_sizes,
+                **_model_file_keys(self.model),
             },
         )
 
@@ -186,6 +205,7 @@ def setup_run(
         optimizer=optimizer,
         generator=generator,
         world_sizes=[{"world_size": ctx.world_size, "from_step": 0}],
+        scaler=make_scaler(spec.precision, ctx.device),
     )
 
 
@@ -227,6 +247,8 @@ def resume_run(run: RunState) -> None:
     ctx, device = run.ctx, run.ctx.device
     run.model.load_state_dict(saved["model"])
     run.optimizer.load_state_dict(saved["optimizer"])
+    if run.scaler is not None and saved.get("grad_scaler"):  # fp16 (same fingerprint)
+        run.scaler.load_state_dict(saved["grad_scaler"])
     run.generator.set_state(saved["data_generator"])
     torch.set_rng_state(saved["torch_rng"])
     if device.type == "cuda" and saved.get("cuda_rng") is not None:

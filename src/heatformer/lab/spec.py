@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from heatformer.models.heads import HeadSchedule
 
 __all__ = [
+    "PRECISIONS",
     "PRESETS",
     "SPEC_NAME",
     "CompareSpec",
@@ -75,6 +76,10 @@ __all__ = [
 
 #: The file of a comparison folder that holds its :class:`CompareSpec` (``OUT/spec.json``).
 SPEC_NAME = "spec.json"
+
+#: The values of :attr:`CompareSpec.precision`: float32, bfloat16 autocast, float16 autocast with
+#: a gradient scaler (CUDA only).
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 #: The values of the spec's analysis options that take a name.
 _ANALYSIS_CHOICES = {"analysis_split": ("test", "train"), "analysis_point": ("pre_ln", "post_ln")}
@@ -104,6 +109,9 @@ class CompareSpec:
     seeds: tuple[int, ...] = (0,)  # every configuration runs with every seed
     steps: int = 500  # optimizer steps per run
     batch_size: int = 32  # global batch (split across DDP ranks)
+    # micro-batches per optimizer step: each of batch_size / grad_accum examples (per DDP
+    # replica: / replicas too), their gradients summed into the full batch's mean loss
+    grad_accum: int = 1
     lr: float = 1e-3  # peak AdamW learning rate
     weight_decay: float = 0.01  # AdamW weight decay
     warmup_steps: int | None = None  # linear warm-up; None: min(100, steps // 10)
@@ -128,7 +136,8 @@ class CompareSpec:
     analysis_cls: bool = True
     analysis_point: str = "pre_ln"
     device: str = "auto"  # "auto", "cpu" or "cuda" (or "cuda:1")
-    bf16: bool = False  # bfloat16 autocast
+    # "fp32"; "bf16": bfloat16 autocast; "fp16": float16 autocast with a gradient scaler (CUDA)
+    precision: str = "fp32"
     compile: bool = False  # torch.compile the model
     # recompute each block's activations in backward (models.TransformerBlock): the same
     # numbers in about one layer's training memory, for about one more forward per step
@@ -149,9 +158,16 @@ class CompareSpec:
             raise bad_value("heads", "expected at least one head schedule, got none")
         if len(set(self.heads)) != len(self.heads):
             raise bad_value("heads", f"expected distinct schedules, got {list(self.heads)}")
-        for name in ("steps", "batch_size", "n_layer", "n_embd"):
+        for name in ("steps", "batch_size", "grad_accum", "n_layer", "n_embd"):
             check_positive_int(name, getattr(self, name))
-        for name in ("analysis", "analysis_cls", "bf16", "compile", "activation_checkpointing"):
+        if self.batch_size % self.grad_accum:
+            raise bad_value(
+                "grad_accum",
+                f"expected a divisor of batch_size {self.batch_size} (micro-batches of "
+                f"batch_size / grad_accum examples), got {self.grad_accum}",
+            )
+        check_choice("precision", self.precision, PRECISIONS)
+        for name in ("analysis", "analysis_cls", "compile", "activation_checkpointing"):
             check_bool(name, getattr(self, name))
         for name, choices in _ANALYSIS_CHOICES.items():
             check_choice(name, getattr(self, name), choices)
@@ -303,7 +319,8 @@ class CompareSpec:
 
         A ``"topk": null`` entry (what specs kept before ``topk`` became the command line's
         shorthand for ``graph``) is dropped; a ``topk`` value is refused with what to write
-        instead.
+        instead. A ``"bf16": true`` / ``false`` entry (specs before ``precision``) is read as
+        ``precision="bf16"`` / ``"fp32"``.
 
         Args:
             data: a dict as written by :meth:`to_dict`.
@@ -312,13 +329,11 @@ class CompareSpec:
             The spec.
 
         Raises:
-            ValueError: unknown keys (the known ones are listed).
+            ValueError: unknown keys (the known ones are listed), or a ``bf16`` entry that
+                contradicts ``precision``.
         """
         known = {f.name for f in dataclasses.fields(cls)}
-        values = dict(data)
-        topk = values.pop("topk", None)
-        if topk is not None:
-            raise bad_value("topk", f"expected graph='topk[k={topk}]' instead, got topk={topk}")
+        values = cls.upgraded(data)
         unknown = sorted(set(values) - known)
         if unknown:
             raise bad_value(
@@ -329,13 +344,41 @@ class CompareSpec:
                 values[key] = tuple(values[key])
         return cls(**values)
 
+    @staticmethod
+    def upgraded(data: Mapping[str, Any]) -> dict[str, Any]:
+        """A spec dict as an older heatformer wrote it, in today's fields (not validated): the
+        entries :meth:`from_dict` reads differently (``topk``, ``bf16``), translated.
+
+        Raises:
+            ValueError: a ``topk`` value, or a ``bf16`` entry that contradicts ``precision``.
+        """
+        values = dict(data)
+        topk = values.pop("topk", None)
+        if topk is not None:
+            raise bad_value("topk", f"expected graph='topk[k={topk}]' instead, got topk={topk}")
+        if "bf16" in values:  # a spec written before ``precision``
+            values["precision"] = _precision_of_bf16(values.pop("bf16"), values.get("precision"))
+        return values
+
     def fingerprint(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with to be resumed (numbers-determining: not
         where or how fast it runs, so a run may resume with activation checkpointing on, nor
-        what its final analysis reads)."""
+        what its final analysis reads).
+
+        ``grad_accum`` is left out (the same optimization in other micro-batches, as with
+        another number of processes: only float rounding differs), and ``precision`` is
+        written as the ``bf16`` flag it replaced (``"fp32"``: false, ``"bf16"``: true;
+        ``"fp16"`` as itself), so the checkpoints of runs made before these fields resume.
+        """
         out = self.resolved().to_dict()
+        precision = out.pop("precision")
+        if precision == "fp16":
+            out["precision"] = precision
+        else:
+            out["bf16"] = precision == "bf16"
         for key in (
             "name",
+            "grad_accum",
             "heads",
             "seeds",
             "device",
@@ -353,6 +396,18 @@ class CompareSpec:
             out.pop("select_by")
         out["options"] = self.options.fingerprint()
         return out
+
+
+def _precision_of_bf16(bf16: object, precision: object) -> object:
+    """The ``precision`` of a spec dict that has the old ``bf16`` flag: ``"bf16"`` for true,
+    ``"fp32"`` for false; the dict's own ``precision`` when it has one that agrees."""
+    check_bool("bf16", bf16)
+    implied = "bf16" if bf16 else "fp32"
+    if precision is not None and precision != implied:
+        raise bad_value(
+            "precision", f"expected {implied!r} (as the spec's bf16={bf16}), got {precision!r}"
+        )
+    return implied
 
 
 def _task_class(name: object) -> type[Task]:

@@ -4,9 +4,13 @@ A run lives in its own folder:
 
 - ``checkpoint.pt`` -- model, optimizer, data-generator and torch RNG states, the step
   and the curves so far; written atomically every ``ckpt_every`` steps, when a stop is
-  requested, and at the end (the final weights, which ``heatformer analyze`` reads).
+  requested, and at the end (the final weights, which ``heatformer analyze`` reads); also a
+  model file: ``heatformer.models.load_model(run_dir)`` loads the model it holds.
 - ``result.json`` -- written atomically *last*, after the final checkpoint and the
   analysis. Its presence is what makes a run finished; nothing else counts.
+- ``metrics.jsonl`` -- every training step and evaluation, appended as it happens (and, with
+  ``log="tensorboard"``, TensorBoard event files in ``tensorboard/``); a resume drops what
+  came after its checkpoint (:mod:`heatformer.lab.metrics`).
 
 Resuming restores every piece of state the next step depends on, so on the CPU a
 resumed run produces the same loss curve, bit for bit, as an uninterrupted one.
@@ -40,6 +44,7 @@ from heatformer.lab.checkpoint import (
     read_json,
 )
 from heatformer.lab.distributed import DistContext
+from heatformer.lab.metrics import MetricsLog
 from heatformer.lab.progress import Progress
 from heatformer.lab.resume import (
     CHECKPOINT_NAME,
@@ -49,7 +54,7 @@ from heatformer.lab.resume import (
     resume_run,
     setup_run,
 )
-from heatformer.lab.step import backward_pass, optimizer_step
+from heatformer.lab.step import backward_pass, check_precision, optimizer_step
 from heatformer.lab.stop import (
     StopRequested,
     StopSignal,
@@ -59,6 +64,7 @@ from heatformer.lab.stop import (
 from heatformer.lab.tasks.base import Task
 
 __all__ = [
+    "MIN_GRAD_SCALE",
     "RESULT_NAME",
     "TrainingDiverged",
     "analyze_run",
@@ -69,13 +75,20 @@ __all__ = [
 #: The result's file name inside a run folder (the checkpoint's: :data:`CHECKPOINT_NAME`).
 RESULT_NAME = "result.json"
 
+#: Under ``precision="fp16"``, a non-finite loss stops a run as diverged once the gradient
+#: scaler's scale is below this: from torch's initial ``2**16``, 17 steps in a row skipped for
+#: inf/NaN gradients (a float16 forward that overflows at every scale), while one such step
+#: now and then only costs the step.
+MIN_GRAD_SCALE = 1.0
+
 
 class TrainingDiverged(ValueError):
     """The training loss of a run became NaN or infinite; the run stopped there.
 
-    Raised at the first non-finite loss instead of training on with NaN weights. The
-    bad step is not checkpointed: the run folder keeps its last periodic checkpoint,
-    and the runs that finished before it keep their results.
+    Raised at the first non-finite loss instead of training on with NaN weights (under
+    ``precision="fp16"``, whose gradient scaler skips such steps, at the first once its scale
+    is below :data:`MIN_GRAD_SCALE`). The bad step is not checkpointed: the run folder keeps
+    its last periodic checkpoint, and the runs that finished before it keep their results.
 
     Attributes:
         run_dir: the run folder.
@@ -87,7 +100,7 @@ class TrainingDiverged(ValueError):
         super().__init__(
             f"run {run_dir.name}: expected a finite training loss, got {loss} at step "
             f"{step}/{steps} (learning rate {lr:g}); training diverged: lower lr, keep "
-            "grad_clip > 0, or turn bf16 off"
+            "grad_clip > 0, or train with --precision fp32"
         )
         self.run_dir = run_dir
         self.step = step
@@ -117,6 +130,7 @@ def train_run(
     stop_at_step: int | None = None,
     progress: bool = False,
     model_factory: ModelFactory | None = None,
+    log: str = "jsonl",
 ) -> dict[str, Any]:
     """Train (or resume, or just read back) one run and return its record.
 
@@ -143,6 +157,8 @@ def train_run(
         progress: report progress on stderr (rank 0 only; see :mod:`heatformer.lab.progress`:
             a bar on a terminal, one line per 10 % of the steps otherwise).
         model_factory: builds the model; default ``task.build_model``.
+        log: ``"jsonl"`` (every step and evaluation appended to ``run_dir/metrics.jsonl``) or
+            ``"tensorboard"`` (also event files); one of :data:`~heatformer.lab.metrics.LOGS`.
 
     Returns:
         The run record: ``heads``, ``seed``, ``steps``, ``num_params``, ``train_loss``
@@ -158,6 +174,7 @@ def train_run(
         TrainingDiverged: the training loss became NaN or infinite (a ``ValueError``).
         FolderInUse: another process writes ``run_dir``.
         ValueError: the checkpoint belongs to another configuration.
+        ImportError: ``log="tensorboard"`` without the ``tensorboard`` package.
 
     Warns:
         WorldSizeChanged: the checkpoint was written by another number of processes.
@@ -166,6 +183,7 @@ def train_run(
 
     spec = task.spec.resolved()
     ctx = ctx or DistContext(device=resolve_device(spec.device))
+    check_precision(spec.precision, ctx.device)
     stop = stop or StopSignal()
     run_dir = Path(run_dir)
     if is_finished(run_dir):
@@ -177,7 +195,7 @@ def train_run(
         ctx.barrier()
         run = setup_run(task, heads, seed, run_dir, spec, ctx, model_factory)
         resume_run(run)
-        return _train(run, stop, stop_at_step, progress)
+        return _train(run, stop, stop_at_step, progress, log)
 
 
 def analyze_run(
@@ -235,14 +253,17 @@ def _step(
 ) -> tuple[float, bool]:
     """One training step on this rank's ``shard`` of the global batch.
 
-    A stop inside the interruptible part discards the step (gradients dropped, the data
-    generator, RNG states and ``buffers`` put back) and propagates :class:`StopRequested`.
+    A stop inside the interruptible part (any of the ``grad_accum`` micro-batches) discards
+    the step (gradients dropped, the data generator, RNG states and ``buffers`` put back) and
+    propagates :class:`StopRequested`.
 
     Returns:
         The step's loss (the global-batch mean) and whether a stop was requested on any rank.
 
     Raises:
-        TrainingDiverged: the loss is not finite (the same on every rank).
+        TrainingDiverged: the loss is not finite (the same on every rank); under
+            ``precision="fp16"`` only once the gradient scaler, which skips such steps and
+            halves its scale at each, has its scale below :data:`MIN_GRAD_SCALE`.
     """
     task, spec, ctx, device = run.task, run.spec, run.ctx, run.ctx.device
     started = time.perf_counter()
@@ -257,14 +278,14 @@ def _step(
             if sequence is not None:
                 inputs, targets = sequence.take(inputs, 1), sequence.take(targets, 1)
             loss = backward_pass(
-                task, run.model, run.optimizer, inputs, targets, train_model, sequence
+                task, run.model, run.optimizer, inputs, targets, train_model, sequence, run.scaler
             )
     except StopRequested:  # the step is discarded: back to the last completed one
         run.optimizer.zero_grad(set_to_none=True)
         restore()
         raise
     ctx.reduce_gradients(run.model)  # sequence parallelism (DDP reduced them in backward)
-    optimizer_step(task, run.model, run.optimizer)
+    stepped = optimizer_step(task, run.model, run.optimizer, run.scaler)
     run.step += 1
     if stop_at_step is not None and run.step == stop_at_step < spec.steps:
         stop.request(f"--stop-at-step {stop_at_step}")
@@ -274,21 +295,36 @@ def _step(
         dist.all_reduce(status)
         status[0] /= ctx.data_world_size
     value = float(status[0])
-    if not math.isfinite(value):  # the same on every rank (all-reduced)
+    # the same on every rank (all-reduced); a step the scaler skipped is not divergence
+    # until its scale, halved at each, gives up (every rank's scaler saw the same gradients)
+    if not math.isfinite(value) and (stepped or _scale_spent(run)):
         raise TrainingDiverged(run.run_dir, run.step, spec.steps, value, spec.lr_at(run.step - 1))
     run.train_loss.append(value)
     run.train_time += time.perf_counter() - started
     return value, bool(status[1] > 0)
 
 
-def _evaluate(run: RunState, stop: StopSignal, interruptible: bool) -> None:
-    """The evaluation due after ``run.step``, appended to ``run.evals``."""
+def _scale_spent(run: RunState) -> bool:
+    """Whether the run's gradient scaler has lowered its scale below :data:`MIN_GRAD_SCALE`."""
+    return run.scaler is not None and run.scaler.get_scale() < MIN_GRAD_SCALE
+
+
+def _evaluate(run: RunState, stop: StopSignal, interruptible: bool, log: MetricsLog) -> None:
+    """The evaluation due after ``run.step``, appended to ``run.evals`` and to ``log``."""
     with stop.interruptible(interruptible):
         shard_of = run.ctx.shard if run.ctx.sequence_parallel > 1 else None
         metrics = run.task.evaluate(
-            run.model, run.ctx.device, bf16=run.spec.bf16, shard_of=shard_of
+            run.model, run.ctx.device, precision=run.spec.precision, shard_of=shard_of
         )
     run.evals.append({"step": run.step, **metrics})
+    log.evaluation(run.evals[-1])
+
+
+def _checkpoint(run: RunState, metrics: MetricsLog) -> None:
+    """Save ``run``'s checkpoint, after its metrics so far are on disk (a checkpoint never
+    holds a step that ``metrics.jsonl`` lost)."""
+    metrics.sync()
+    run.checkpoint()
 
 
 def _finish(run: RunState, analysis: dict[str, list[float]]) -> dict[str, Any]:
@@ -317,11 +353,11 @@ def _finish(run: RunState, analysis: dict[str, list[float]]) -> dict[str, Any]:
 
 
 def _train(
-    run: RunState, stop: StopSignal, stop_at_step: int | None, progress: bool
+    run: RunState, stop: StopSignal, stop_at_step: int | None, progress: bool, log: str
 ) -> dict[str, Any]:
     """The training of :func:`train_run` (after :func:`setup_run` and :func:`resume_run`, in a
-    run folder this process writes): the steps with their evaluations and checkpoints, the
-    final analysis, then :func:`_finish`."""
+    run folder this process writes): the steps with their evaluations and checkpoints (each
+    logged, :class:`MetricsLog`), the final analysis, then :func:`_finish`."""
     spec, ctx, run_dir = run.spec, run.ctx, run.run_dir
     train_model = _parallel(run)
     replicas = ctx.data_world_size  # data-parallel replicas (world size / sequence parallel)
@@ -333,8 +369,16 @@ def _train(
             f"{spec.batch_size}",
         )
     local = spec.batch_size // replicas
+    if local % spec.grad_accum:
+        raise bad_value(
+            "grad_accum",
+            f"expected batch_size {spec.batch_size} to be a multiple of grad_accum "
+            f"{spec.grad_accum} x the {replicas} data-parallel replicas, got "
+            f"{local} example(s) per replica",
+        )
     shard = slice(ctx.data_rank * local, (ctx.data_rank + 1) * local)
     ckpt_every = int(spec.ckpt_every or 0)  # resolved
+    metrics = MetricsLog(run_dir, step=run.step, evals=run.evals, log=log, enabled=ctx.is_main)
 
     bar = Progress(
         spec.steps,
@@ -352,31 +396,33 @@ def _train(
     run.model.train()
     try:
         if run.step and run.due(run.step) and not (run.evals and run.evals[-1]["step"] == run.step):
-            _evaluate(run, stop, interruptible)  # cut short (or skipped) by the stop that saved
+            _evaluate(run, stop, interruptible, metrics)  # cut short (or skipped) by the stop
         while run.step < spec.steps:
             value, stop_requested = _step(
                 run, train_model, shard, buffers, stop, interruptible, stop_at_step
             )
+            metrics.step(run.step, value, spec.lr_at(run.step - 1), run.train_time)
             smoothed = value if math.isnan(smoothed) else 0.9 * smoothed + 0.1 * value
             bar.update(1, loss=smoothed)
             if stop_requested and run.step < spec.steps:  # the evaluation waits for the resume
-                run.checkpoint()
+                _checkpoint(run, metrics)
                 ctx.barrier()
                 raise TrainingInterrupted(run_dir, run.step, spec.steps)
             if run.due(run.step):
-                _evaluate(run, stop, interruptible)
+                _evaluate(run, stop, interruptible, metrics)
             if run.step % ckpt_every == 0 and run.step < spec.steps:
-                run.checkpoint()
+                _checkpoint(run, metrics)
         bar.close()
-        run.checkpoint()  # the final weights, read by ``heatformer analyze``
+        _checkpoint(run, metrics)  # the final weights, read by ``heatformer analyze``
         analysis: dict[str, list[float]] = {}
         if spec.analysis and ctx.is_main:
             with stop.interruptible(interruptible):
                 analysis = run.task.layer_metrics(run.model, ctx.device)
     except StopRequested:  # raised in one process only (``interruptible``)
         if run.step != run.saved_step:
-            run.checkpoint()  # the last completed step
+            _checkpoint(run, metrics)  # the last completed step
         raise TrainingInterrupted(run_dir, run.step, spec.steps) from None
     finally:
         bar.close()
+        metrics.close()
     return _finish(run, analysis)

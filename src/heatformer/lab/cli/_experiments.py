@@ -19,7 +19,8 @@ Defining the options needs only :mod:`heatformer.lab.spec` and
 :mod:`heatformer.lab.tasks`, which import no torch; the runner, the data and the
 models are imported inside the ``run`` functions. The flags of the task options (``--seq-len``,
 ``--text``, ...) are made from the registered tasks' options; one the chosen task does not take
-is refused by the spec, naming the tasks that take it.
+is refused by the spec, naming the tasks that take it. ``--config FILE`` reads a study file
+under the flags (:mod:`heatformer.lab.cli._config`).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from heatformer._atomic import FolderLock
 from heatformer.checks import bad_value, check_folder, check_positive_int, topk_and_graph
+from heatformer.lab.cli._config import check_one_run, overridden, read_study
 from heatformer.lab.cli._flags import add_analysis_reading, add_common
-from heatformer.lab.cli._options import OptionParser
+from heatformer.lab.cli._options import OptionParser, speaks
 from heatformer.lab.cli._report import plan_line, preflight, print_report
 from heatformer.lab.cli._resume import KEPT_FLAGS, folder_of, resume_command, take_kept_flags
 from heatformer.lab.spec import (
@@ -164,12 +166,25 @@ def add_analyze_args(parser: OptionParser) -> None:
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
-    """The spec fields and task options set explicitly on the command line, by name."""
+    """The spec fields and task options set explicitly on the command line, by name
+    (``--bf16``, deprecated, as ``precision="bf16"``).
+
+    Raises:
+        ValueError: ``--bf16`` with another ``--precision`` (naming ``precision``).
+    """
     values = {
         name: getattr(args, name) for name in _SPEC_FLAGS if getattr(args, name, None) is not None
     }
     if args.no_analysis:
         values["analysis"] = False
+    if args.bf16:  # the deprecated synonym of --precision bf16
+        if values.get("precision", "bf16") != "bf16":
+            raise bad_value(
+                "precision",
+                f"expected bf16 with --bf16 (its deprecated synonym), got {values['precision']}: "
+                "drop --bf16",
+            )
+        values["precision"] = "bf16"
     for name, by_task in options_by_name().items():
         value = getattr(args, name, None)
         if value is not None:
@@ -180,9 +195,20 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
+    """The spec of the command line: the ``--preset``'s values, under the ``--config`` file's,
+    under the flags given (field by field, option by option); validated once, when made."""
     values: dict[str, Any] = {}
     if compare and args.preset:
         values.update(PRESETS[args.preset])
+    if args.config is None:
+        return _spec_from(args, values, compare=compare)
+    study = read_study(args.config, flags=vars(args))
+    with study.naming(overridden(args, _given(args), compare=compare)):  # errors name its keys
+        return _spec_from(args, study.over(values), compare=compare)
+
+
+def _spec_from(args: argparse.Namespace, values: dict[str, Any], *, compare: bool) -> CompareSpec:
+    """The spec of ``values`` (a preset's, a study file's) with the flags given over them."""
     given = _given(args)
     if args.topk is not None:  # the shorthand, resolved here: the spec knows graphs only
         if "graph" in given:  # also --graph softmax, the spec's default
@@ -216,6 +242,7 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
             values["heads"] = (args.heads,)
         if args.seed is not None:
             values["seeds"] = (args.seed,)
+        check_one_run(values)
     return CompareSpec(**values)
 
 
@@ -308,6 +335,8 @@ def _spec_of(
             extra += ["heads/sweep/seeds/preset"]
         if command == "train" and (args.heads is not None or args.seed is not None):
             extra += ["heads/seed"]
+        if args.config is not None:
+            extra += ["config"]
         if extra:
             raise bad_value(
                 "resume", f"continues the spec saved in {resume_dir}; drop the flags {extra}"
@@ -333,6 +362,14 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
         saved = load_spec(resume_dir)
         take_kept_flags(args, command, resume_dir, saved)
     spec = _spec_of(args, command, resume_dir, saved)
+    if args.bf16 and speaks():
+        print(
+            f"heatformer {command}: note: --bf16 is deprecated: it is --precision bf16 (which "
+            "spec.json records)",
+            file=sys.stderr,
+            flush=True,
+        )
+    log = _log_of(args)
     if args.threads is not None:
         import torch
 
@@ -342,6 +379,9 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
         spec.device, sequence_parallel=args.sequence_parallel or 1, timeout_s=args.dist_timeout
     )
     try:
+        from heatformer.lab.step import check_precision
+
+        check_precision(spec.precision, ctx.device)  # fp16: CUDA only, refused before anything
         out = resume_dir or (Path(args.out) if args.out else _default_out(spec, ctx))
         task = validate_spec(spec)
         if preflight(args, command, spec, task, ctx, out):
@@ -365,6 +405,7 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
                     progress=not args.no_progress,
                     task=task,
                     flags=flags,
+                    log=log,
                 )
         except TrainingInterrupted as err:
             return _stopped(command, err, stop.reason, ctx, hint)
@@ -387,6 +428,24 @@ def _execute_in(args: argparse.Namespace, command: str, resume_dir: Path | None)
         return 0
     finally:
         ctx.close()
+
+
+def _log_of(args: argparse.Namespace) -> str:
+    """The ``--log`` of the command (default ``jsonl``), its package checked before anything
+    is written.
+
+    Raises:
+        ValueError: ``--log`` is not one of :data:`~heatformer.lab.metrics.LOGS`, or is
+            ``tensorboard`` without the ``tensorboard`` package (the message: ``--log
+            tensorboard needs tensorboard: pip install 'heatformer[tensorboard]' ...``).
+    """
+    from heatformer.lab.metrics import require_log
+
+    log = "jsonl" if args.log is None else args.log
+    try:
+        return require_log(log)
+    except ImportError as err:
+        raise ValueError(f"{err} (or leave --log out: metrics.jsonl only)") from None
 
 
 def _stopped(

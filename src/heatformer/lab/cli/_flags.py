@@ -45,6 +45,13 @@ def add_task_options(group: OptionGroup) -> None:
 def add_common(parser: OptionParser) -> None:
     """The flags ``train`` and ``compare`` share, in their help groups."""
     d = {f.name: f.default for f in dataclasses.fields(CompareSpec)}
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a study file: TOML with the spec's fields (steps = 500, heads = [...]) and an "
+        "[options] table of the task's options, or a run folder's spec.json (its study again); "
+        "the flags given here override it, field by field (see docs/reproducing.md)",
+    )
     g = parser.group("task and data")
     g.add_argument("--task", help=f"{' | '.join(TASKS)} (default {d['task']})")
     add_task_options(g)
@@ -94,6 +101,13 @@ def _budget_flags(g: OptionGroup, d: dict[str, Any]) -> None:
         help="linear warm-up (default min(100, steps/10)), then cosine decay to lr/10",
     )
     g.add_argument("--grad-clip", type=float, help="max gradient norm, 0 = off (default 1)")
+    g.add_argument(
+        "--grad-accum",
+        type=int,
+        metavar="N",
+        help="accumulate the gradients of N micro-batches of batch-size/N per step: the "
+        "numbers of the whole batch in the memory of one micro-batch (default 1)",
+    )
     g.add_argument("--eval-every", type=int, help="evaluate every N steps (default steps/10)")
     g.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default: eval-every)")
     _analysis_flags(g)
@@ -158,7 +172,18 @@ def _running_flags(g: OptionGroup) -> None:
         help="under torchrun: seconds a process waits for the others at a collective before "
         "it fails, e.g. when one died (default: torch's)",
     )
-    g.add_argument("--bf16", action="store_true", default=None, help="bfloat16 autocast")
+    g.add_argument(
+        "--precision",
+        metavar="fp32|bf16|fp16",
+        help="fp32 (default); bf16: bfloat16 autocast; fp16: float16 autocast with a gradient "
+        "scaler (CUDA only)",
+    )
+    g.add_argument(
+        "--bf16",
+        action="store_true",
+        default=None,
+        help="deprecated: the same as --precision bf16",
+    )
     g.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     g.add_argument(
         "--activation-checkpointing",
@@ -179,6 +204,13 @@ def _running_flags(g: OptionGroup) -> None:
         metavar="N",
         help="torch CPU threads per process (default: torch's choice; 1 is often "
         "fastest for small models or on a busy machine)",
+    )
+    g.add_argument(
+        "--log",
+        metavar="jsonl|tensorboard",
+        help="what each run logs in its folder as it trains: jsonl, every step and evaluation "
+        "appended to metrics.jsonl (default); tensorboard, that and TensorBoard event files in "
+        "tensorboard/ (pip install 'heatformer[tensorboard]')",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument(

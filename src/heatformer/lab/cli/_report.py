@@ -61,11 +61,14 @@ def preflight(
     grid = len(settings(spec.tune))  # every setting runs as long (the sizes do not change)
     runs, evals = len(spec.heads) * grid * len(spec.seeds), evaluations_per_run(spec)
     tuned = f" x {grid} optimiser setting(s)" if spec.tune else ""
+    micro = spec.grad_accum
+    per = " per process" if ctx.world_size > 1 else ""
+    of = f" of {micro} micro-batches of {local // micro}{per}" if micro > 1 else ""
     import torch
 
     say(
         f"heatformer {command}: dry run: {len(spec.heads)} configuration(s){tuned} x "
-        f"{len(spec.seeds)} seed(s) = {runs} run(s) x {spec.steps} steps, {evals} "
+        f"{len(spec.seeds)} seed(s) = {runs} run(s) x {spec.steps} steps{of}, {evals} "
         f"evaluation(s) per run, on {spec.task!r} ({ctx.device}, {ctx.world_size} process(es), "
         f"{torch.get_num_threads()} thread(s)); would write {out}",
         flush=True,

@@ -24,13 +24,16 @@ __all__ = ["KEPT_FLAGS", "folder_of", "resume_command", "take_kept_flags"]
 #: invocation records them in ``invocations.json`` (its entry's ``"flags"``); ``--resume DIR``
 #: takes each one not given on its command line from the last invocation's record, and the
 #: printed resume command spells them out. ``--device`` is a spec field, but a resume may
-#: override it; the override is kept the same way. Not kept: ``--stop-at-step`` (a resume goes
-#: past it), ``--no-progress``, ``--dry-run`` and ``--force``, which change neither.
+#: override it; the override is kept the same way. ``--log`` changes what a run writes beside
+#: its numbers, not the numbers, and is kept too (``--log jsonl`` turns TensorBoard off). Not
+#: kept: ``--stop-at-step`` (a resume goes past it), ``--no-progress``, ``--dry-run`` and
+#: ``--force``, which change neither.
 KEPT_FLAGS = {
     "threads": "--threads",
     "sequence_parallel": "--sequence-parallel",
     "dist_timeout": "--dist-timeout",
     "device": "--device",
+    "log": "--log",
 }
 
 

@@ -88,13 +88,21 @@ VALIDATION = "validation/"
 PASS_TOKENS = 8192
 
 
-def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager[Any]:
-    """bfloat16 autocast on ``device`` when ``enabled``, else a no-op context."""
-    if not enabled:
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """The autocast of a run's ``precision`` on ``device``: bfloat16 for ``"bf16"``, float16
+    for ``"fp16"``, none (a no-op context) for ``"fp32"``.
+
+    Raises:
+        ValueError: another ``precision`` (naming it).
+    """
+    if precision == "fp32":
         return contextlib.nullcontext()
     import torch
 
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if precision not in dtypes:
+        raise bad_value("precision", f"expected 'fp32', 'bf16' or 'fp16', got {precision!r}")
+    return torch.autocast(device_type=device.type, dtype=dtypes[precision])
 
 
 class Task(abc.ABC):
@@ -211,11 +219,13 @@ class Task(abc.ABC):
         }
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy (float32) of ``logits`` ``(..., K)`` against ``targets``, over
-        the targets that are not :data:`IGNORE_INDEX`."""
+        """Mean cross-entropy (in float32, or float64 for float64 logits) of ``logits``
+        ``(..., K)`` against ``targets``, over the targets that are not :data:`IGNORE_INDEX`."""
+        import torch
         import torch.nn.functional as F
 
-        flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # half -> float32
+        flat = logits.to(dtype).reshape(-1, logits.shape[-1])  # (M, K)
         return F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
     @functools.cached_property
@@ -240,7 +250,7 @@ class Task(abc.ABC):
         model: nn.Module,
         device: torch.device,
         *,
-        bf16: bool = False,
+        precision: str = "fp32",
         shard_of: Callable[[int], SequenceShard | None] | None = None,
     ) -> dict[str, float]:
         """Loss and accuracy on the fixed evaluation set (eval mode, no gradients).
@@ -254,7 +264,8 @@ class Task(abc.ABC):
         Args:
             model: the (unwrapped) model.
             device: where the model lives.
-            bf16: run the forward passes under bfloat16 autocast.
+            precision: the autocast of the forward passes, as the run's ``spec.precision``
+                (:func:`autocast`): ``"fp32"`` (none), ``"bf16"`` or ``"fp16"``.
             shard_of: sequence parallelism: ``shard_of(N)`` is this rank's block of a
                 sequence of ``N`` tokens (:meth:`~heatformer.lab.distributed.
                 DistContext.shard`); every rank of the block's group scores its tokens
@@ -281,7 +292,7 @@ class Task(abc.ABC):
                         for half, total in enumerate(totals):
                             keep = parity == (1 - half if halves == 2 else 0)  # test first
                             _score(
-                                self, model, inputs[keep], targets[keep], device, bf16, total,
+                                self, model, inputs[keep], targets[keep], device, precision, total,
                                 shard_of,
                             )  # fmt: skip
         finally:
@@ -422,7 +433,7 @@ def _score(
     inputs: Tensor,
     targets: Tensor,
     device: torch.device,
-    bf16: bool,
+    precision: str,
     total: list[Any],
     shard_of: Callable[[int], SequenceShard | None] | None = None,
 ) -> None:
@@ -435,7 +446,7 @@ def _score(
         return
     inputs, targets = inputs.to(device), targets.to(device)
     shard = shard_of(inputs.shape[1]) if shard_of is not None else None
-    with autocast(device, bf16):
+    with autocast(device, precision):
         if shard is None:
             logits = model(inputs)
         else:
