@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import graph_helpers as gh
@@ -17,8 +17,19 @@ from heatformer.graph_ops import (
     spectrum,
 )
 
-SETTINGS = settings(max_examples=20, deadline=None)
+#: data_too_large: hypothesis 6.80 (the floor; make test-oldest) once failed its health check
+#: on these small draws ("20 examples overran while generating 9 valid ones"), not reproduced
+#: with 47 seeds; it checks how data is generated, not what the tests assert
+SETTINGS = settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.data_too_large]
+)
 NORMALIZATIONS = ("rw", "sym", "combinatorial")
+
+
+def _subset(draw, n: int) -> set[int]:
+    """A proper subset of ``range(n)`` (a prefix of a permutation: no rejected draws, which
+    unique elements from a small range make)."""
+    return set(draw(st.permutations(range(n)))[: draw(st.integers(0, n - 1))])
 
 
 @st.composite
@@ -33,7 +44,7 @@ def attention_cases(draw, *, causal: bool | None = None, min_n: int = 2):
         "features": draw(st.integers(1, 4)),
         "masked": masked,
         "causal": draw(st.booleans()) if causal is None else causal,
-        "empty_rows": draw(st.sets(st.integers(0, n - 1), max_size=n - 1)) if masked else (),
+        "empty_rows": _subset(draw, n) if masked else (),
         "scale": draw(st.sampled_from([None, 0.3, 3.0])),
     }
 
@@ -47,7 +58,7 @@ def weight_cases(draw, *, symmetric: bool | None = None):
         "n": n,
         "batch": draw(st.sampled_from([(), (2,)])),
         "symmetric": draw(st.booleans()) if symmetric is None else symmetric,
-        "isolated": sorted(draw(st.sets(st.integers(0, n - 1), max_size=n - 1))),
+        "isolated": sorted(_subset(draw, n)),
         "self_loops": draw(st.booleans()),
         "density": draw(st.floats(0.2, 1.0)),
     }
@@ -189,7 +200,7 @@ def test_heat_is_positive_on_positive_signals(params, t, nz) -> None:
 # ---- permutation equivariance and kind agreement ----------------------------------------------
 
 
-MANY = settings(max_examples=40, deadline=None)
+MANY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.data_too_large])
 
 
 @MANY
