@@ -67,7 +67,7 @@ def test_the_readme_examples_run_with_torch_and_numpy_alone(tmp_path: Path) -> N
         for block in json.loads(sys.argv[1]):
             exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
         import heatformer.analysis, heatformer.graph_ops, heatformer.integrations
-        import heatformer.models, heatformer.registry, heatformer.viz
+        import heatformer.datasets, heatformer.models, heatformer.registry, heatformer.viz
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in sys.argv[2].split(","))
         print(json.dumps({"optional": loaded,
                           "lab": sorted(m for m in sys.modules if m.startswith("heatformer.lab"))}))
