@@ -141,7 +141,8 @@ def test_python_m_heatformer_runs_the_command() -> None:
     [
         (
             ["compare", "--task", "nope"],
-            "task: expected one of ['chars', 'digits', 'masked', 'recall', 'stdlib'], got 'nope'",
+            "task: expected one of ['chars', 'digits', 'induction', 'listops', 'masked', 'mqar', "
+            "'parity', 'passkey', 'recall', 'selective_copy', 'stdlib'], got 'nope'",
         ),
         (["compare", "--heads", "laplacain:2"], "unknown operator 'laplacain'"),
         (["compare", "--heads", "attention:3,laplacian:2"], "--embd: expected a multiple of the 5"),
@@ -173,8 +174,8 @@ def test_python_m_heatformer_runs_the_command() -> None:
         (["train", "--threads", "0"], "--threads: expected a positive int, got 0"),
         (
             ["train", "--task", "digits", "--seq-len", "8"],
-            "--seq-len: only the 'chars', 'masked', 'recall' and 'stdlib' tasks use it, "
-            "got task 'digits'",
+            "--seq-len: only the 'chars', 'induction', 'listops', 'masked', 'mqar', 'parity', "
+            "'passkey', 'recall', 'selective_copy' and 'stdlib' tasks use it, got task 'digits'",
         ),
         (
             ["train", "--task", "recall", "--max-bytes", "99"],

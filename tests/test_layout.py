@@ -32,7 +32,7 @@ ALLOWED = {
     "analysis": {"models", "graph_ops"},
     "viz": {"graph_ops"},
     "integrations": {"models", "graph_ops", "analysis"},
-    "lab": {"models", "analysis", "graph_ops", "integrations", "viz"},
+    "lab": {"models", "analysis", "graph_ops", "integrations", "viz", "datasets"},
     "__main__": {"lab"},
 }
 

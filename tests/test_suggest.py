@@ -84,8 +84,8 @@ def test_the_command_line_suggests_as_the_library(capsys: pytest.CaptureFixture[
     assert main(["compare", "--heads", "laplacain:2", "--task", "char"]) == 2
     err = capsys.readouterr().err
     assert (
-        "--task: expected one of ['chars', 'digits', 'masked', 'recall', 'stdlib'], got 'char'"
-        in err
+        "--task: expected one of ['chars', 'digits', 'induction', 'listops', 'masked', 'mqar', "
+        "'parity', 'passkey', 'recall', 'selective_copy', 'stdlib'], got 'char'" in err
     )
     assert "got 'char' (did you mean 'chars'?)" in err
     assert main(["compare", "--heads", "laplacain:2"]) == 2

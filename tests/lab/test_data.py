@@ -515,13 +515,15 @@ def test_recall_minimal_length_and_batch_errors() -> None:
 
 
 def test_load_task_resolves_names(tmp_path: Path) -> None:
-    assert TASK_NAMES == ("chars", "digits", "recall", "stdlib", "masked")
+    assert TASK_NAMES[:5] == ("chars", "digits", "recall", "stdlib", "masked")
     recall = load_task("recall", num_pairs=2, seq_len=9)
     assert isinstance(recall, RecallTask) and recall.seq_len == 9
     (tmp_path / "a.txt").write_text("hello world\n" * 10)
     chars = load_task("chars", text_path=tmp_path / "a.txt")
     assert isinstance(chars, CharsTask) and chars.train.numel() + chars.val.numel() == 120
     with pytest.raises(
-        ValueError, match=r"\['chars', 'digits', 'masked', 'recall', 'stdlib'\].*'char'"
+        ValueError, match=r"\['chars', 'digits', 'induction', .*, 'stdlib'\].*'char'"
     ):
         load_task("char")
+    with pytest.raises(ValueError, match="'mqar' builds its data from its options only"):
+        load_task("mqar")

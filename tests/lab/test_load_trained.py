@@ -13,6 +13,7 @@ import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -192,10 +193,22 @@ def _data(name: str) -> object:
     return {"chars": chars, "masked": chars, "recall": recall, "stdlib": stdlib}.get(name)
 
 
+#: options of the synthetic tasks that fit a sequence of 12 tokens
+_SYNTHETIC: dict[str, dict[str, Any]] = {
+    "mqar": {"vocab_size": 16, "num_kv_pairs": 2, "eval_size": 4},
+    "selective_copy": {"num_tokens_to_copy": 3, "eval_size": 4},
+    "listops": {"min_length": 4, "eval_size": 4},
+    "passkey": {"num_digits": 2, "eval_lengths": (12,), "eval_size": 4},
+    "induction": {"eval_size": 4},
+    "parity": {"eval_size": 4},
+}
+
+
 @pytest.mark.parametrize("name", TASK_NAMES)
 def test_every_task_trains_a_model_that_its_checkpoint_loads(name: str, tmp_path: Path) -> None:
     """Each built-in task's model is a kind the library rebuilds from a run's checkpoint."""
     options = {"seq_len": 12} if name != "digits" else {"patch_size": 4}
+    options |= _SYNTHETIC.get(name, {})
     heads = "attention:1,laplacian:1"
     spec = CompareSpec(task=name, heads=(heads,), n_layer=1, n_embd=16, steps=3,
                        graph="window[w=4]", options=options)  # fmt: skip

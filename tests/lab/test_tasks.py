@@ -73,14 +73,15 @@ def _stdlib_data() -> StdlibTask:
 
 
 def test_builtin_tasks_are_the_registry_entries() -> None:
-    assert TASK_NAMES == ("chars", "digits", "recall", "stdlib", "masked")
-    assert [TASKS[name] for name in TASK_NAMES] == [Chars, Digits, Recall, Stdlib, MaskedChars]
+    synthetic = ("mqar", "induction", "selective_copy", "parity", "listops", "passkey")
+    assert TASK_NAMES == ("chars", "digits", "recall", "stdlib", "masked", *synthetic)
+    assert [TASKS[name] for name in TASK_NAMES[:5]] == [Chars, Digits, Recall, Stdlib, MaskedChars]
     for name in TASK_NAMES:
         assert check_task(TASKS[name]) is TASKS[name]
         assert resolve_task(name).name == name
     with pytest.raises(
         ValueError,
-        match=re.escape("expected one of ['chars', 'digits', 'masked', 'recall', 'stdlib']"),
+        match=re.escape("expected one of ['chars', 'digits', 'induction', 'listops', 'masked',"),
     ):
         resolve_task("char")
 
@@ -103,8 +104,10 @@ def test_defaults_are_declared_once_in_the_task() -> None:
 
 def test_options_by_name_says_which_tasks_take_an_option() -> None:
     table = options_by_name()
-    assert sorted(table["seq_len"]) == ["chars", "masked", "recall", "stdlib"]
-    assert sorted(table["analysis_size"]) == ["chars", "digits", "masked", "recall", "stdlib"]
+    lengths = ["chars", "recall", "stdlib", "masked", "mqar", "induction", "selective_copy",
+               "parity", "listops", "passkey"]  # fmt: skip
+    assert list(table["seq_len"]) == lengths
+    assert list(table["analysis_size"]) == ["chars", "digits", *lengths[1:]]
     assert list(table["npz"]) == ["digits"]
     assert table["text"]["chars"].metadata["path"] is True
     assert table["analysis_size"]["chars"].metadata["numbers"] is False

@@ -20,18 +20,22 @@ __all__ = ["add_analysis_reading", "add_common", "add_task_options"]
 def add_task_options(group: OptionGroup) -> None:
     """One flag per option of the registered tasks (``seq_len`` -> ``--seq-len``).
 
-    A flag several tasks take is one flag; its help names each task and its default.
+    A flag several tasks take is one flag; its help names each task and its default (the
+    tasks that share a help line and a default, once).
     """
     for name, by_task in options_by_name().items():
         fields = list(by_task.values())
 
         def default(f: dataclasses.Field[Any]) -> str:
-            return "" if f.default is None else f" (default {f.default})"
+            value = f.default
+            if isinstance(value, tuple):  # as the flag takes it: 256,1024
+                value = ",".join(str(v) for v in value)
+            return "" if value is None else f" (default {value})"
 
-        if len({(f.metadata["help"], f.default) for f in fields}) == 1:  # one text for all
-            text = f"{', '.join(by_task)}: {fields[0].metadata['help']}{default(fields[0])}"
-        else:
-            text = "; ".join(f"{t}: {f.metadata['help']}{default(f)}" for t, f in by_task.items())
+        texts: dict[str, list[str]] = {}  # one text, the tasks that share it
+        for task, f in by_task.items():
+            texts.setdefault(f"{f.metadata['help']}{default(f)}", []).append(task)
+        text = "; ".join(f"{', '.join(tasks)}: {words}" for words, tasks in texts.items())
         first = fields[0].metadata
         group.add_argument(
             "--" + name.replace("_", "-"),

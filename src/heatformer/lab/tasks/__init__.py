@@ -11,6 +11,17 @@ stdlib   source snippets labelled by        bidirectional sequence      ``test_a
 masked   the bytes of ``chars``, 15 % of    bidirectional GPT encoder   ``val_bpc``, ``val_acc``,
          each window hidden (self-                                      ``val_loss`` (masked
          supervised)                                                    bytes only)
+mqar     Zoology's multi-query associative  causal GPT                  ``val_acc``, ``val_loss``
+         recall (:mod:`heatformer.datasets`                             (scored positions only)
+         generates each synthetic task)
+induction  induction heads (H3)             causal GPT                  ``val_acc``, ``val_loss``
+selective_copy  selective copying (MAD-Lab) causal GPT                  ``val_acc``, ``val_loss``
+parity   parity of a bit string             causal GPT, scored at ``=`` ``val_acc``, ``val_loss``
+listops  ListOps (Long Range Arena)         causal GPT, scored at the   ``val_acc``, ``val_loss``
+                                            expression's last token
+passkey  passkey retrieval, trained short,  causal GPT                  ``val_acc``, ``grid_acc``,
+         evaluated on a length x depth                                  ``val_loss``, a cell
+         grid                                                           each ``acc_L*_d*``
 ======== ================================== =========================== ======================
 
 A task is a :class:`Task` subclass (its options with their defaults, data, model, batches,
@@ -27,8 +38,8 @@ for its help pages before torch is loaded.
 Examples:
     >>> resolve_task("recall").Options().seq_len
     128
-    >>> sorted(options_by_name()["seq_len"])
-    ['chars', 'masked', 'recall', 'stdlib']
+    >>> sorted(options_by_name()["num_kv_pairs"])
+    ['mqar']
 """
 
 from __future__ import annotations
@@ -48,9 +59,15 @@ from heatformer.lab.tasks.chars import (
     load_chars,
 )
 from heatformer.lab.tasks.digits import Digits, DigitsOptions, DigitsTask, load_digits_task
+from heatformer.lab.tasks.induction import Induction, InductionOptions, induction_score
+from heatformer.lab.tasks.listops import ListOps, ListOpsOptions
 from heatformer.lab.tasks.masked import MaskedChars, MaskedCharsOptions
+from heatformer.lab.tasks.mqar import Mqar, MqarOptions
 from heatformer.lab.tasks.options import RunSpec, TaskOptions, option
+from heatformer.lab.tasks.parity import Parity, ParityOptions
+from heatformer.lab.tasks.passkey import Passkey, PasskeyOptions
 from heatformer.lab.tasks.recall import Recall, RecallOptions, RecallTask
+from heatformer.lab.tasks.selective_copy import SelectiveCopy, SelectiveCopyOptions
 from heatformer.lab.tasks.stdlib import (
     Stdlib,
     StdlibOptions,
@@ -68,12 +85,24 @@ __all__ = [
     "Digits",
     "DigitsOptions",
     "DigitsTask",
+    "Induction",
+    "InductionOptions",
+    "ListOps",
+    "ListOpsOptions",
     "MaskedChars",
     "MaskedCharsOptions",
+    "Mqar",
+    "MqarOptions",
+    "Parity",
+    "ParityOptions",
+    "Passkey",
+    "PasskeyOptions",
     "Recall",
     "RecallOptions",
     "RecallTask",
     "RunSpec",
+    "SelectiveCopy",
+    "SelectiveCopyOptions",
     "Stdlib",
     "StdlibOptions",
     "StdlibTask",
@@ -81,6 +110,7 @@ __all__ = [
     "TaskOptions",
     "autocast",
     "bits_per_char",
+    "induction_score",
     "load_chars",
     "load_digits_task",
     "load_stdlib_task",
@@ -221,7 +251,10 @@ def load_task(name: str, **kwargs: Any) -> Any:
     return cls.data_factory(**kwargs)
 
 
-for _task in (Chars, Digits, Recall, Stdlib, MaskedChars):
+for _task in (
+    Chars, Digits, Recall, Stdlib, MaskedChars,
+    Mqar, Induction, SelectiveCopy, Parity, ListOps, Passkey,
+):  # fmt: skip
     register_task(_task)
 
 #: The built-in tasks (:data:`TASKS` also holds the ones registered since).

@@ -51,7 +51,7 @@ import abc
 import contextlib
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from heatformer.checks import bad_value
@@ -68,6 +68,7 @@ __all__ = [
     "IGNORE_INDEX",
     "PASS_TOKENS",
     "VALIDATION",
+    "NextTokenGrouping",
     "Task",
     "autocast",
 ]
@@ -252,14 +253,15 @@ class Task(abc.ABC):
         *,
         precision: str = "fp32",
         shard_of: Callable[[int], SequenceShard | None] | None = None,
+        batches: Iterable[tuple[Tensor, Tensor]] | None = None,
     ) -> dict[str, float]:
         """Loss and accuracy on the fixed evaluation set (eval mode, no gradients).
 
-        Each batch of :meth:`eval_batches` runs in slices of :attr:`sequences_per_pass`. When
-        the spec selects settings (``spec.select_by``, :mod:`heatformer.lab.tuning`)
-        the set is split by example parity, counted over the whole set along dim 0: the odd
-        examples (the *test* half) give the metrics, the even ones (the *validation* half) the
-        same metrics again under ``"validation/<name>"``.
+        Each batch of :meth:`eval_batches` (or of ``batches``) runs in slices of
+        :attr:`sequences_per_pass`. When the spec selects settings (``spec.select_by``,
+        :mod:`heatformer.lab.tuning`) the set is split by example parity, counted over the
+        whole set along dim 0: the odd examples (the *test* half) give the metrics, the even
+        ones (the *validation* half) the same metrics again under ``"validation/<name>"``.
 
         Args:
             model: the (unwrapped) model.
@@ -271,6 +273,9 @@ class Task(abc.ABC):
                 DistContext.shard`); every rank of the block's group scores its tokens
                 (the model takes ``shard=``) and the sums are added over the group, so every
                 rank returns the metrics of the whole set.
+            batches: the ``(inputs, targets)`` batches to score instead of
+                :meth:`eval_batches` (``passkey`` scores each cell of its length x depth grid
+                this way).
 
         Returns:
             :meth:`metrics` of the mean loss and accuracy over every scored position (of the
@@ -285,7 +290,7 @@ class Task(abc.ABC):
         model.eval()
         try:
             with torch.no_grad():
-                for batch in self.eval_batches():
+                for batch in self.eval_batches() if batches is None else batches:
                     for inputs, targets in _slices(batch, self.sequences_per_pass):
                         parity = (torch.arange(inputs.shape[0]) + seen) % halves  # (b,)
                         seen += inputs.shape[0]
@@ -425,6 +430,28 @@ class Task(abc.ABC):
     def pooled(self, x: Tensor) -> Tensor:
         """One feature per sequence from ``x`` ``(B, N, D)``: the mean over its tokens."""
         return x.mean(1)  # (B, D)
+
+
+class NextTokenGrouping(Task):
+    """A task whose analysis groups every token by its target, not each sequence by a label.
+
+    The grouping keeps every token state (:meth:`grouping_states`) and measures
+    :func:`~heatformer.analysis.next_token_separability` against the analysis batch's targets
+    (``nc1``, ``probe_acc`` in place of ``nc2``); targets that are :data:`IGNORE_INDEX` are
+    skipped, so a task that scores a few positions is grouped by their answers only. The
+    language-model tasks (``chars``, ``masked``, and the synthetic benchmarks) are these.
+    """
+
+    analysis_names = (*(n for n in Task.analysis_names if n != "nc2"), "probe_acc")
+
+    def grouping_states(self, x: Tensor) -> Tensor:
+        return x  # every token, grouped by its target
+
+    def grouping_values(self, states: Tensor, labels: Tensor) -> dict[str, float]:
+        from heatformer.analysis import next_token_separability
+
+        result = next_token_separability(states, labels)
+        return {"nc1": float(result.nc1), "probe_acc": float(result.probe_accuracy)}
 
 
 def _score(

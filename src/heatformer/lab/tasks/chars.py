@@ -30,7 +30,7 @@ from heatformer.lab.tasks._corpus import (
     to_uint8,
     walk_files,
 )
-from heatformer.lab.tasks.base import Task
+from heatformer.lab.tasks.base import NextTokenGrouping
 from heatformer.lab.tasks.options import TaskOptions, option
 
 if TYPE_CHECKING:
@@ -386,16 +386,15 @@ class CharsOptions(TaskOptions):
         return self.seq_len
 
 
-class Chars(Task):
-    """Byte-level language modelling with a GPT (see the module docstring)."""
+class Chars(NextTokenGrouping):
+    """Byte-level language modelling with a GPT (see the module docstring); its analysis groups
+    tokens by the next byte (:class:`~heatformer.lab.tasks.base.NextTokenGrouping`)."""
 
     name = "chars"
     Options = CharsOptions
     metric_names: ClassVar[tuple[str, ...]] = ("val_bpc", "val_loss")
     higher_is_better: ClassVar[tuple[bool, ...]] = (False, False)
     eval_loss_name = "val_loss"
-    #: next-token separability instead of the sequence-label NC2 (bytes are no sequence labels)
-    analysis_names = (*(n for n in Task.analysis_names if n != "nc2"), "probe_acc")
     data_factory = staticmethod(load_chars)
 
     options: CharsOptions
@@ -433,12 +432,3 @@ class Chars(Task):
 
     def metrics(self, loss: float, accuracy: float) -> dict[str, float]:
         return {"val_bpc": bits_per_char(loss), "val_loss": loss}
-
-    def grouping_states(self, x: Tensor) -> Tensor:
-        return x  # every token, grouped by the byte that follows it
-
-    def grouping_values(self, states: Tensor, labels: Tensor) -> dict[str, float]:
-        from heatformer.analysis import next_token_separability
-
-        result = next_token_separability(states, labels)
-        return {"nc1": float(result.nc1), "probe_acc": float(result.probe_accuracy)}
