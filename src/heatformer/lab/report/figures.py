@@ -182,16 +182,24 @@ def _final_metric(
     return fig
 
 
+def _finite_or_nan(values: Sequence[float | None]) -> list[float]:
+    """``values`` as floats, ``None`` (a non-finite number in JSON) as NaN."""
+    return [math.nan if v is None else float(v) for v in values]
+
+
 def _per_layer(plt: Any, rows: Sequence[dict[str, Any]], colors: dict[str, Any], name: str) -> Any:
     """One analysis metric against the layer, a line per configuration (mean ± std)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for row in rows:
         stats = row["analysis"][name]
-        layers = range(len(stats["mean"]))
+        mean, std = _finite_or_nan(stats["mean"]), _finite_or_nan(stats["std"])
+        if all(math.isnan(v) for v in mean):  # nothing to draw (matplotlib 3.7 fails on it)
+            continue
+        layers = range(len(mean))
         ax.errorbar(
             layers,
-            stats["mean"],
-            yerr=stats["std"],
+            mean,
+            yerr=None if all(math.isnan(v) for v in std) else std,
             marker="o",
             capsize=3,
             color=colors[row["heads"]],
