@@ -45,6 +45,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "hold_folder",
+    "json_safe",
     "load_checkpoint",
     "read_json",
     "remove_stale_temporaries",
@@ -55,14 +56,15 @@ __all__ = [
 CHECKPOINT_FORMAT = "heatformer-run-checkpoint-v1"
 
 
-def _json_safe(value: Any) -> Any:
-    """Replace non-finite floats by ``None`` so the file is standard JSON."""
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float, in nested dicts, lists and tuples too, replaced
+    by ``None``: what standard JSON can hold (``result.json``, ``metrics.jsonl``)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
+        return {key: json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
+        return [json_safe(item) for item in value]
     return value
 
 
@@ -73,7 +75,7 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:
         path: the final file name.
         data: JSON-serializable data.
     """
-    text = json.dumps(_json_safe(data), indent=2, allow_nan=False)
+    text = json.dumps(json_safe(data), indent=2, allow_nan=False)
     atomic_write_text(path, text + "\n")
 
 

@@ -40,7 +40,6 @@ checkpoint's own. A line per step is about 120 bytes: 12 MB per 100 000 steps.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,6 +49,7 @@ from typing import IO, Any
 from heatformer._atomic import atomic_write_text
 from heatformer._optional import require
 from heatformer.checks import check_choice
+from heatformer.lab.checkpoint import json_safe
 
 __all__ = [
     "LOGS",
@@ -245,8 +245,4 @@ class MetricsLog:
 
 def _line(record: Mapping[str, Any]) -> str:
     """One record as a line of standard JSON (a non-finite number as ``null``)."""
-    finite = {
-        key: None if isinstance(value, float) and not math.isfinite(value) else value
-        for key, value in record.items()
-    }
-    return json.dumps(finite, allow_nan=False) + "\n"
+    return json.dumps(json_safe(record), allow_nan=False) + "\n"
