@@ -56,7 +56,13 @@ class Oracle(nn.Module):
         self.sets = sets
         self.vocab_size = vocab_size
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, logits_at: Tensor | None = None) -> Tensor:
+        out = self.logits(x)  # (B, N, V)
+        if logits_at is None:
+            return out
+        return out.gather(1, logits_at[..., None].expand(-1, -1, self.vocab_size))  # GPT's
+
+    def logits(self, x: Tensor) -> Tensor:
         out = torch.zeros(*x.shape, self.vocab_size)  # (B, N, V)
         for inputs, labels in self.sets:
             if inputs.shape[1] != x.shape[1]:
@@ -77,18 +83,49 @@ def test_the_tasks_are_registered_and_checked() -> None:
     assert TASKS["passkey"].metric_names == ("val_acc", "grid_acc", "val_loss")
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_train_two_steps_through_the_command(name: str, tmp_path: Path) -> None:
+def _combinations() -> list[Any]:
+    """Each task with an operator and a graph kind of the registries, in turn, until every
+    task, every operator that reads only the past (its first example) and every graph kind that
+    is causal (each example) has run once: the tasks' row of the combination matrix."""
+    from heatformer._spec import format_entry
+    from heatformer.graph_ops import GRAPHS, OPERATORS, resolve_graph, resolve_operator
+    from heatformer.models.heads import format_operator
+
+    operators = [
+        format_operator(name, cls.examples[0])
+        for name, cls in OPERATORS.items()
+        if not resolve_operator(name, **cls.examples[0]).reads_transpose
+    ]
+    kinds = [
+        format_entry(name, params, sep=",")
+        for name, cls in GRAPHS.items()
+        for params in cls.examples
+        if resolve_graph(format_entry(name, params, sep=",")).supports_causal
+    ]
+    tasks = sorted(TINY)
+    count = max(len(tasks), len(operators), len(kinds))
+    cases = [
+        (tasks[i % len(tasks)], operators[i % len(operators)], kinds[i % len(kinds)])
+        for i in range(count)
+    ]
+    return [pytest.param(*case, id="-".join(case)) for case in cases]
+
+
+@pytest.mark.parametrize(("name", "operator", "graph"), _combinations())
+def test_train_two_steps_through_the_command(
+    name: str, operator: str, graph: str, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     code = main([
         "train", "--task", name, *_flags(TINY[name]), "--steps", "2", "--batch-size", "4",
-        "--layers", "1", "--embd", "16", "--heads", "attention:2", "--eval-every", "2",
-        "--eval-size", "4", "--analysis-size", "4", "--device", "cpu", "--threads", "1",
-        "--no-progress", "--out", str(out),
+        "--layers", "1", "--embd", "16", "--heads", f"attention:1,{operator}:1", "--graph", graph,
+        "--eval-every", "2", "--eval-size", "4", "--analysis-size", "4", "--device", "cpu",
+        "--threads", "1", "--no-progress", "--out", str(out),
     ])  # fmt: skip
     assert code == 0
     (record,) = json.loads((out / "results.json").read_text())["runs"]
     final = record["final"]
+    assert record["model_config"]["graph"] == graph
     assert len(record["train_loss"]) == 2 and all(map(math.isfinite, record["train_loss"]))
     assert 0 <= final["val_acc"] <= 1 and math.isfinite(final["val_loss"])
     assert len(record["analysis"]["probe_acc"]) == 1
@@ -226,3 +263,44 @@ def test_induction_score_of_the_exact_solver_is_one_and_of_a_constant_its_share(
         induction_score(Oracle([], 8), seq_len=64, num_examples=2)
     with pytest.raises(ValueError, match="seq_len"):
         induction_score(solver, seq_len=3)
+
+
+def test_the_train_step_on_scored_logits_is_the_full_one() -> None:
+    """The synthetic tasks train and score the GPT's logits at the scored positions only:
+    the loss, the gradients and the evaluation are those of every position's logits (the
+    base class's :meth:`Task.scored_logits`)."""
+    from heatformer.lab.step import backward_pass
+    from heatformer.lab.tasks.base import Task
+
+    class EveryPosition(type(_bound("mqar"))):  # type: ignore[misc]
+        scored_logits = Task.scored_logits
+
+    runs = []
+    for task in (_bound("mqar"), EveryPosition(_bound("mqar").spec)):
+        inputs, targets = task.train_batch(6, torch.Generator().manual_seed(0))
+        torch.manual_seed(0)
+        model = task.build_model("attention:2").double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        loss = backward_pass(task, model, optimizer, inputs, targets)
+        metrics = task.evaluate(model, torch.device("cpu"))
+        runs.append((loss, {n: p.grad for n, p in model.named_parameters()}, metrics))
+    (loss_a, grads_a, metrics_a), (loss_b, grads_b, metrics_b) = runs
+    torch.testing.assert_close(loss_a, loss_b, atol=1e-12, rtol=1e-12)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grad, grads_b[name], atol=1e-12, rtol=1e-12)
+    assert metrics_a["val_acc"] == metrics_b["val_acc"]
+    assert metrics_a["val_loss"] == pytest.approx(metrics_b["val_loss"], rel=1e-9)
+
+
+def test_tie_embeddings_option_reaches_the_model() -> None:
+    spec = CompareSpec(
+        task="mqar", heads=("attention:2",), n_layer=1, n_embd=16,
+        options={**TINY["mqar"], "tie_embeddings": True},
+    )  # fmt: skip
+    tied = resolve_task("mqar")(spec).build_model("attention:2")
+    assert tied.head.weight is tied.tok_emb.weight
+    untied = _bound("mqar").build_model("attention:2")
+    assert untied.head.weight is not untied.tok_emb.weight
+    with pytest.raises(ArgumentError) as err:
+        CompareSpec(task="mqar", options={"tie_embeddings": "yes"})
+    assert err.value.argument == "tie_embeddings"

@@ -145,16 +145,13 @@ def backward_pass(
         last = i == micro - 1  # DDP all-reduces the gradients in this backward only
         with contextlib.nullcontext() if last else _no_sync(runner):
             with autocast(inputs.device, task.spec.precision):
-                if shard is None:
-                    logits = runner(inputs[part])
-                else:
-                    logits = runner(inputs[part], shard=shard)
+                logits, scored = task.scored_logits(runner, inputs[part], targets[part], shard)
             if weights is None:  # one pass over the batch, no shard: the loss as it is
-                loss = task.loss(logits, targets[part])
+                loss = task.loss(logits, scored)
             elif weights[i] == 0:  # no scored target: its backward still runs (collectives)
                 loss = logits.sum() * 0.0
             else:
-                loss = task.loss(logits, targets[part]) * weights[i]
+                loss = task.loss(logits, scored) * weights[i]
             (loss if scaler is None else scaler.scale(loss)).backward()
         losses.append(loss.detach())
     return losses[0] if micro == 1 else torch.stack(losses).sum()

@@ -104,11 +104,14 @@ class GPTConfig(_StackConfig):
     vocab_size: int = 256  # byte-level by default
     block_size: int = 256  # longest context (learned absolute positions)
     causal: bool = True  # False: every token attends to every token (masked-token models)
+    # the output layer's weight is the token embedding's (Press & Wolf 2017; Zoology's models)
+    tie_embeddings: bool = False
 
     _sizes = (*_StackConfig._sizes, "vocab_size", "block_size")
 
     def __post_init__(self) -> None:
         checks.check_bool("causal", self.causal)
+        checks.check_bool("tie_embeddings", self.tie_embeddings)
         super().__post_init__()
 
     def max_tokens(self) -> int:

@@ -61,6 +61,26 @@ def _check_idx(idx: Tensor, config: GPTConfig | SequenceClassifierConfig, offset
         )
 
 
+def _check_logits_at(logits_at: Tensor, idx: Tensor) -> None:
+    """A ``(B, M)`` LongTensor on the device of ``idx`` with its batch (its values are not read:
+    no host sync)."""
+    if (
+        not isinstance(logits_at, Tensor)
+        or logits_at.dtype != torch.long
+        or logits_at.dim() != 2
+        or logits_at.shape[0] != idx.shape[0]
+        or logits_at.device != idx.device
+    ):
+        what = getattr(logits_at, "dtype", type(logits_at).__name__)
+        shape = tuple(getattr(logits_at, "shape", ()))
+        raise checks.bad_type(
+            "logits_at",
+            f"expected a (B, M) LongTensor of positions with the batch B = {idx.shape[0]} and "
+            f"device {idx.device} of idx, got {what} {shape} on "
+            f"{getattr(logits_at, 'device', None)}",
+        )
+
+
 def _run_blocks(
     blocks: nn.ModuleList,
     x: Tensor,
@@ -138,6 +158,8 @@ class GPT(_ConfigModel):
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         _init_weights(self, config.n_layer)
+        if config.tie_embeddings:  # one (vocab_size, n_embd) parameter, saved once
+            self.head.weight = self.tok_emb.weight
 
     def forward(
         self,
@@ -146,9 +168,18 @@ class GPT(_ConfigModel):
         *,
         return_graphs: bool = False,
         shard: SequenceShard | None = None,
+        logits_at: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Graph]]:
         """Logits ``(B, N, vocab_size)``; with ``caches`` (one per layer) ``idx`` holds only
         the new tokens.
+
+        With ``logits_at``, a ``(B, M)`` LongTensor of positions of ``idx`` (``0 <= p < N``),
+        only the logits at those positions: ``(B, M, vocab_size)``, row ``(b, m)`` that of
+        position ``logits_at[b, m]`` of sequence ``b`` (the same numbers as
+        ``logits.gather(1, ...)``, the output layer run on ``B M`` rows instead of ``B N``).
+        A task scored at a few positions per sequence (MQAR: 4 of 64) trains its output
+        layer, ``n_embd x vocab_size``, on those alone. The positions are not read on the
+        host (no sync): one outside ``[0, N)`` fails in :func:`torch.gather`.
 
         With ``return_graphs``, also the attention graph of every layer, batched over
         ``(B, H)`` (``graphs[i].propagate(v)`` is ``P v`` of layer ``i``; implicit graphs,
@@ -162,20 +193,23 @@ class GPT(_ConfigModel):
         those rows of the one-process logits (``shard.gather(logits)`` is all of them). Every
         graph kind must shard (:attr:`~heatformer.graph_ops.GraphBuilder.shards`: the window
         kind; dense softmax and exact top-k need every key). Not with ``caches`` (no process
-        holds every key; :meth:`generate` runs on one process) or ``return_graphs``.
+        holds every key; :meth:`generate` runs on one process), ``return_graphs`` or
+        ``logits_at``.
 
         Raises:
             ValueError: ``caches`` not one :class:`KVCache` per layer (a cache is bound to the
                 layer that first decodes with it; see :meth:`KVCache.claim`); with ``shard``:
                 ``caches``, ``return_graphs``, a sequence longer than ``block_size``, ``idx``
                 of another length than the shard, or a graph kind that does not shard.
+            TypeError: ``logits_at`` not a ``(B, M)`` LongTensor with the batch of ``idx``
+                (``ValueError`` with ``shard``).
         """
         if shard is not None:
             if isinstance(idx, Tensor) and idx.dim() == 2:  # else _check_idx says what idx is
                 check_shard(shard, idx.shape[1], "idx")
-            if caches or return_graphs:
+            if caches or return_graphs or logits_at is not None:
                 raise checks.bad_value(
-                    "caches" if caches else "return_graphs",
+                    "caches" if caches else "return_graphs" if return_graphs else "logits_at",
                     "expected no KV cache and no graphs with a sharded sequence (no process "
                     "holds every key; generate and analyse on one process)",
                 )
@@ -191,6 +225,8 @@ class GPT(_ConfigModel):
             )
         offset = caches[0].position if caches else shard.start if shard is not None else 0
         _check_idx(idx, self.config, offset)
+        if logits_at is not None:
+            _check_logits_at(logits_at, idx)
         checks.check_bool("return_graphs", return_graphs)
         if return_graphs and caches:
             raise checks.bad_value(
@@ -205,6 +241,8 @@ class GPT(_ConfigModel):
                 x = block(x, cache=caches[i])
         else:
             x = _run_blocks(self.blocks, x, None, graphs, shard)
+        if logits_at is not None:  # (B, N, D) -> (B, M, D)
+            x = x.gather(1, logits_at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         logits: Tensor = self.head(self.ln_f(x))
         return (logits, graphs) if graphs is not None else logits
 

@@ -208,7 +208,8 @@ def _per_layer(plt: Any, rows: Sequence[dict[str, Any]], colors: dict[str, Any],
     ax.set(xlabel="layer", ylabel=name, title=f"{name} per layer (mean ± std over seeds)")
     ax.set_xticks(list(range(max(len(r["analysis"][name]["mean"]) for r in rows))))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # not when every configuration was NaN throughout
+        ax.legend(fontsize=8)
     return fig
 
 

@@ -40,13 +40,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from heatformer.checks import ArgumentError, check_generator, check_int, check_positive_int
-from heatformer.lab.tasks.base import NextTokenGrouping
+from heatformer.checks import (
+    ArgumentError,
+    check_bool,
+    check_generator,
+    check_int,
+    check_positive_int,
+)
+from heatformer.lab.tasks.base import IGNORE_INDEX, NextTokenGrouping
 from heatformer.lab.tasks.options import TaskOptions, option
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
+
+    from heatformer.graph_ops import SequenceShard
 
 __all__ = [
     "ANALYSIS_SEED",
@@ -55,6 +63,7 @@ __all__ = [
     "SyntheticOptions",
     "SyntheticTask",
     "draw_seed",
+    "scored_positions",
 ]
 
 #: the seed of every synthetic task's fixed evaluation set
@@ -83,6 +92,29 @@ def draw_seed(generator: torch.Generator) -> int:
     return int(torch.randint(low, high, (1,), generator=check_generator(generator)))
 
 
+def scored_positions(targets: Tensor) -> tuple[Tensor, Tensor]:
+    """The scored positions of each sequence (targets other than ``-100``), in order, and
+    their targets: ``(B, M)`` each, ``M`` the most of any sequence (at least 1); a sequence
+    with fewer is padded with unscored positions (target ``-100``).
+
+    Reads the count on the host (one sync per batch: a shape).
+
+    Examples:
+        >>> import torch
+        >>> targets = torch.tensor([[-100, 5, -100, 7], [3, -100, -100, -100]])
+        >>> positions, scored = scored_positions(targets)
+        >>> positions.tolist(), scored.tolist()
+        ([[1, 3], [0, 1]], [[5, 7], [3, -100]])
+    """
+    import torch
+
+    unscored = targets == IGNORE_INDEX  # (B, N)
+    most = int((~unscored).sum(-1).max()) if targets.numel() else 0
+    order = torch.argsort(unscored.to(torch.uint8), dim=-1, stable=True)  # scored first
+    positions = order[:, : max(most, 1)].contiguous()  # (B, M)
+    return positions, targets.gather(-1, positions)
+
+
 @contextlib.contextmanager
 def _option_names(renamed: dict[str, str]) -> Iterator[None]:
     """Inside the block, an argument error of the generator names the option it came from
@@ -97,6 +129,16 @@ def _option_names(renamed: dict[str, str]) -> Iterator[None]:
         ) from None
 
 
+def _yes_no(text: str) -> bool:
+    """``yes`` / ``no`` (also ``true`` / ``false``, ``1`` / ``0``) as a bool."""
+    value = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}.get(
+        text.strip().lower()
+    )
+    if value is None:
+        raise ValueError(f"expected yes or no, got {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class SyntheticOptions(TaskOptions):
     """Options every synthetic task takes; a subclass adds its generator's and says how to call
@@ -107,10 +149,15 @@ class SyntheticOptions(TaskOptions):
 
     eval_size: int = option(512, "examples in the fixed evaluation set")
     analysis_size: int = option(64, "sequences in the analysis batch", numbers=False)
+    tie_embeddings: bool = option(
+        False, "the output layer is the token embedding (as Zoology's models): yes | no",
+        parse=_yes_no, metavar="yes|no",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("eval_size", "analysis_size"):
             check_positive_int(name, getattr(self, name))
+        check_bool("tie_embeddings", self.tie_embeddings)
         self.generate(1, 0)  # the generator's own checks, naming the options
 
     def generate(self, num_examples: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -158,7 +205,7 @@ class SyntheticTask(NextTokenGrouping):
 
         return GPTConfig(
             vocab_size=self.options.num_tokens(), block_size=self.block_size(),
-            **self.model_kwargs(heads),
+            tie_embeddings=self.options.tie_embeddings, **self.model_kwargs(heads),
         )  # fmt: skip
 
     def build_model(self, heads: str) -> nn.Module:
@@ -180,6 +227,25 @@ class SyntheticTask(NextTokenGrouping):
 
     def metrics(self, loss: float, accuracy: float) -> dict[str, float]:
         return {"val_acc": accuracy, "val_loss": loss}
+
+    def scored_logits(
+        self,
+        model: nn.Module,
+        inputs: Tensor,
+        targets: Tensor,
+        shard: SequenceShard | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The logits at the scored positions only (the GPT's ``logits_at``), with their
+        targets: ``(B, M, V)`` and ``(B, M)``, ``M`` the most scored positions of a sequence
+        of the batch (:func:`scored_positions`). The loss and accuracy are those of every
+        position's logits (an unscored target is left out either way), the output layer
+        runs on ``B M`` rows instead of ``B N``: MQAR scores 4 of 64 positions, and its
+        ``64 x 8192`` output layer was most of a step's cost. With ``shard``: every position
+        of this rank's block."""
+        if shard is not None:
+            return super().scored_logits(model, inputs, targets, shard)
+        positions, scored = scored_positions(targets)
+        return model(inputs, logits_at=positions), scored
 
     def grouping_values(self, states: Tensor, labels: Tensor) -> dict[str, float]:
         """``nc1`` and ``probe_acc`` of the scored positions grouped by their answer; NaN (as

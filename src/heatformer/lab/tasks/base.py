@@ -219,6 +219,24 @@ class Task(abc.ABC):
             "activation_checkpointing": spec.activation_checkpointing,
         }
 
+    def scored_logits(
+        self,
+        model: nn.Module,
+        inputs: Tensor,
+        targets: Tensor,
+        shard: SequenceShard | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``(logits, targets)``: what the loss and the evaluation score, from one forward pass
+        of ``model`` (or its DDP or compiled wrapper) on ``inputs`` (with ``shard``: this
+        rank's block, ``model(inputs, shard=shard)``).
+
+        Here the model's logits at every position and ``targets`` as given; a task scored at a
+        few positions per sequence returns the logits and targets of those alone (the same
+        mean loss and accuracy, see :class:`~heatformer.lab.tasks._synthetic.SyntheticTask`).
+        """
+        logits = model(inputs) if shard is None else model(inputs, shard=shard)
+        return logits, targets
+
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy (in float32, or float64 for float64 logits) of ``logits``
         ``(..., K)`` against ``targets``, over the targets that are not :data:`IGNORE_INDEX`."""
@@ -473,12 +491,10 @@ def _score(
         return
     inputs, targets = inputs.to(device), targets.to(device)
     shard = shard_of(inputs.shape[1]) if shard_of is not None else None
+    if shard is not None:
+        inputs, targets = shard.take(inputs, 1), shard.take(targets, 1)  # (b, n_local)
     with autocast(device, precision):
-        if shard is None:
-            logits = model(inputs)
-        else:
-            inputs, targets = shard.take(inputs, 1), shard.take(targets, 1)  # (b, n_local)
-            logits = model(inputs, shard=shard)
+        logits, targets = task.scored_logits(model, inputs, targets, shard)
     flat = logits.float().reshape(-1, logits.shape[-1])  # (M, K)
     flat_targets = targets.reshape(-1)  # (M,)
     total[0] += float(
