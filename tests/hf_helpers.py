@@ -51,6 +51,21 @@ def configs() -> dict[str, tuple[Any, Any]]:
     }  # fmt: skip
 
 
+#: a tiny Llama-like architecture (grouped-query attention), offline: Mistral's and DiffLlama's
+LLAMA_LIKE: dict[str, Any] = {
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
+    "max_position_embeddings": 64,
+}  # fmt: skip
+
+
+def diffllama_config(**overrides: Any) -> Any:
+    """A tiny :class:`transformers.DiffLlamaConfig` (:data:`LLAMA_LIKE`, ``overrides`` on top):
+    4 attention heads of width 8 (2 differential heads), 2 key/value heads."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.DiffLlamaConfig(**{**LLAMA_LIKE, **overrides})
+
+
 CAUSAL = ("gpt2", "llama")
 FAMILIES = ("gpt2", "llama", "bert", "vit")
 

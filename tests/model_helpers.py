@@ -81,7 +81,7 @@ REFERENCES: dict[str, Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]] 
         )
     ),
     "polynomial": lambda op, p, v, h: sum(
-        c * np.linalg.matrix_power(laplacian_reference(p, op.normalization), i) @ v
+        c * np.linalg.matrix_power(_polynomial_base(op, p), i) @ v
         for i, c in enumerate(to_numpy(op.coeffs))
     ),
     "mean": lambda op, p, v, h: float(to_numpy(op.scale)) * uniform_reference(p) @ v,
@@ -91,7 +91,28 @@ REFERENCES: dict[str, Callable[[Any, np.ndarray, np.ndarray, int], np.ndarray]] 
     "skip": lambda op, p, v, h: (
         adjacency_reference(p, "rw") @ v + (p != 0).any(-1, keepdims=True) * (v @ _skip(op, h, v))
     ),
+    # two maps: p is (2, N, N)
+    "diff": lambda op, p, v, h: _differential(op, p, v),
 }
+
+
+def _polynomial_base(op: DiffusionOperator, p: np.ndarray) -> np.ndarray:
+    """The matrix a polynomial's powers are of: ``L`` or, in the adjacency basis, ``A``."""
+    if op.basis == "laplacian":
+        return laplacian_reference(p, op.normalization)
+    return adjacency_reference(p, op.normalization)
+
+
+def _differential(op: DiffusionOperator, p: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """A differential head (Ye et al., 2024) on its maps ``p`` ``(2, N, N)``:
+    ``(1 - lambda_init) RMSNorm(P_1 v - lambda P_2 v)`` with ``lambda = exp(q1 . k1) -
+    exp(q2 . k2) + lambda_init`` from the operator's vectors (``lambda_init`` without them)."""
+    lam = op.lambda_init
+    if op.lambda_q1 is not None:
+        q1, k1, q2, k2 = (to_numpy(getattr(op, f"lambda_{w}")) for w in ("q1", "k1", "q2", "k2"))
+        lam += math.exp(q1 @ k1) - math.exp(q2 @ k2)
+    u = adjacency_reference(p[0], "rw") @ v - lam * adjacency_reference(p[1], "rw") @ v
+    return (1 - op.lambda_init) * u / np.sqrt((u**2).mean(-1, keepdims=True) + op.eps)
 
 
 def _skip(op: DiffusionOperator, head: int, v: np.ndarray) -> np.ndarray:
@@ -148,8 +169,10 @@ def diffuse_ref(
             if mask is not None and ops[hh].reads_transpose:
                 # sym heads also drop the out-edges of padded queries: W_s must not carry them
                 head_allowed = allowed & mask[bi][:, None]
-            p = softmax_probs(q[bi, hh], k[bi, hh], head_allowed)
-            y[bi, hh] = operator_ref(ops[hh], p, v[bi, hh], group_pos[hh])
+            maps = ops[hh].maps  # a head's maps from the channels of its queries and keys
+            qm, km = (np.split(t[bi, hh], maps, axis=-1) for t in (q, k))
+            p = np.stack([softmax_probs(a, b, head_allowed) for a, b in zip(qm, km, strict=True)])
+            y[bi, hh] = operator_ref(ops[hh], p if maps > 1 else p[0], v[bi, hh], group_pos[hh])
     merged = y.transpose(0, 2, 1, 3).reshape(b, n, h * dh)
     w = to_numpy(layer.out_proj.weight)
     bias = to_numpy(layer.out_proj.bias) if layer.out_proj.bias is not None else 0.0

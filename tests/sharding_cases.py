@@ -22,7 +22,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from heatformer.checks import ArgumentValueError
-from heatformer.graph_ops import OPERATORS, SequenceShard, heat, resolve_operator, shard_graph
+from heatformer.graph_ops import (
+    OPERATORS,
+    SequenceShard,
+    heat,
+    resolve_operator,
+    shard_graph,
+    split_maps,
+)
 from heatformer.graph_ops.window.builder import WindowBuilder
 
 B, H, E, C = 2, 2, 4, 3
@@ -144,6 +151,12 @@ def compare(
         check.close(f"{what} grad {tuple(p.shape)} parameter", grad, expected)
 
 
+def maps_of(maps: int, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """``q``, ``k`` for an operator of ``maps`` maps per head: the maps from their channels
+    (a batch dim more), as a layer splits them."""
+    return (q, k) if maps == 1 else (split_maps(q, maps), split_maps(k, maps))
+
+
 def run_case(case: Case, rank: int, world: int, check: Checker, refusals: list[str]) -> None:
     gen = torch.Generator().manual_seed(zlib.crc32(str(case).encode()))
     n = case.n
@@ -212,7 +225,8 @@ def run_case(case: Case, rank: int, world: int, check: Checker, refusals: list[s
             torch.manual_seed(0)
             op = resolve_operator(name, **params)
             if op.needs_shape:
-                op.shape_parameters(H, C)
+                # the head width a layer gives: the queries' for a head of several maps
+                op.shape_parameters(H, E if op.maps > 1 else C)
             op = op.double()
             if name == "skip":  # not the identity
                 with torch.no_grad():
@@ -225,8 +239,8 @@ def run_case(case: Case, rank: int, world: int, check: Checker, refusals: list[s
             try:
                 compare(
                     check, what, shard,
-                    lambda q, k, x, op=op: op(full(q, k), x),
-                    lambda q, k, x, op=local_op: op(local(q, k), x),
+                    lambda q, k, x, op=op: op(full(*maps_of(op.maps, q, k)), x),
+                    lambda q, k, x, op=local_op: op(local(*maps_of(op.maps, q, k)), x),
                     q, k, x, (list(op.parameters()), list(local_op.parameters())),
                 )  # fmt: skip
             except ArgumentValueError as err:

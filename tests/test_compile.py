@@ -59,6 +59,7 @@ HEADS_BIDIRECTIONAL = [
     "mean",
     "center",
     "skip[init=-0.5]",
+    "diff",
 ]
 #: the causal layer: every head that reads only the past
 HEADS_CAUSAL = [h for h in HEADS_BIDIRECTIONAL if "sym" not in h]

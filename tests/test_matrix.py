@@ -55,6 +55,7 @@ from heatformer.graph_ops import (
     SparseGraph,
     resolve_graph,
     resolve_operator,
+    split_maps,
 )
 from heatformer.graph_ops.sparse import trusted_sparse_graph
 from heatformer.models import GPT, DiffusionAttention, GPTConfig, KVCache
@@ -164,8 +165,13 @@ def _inputs(seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     return q, k, x
 
 
-def _graph(case: GraphCase, q: Tensor, k: Tensor) -> Graph:
+def _graph(case: GraphCase, q: Tensor, k: Tensor, maps: int = 1) -> Graph:
+    """The case's graph of ``q``, ``k``; for an operator with ``maps > 1`` attention maps per
+    head (asked of the entry), the maps from the channels of ``q``, ``k`` as a layer splits
+    them (batch shape ``(B, H, maps)``)."""
     key_mask = _key_mask(N, q.device) if case.masked else None  # (B, N)
+    if maps > 1:
+        q, k = split_maps(q, maps), split_maps(k, maps)  # (B, H, maps, N, E / maps)
     return case.builder.build(q, k, key_mask=key_mask, causal=case.causal)
 
 
@@ -181,8 +187,8 @@ def test_functional(
     op = resolve_operator(name, **params).to(device)
     reference_op = copy.deepcopy(op).double()  # the same parameters, in float64
     q, k, x = q.to(dtype), k.to(dtype), x.to(dtype)
-    y = op(_graph(case, q, k), x)
-    graph64 = _graph(case, q.double(), k.double())
+    y = op(_graph(case, q, k, op.maps), x)
+    graph64 = _graph(case, q.double(), k.double(), op.maps)
     if dtype == torch.float64:  # against the operator on the graph's explicit weights
         expected = reference_op(DenseGraph(graph64.to_dense()), x)
     else:  # against float64 on the same rounded inputs
@@ -291,9 +297,12 @@ def _per_head_reference(layer: DiffusionAttention, x: Tensor, key_mask: Tensor |
         q, k, v = layer.project_qkv(x)
         heads = []
         for h, op in enumerate(layer.head_operators):
+            qh, kh = q[:, h : h + 1], k[:, h : h + 1]
+            if op.maps > 1:  # the head's maps from its channels (B, 1, maps, N, Dh / maps)
+                qh, kh = split_maps(qh, op.maps), split_maps(kh, op.maps)
             graph = layer.graph_kind.build(
-                q[:, h : h + 1], k[:, h : h + 1], key_mask=key_mask,
-                drop_masked_queries=op.reads_transpose, causal=layer.causal,
+                qh, kh, key_mask=key_mask, drop_masked_queries=op.reads_transpose,
+                causal=layer.causal,
             )  # fmt: skip
             heads.append(op(DenseGraph(graph.to_dense()), v[:, h : h + 1]))
         return layer.merge_heads(torch.cat(heads, dim=1))
@@ -371,8 +380,8 @@ def test_functional_large_logits(
     reference_op = copy.deepcopy(op).double()
     leaves = [t.to(dtype).requires_grad_(True) for t in (q64, k64, x64)]
     leaves64 = [t.clone().requires_grad_(True) for t in (q64, k64, x64)]
-    graph = _graph(case, *leaves[:2])
-    graph64 = _with_rounded_weights(_graph(case, *leaves64[:2]), graph)
+    graph = _graph(case, *leaves[:2], op.maps)
+    graph64 = _with_rounded_weights(_graph(case, *leaves64[:2], op.maps), graph)
     results = []
     for module, g, inputs in ((op, graph, leaves), (reference_op, graph64, leaves64)):
         y = module(g, inputs[2])
@@ -425,13 +434,19 @@ def test_layer_large_logits(
     _assert_layer_agrees(layer, outs, _run_layer(reference, x64, mask, probe), case_name)
 
 
-#: the cells of KV-cache decoding: every operator example that a cache serves exactly (affine
-#: in one propagation) on every graph kind that decodes incrementally
+def _one_step(op: DiffusionOperator) -> bool:
+    """Whether a layer serves the operator from one propagation per map (what a KV cache
+    needs): affine in one propagation, or a combination of its maps' propagations."""
+    return op.affine_coefficients() is not None or op.combines_maps
+
+
+#: the cells of KV-cache decoding: every operator example that a cache serves exactly (one
+#: propagation per map) on every graph kind that decodes incrementally
 CACHED_CASES = [
     pytest.param(name, params, kind, id=f"{format_operator(name, params)}-{kind}")
     for name, cls in OPERATORS.items()
     for params in cls.examples
-    if resolve_operator(name, **params).affine_coefficients() is not None
+    if _one_step(resolve_operator(name, **params))
     for kind in KINDS
     if resolve_graph(kind).incremental
 ]
@@ -488,7 +503,7 @@ def test_generate(
             GPT(config)
         return
     model = GPT(config).to(device, dtype).eval()  # the same weights on every device
-    incremental = resolve_graph(kind).incremental and op.affine_coefficients() is not None
+    incremental = resolve_graph(kind).incremental and _one_step(op)
     assert model.supports_cache == incremental  # asked of the entries, as the model does
     prompt = torch.randint(0, 16, (2, 5), generator=torch.Generator().manual_seed(2))
     prompt = prompt.to(device)
@@ -620,12 +635,12 @@ def test_reads_transpose_is_declared_truthfully(name: str, params: dict[str, Any
     declares that it reads ``W^T`` (what a causal layer asks before refusing it)."""
     op = resolve_operator(name, **params).double()
     q, k, x = _inputs(5)
-    graph = resolve_graph("softmax").build(q, k, causal=True)
-    y = op(graph, x)
+    causal = GraphCase("softmax", causal=True)
+    y = op(_graph(causal, q, k, op.maps), x)
     q2, k2, x2 = q.clone(), k.clone(), x.clone()
     k2[..., -1, :] += 1.0
     x2[..., -1, :] += 1.0
-    y2 = op(resolve_graph("softmax").build(q2, k2, causal=True), x2)
+    y2 = op(_graph(causal, q2, k2, op.maps), x2)
     leaks = not torch.allclose(y2[..., :-1, :], y[..., :-1, :], atol=1e-12, rtol=0)
     assert leaks == op.reads_transpose
 

@@ -202,7 +202,7 @@ def test_large_series_terms_are_recomputed_in_backward(monkeypatch, t_value: flo
         return torch.autograd.grad((y**2).sum(), (q, k, x, t))
 
     stored, recomputed, calls = _stored_and_recomputed(monkeypatch, grads)
-    order = heat_module._series_plan(float(t.detach().max()), 1e-10)[1]
+    order = heat_module.series_plan(float(t.detach().max()), 1e-10)[1]
     segments = heat_module._segments(order, x)
     assert 1 < len(segments) < order and calls >= len(segments)  # segments, not terms
     for a, b in zip(stored, recomputed, strict=True):
@@ -286,7 +286,7 @@ def test_a_one_term_series_of_a_large_signal_is_recomputed_too(monkeypatch) -> N
         y = heat_kernel(SoftmaxGraph(q, k), x, 0.1, method="series", tol=1e-2)
         return torch.autograd.grad((y**2).sum(), (q, k, x))
 
-    assert heat_module._series_plan(0.1, 1e-2) == (1, 1)
+    assert heat_module.series_plan(0.1, 1e-2) == (1, 1)
     stored, recomputed, calls = _stored_and_recomputed(monkeypatch, grads)
     assert calls == 1
     for a, b in zip(stored, recomputed, strict=True):

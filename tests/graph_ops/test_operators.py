@@ -13,6 +13,7 @@ from heatformer.graph_ops import (
     Attention,
     Centering,
     DenseGraph,
+    Differential,
     HeatKernel,
     Laplacian,
     MeanPooling,
@@ -213,6 +214,7 @@ FREQUENCY_OPERATORS = {
     "heat-per-head": lambda nz: HeatKernel(t=[0.25, 2.0], normalization=nz, tol=1e-12),
     "ppr": lambda nz: PersonalizedPageRank(alpha=0.3, normalization=nz, tol=1e-12),
     "polynomial": lambda nz: Polynomial([0.5, -1.0, 0.3], normalization=nz),
+    "polynomial-ppr": lambda nz: Polynomial(init="ppr", alpha=0.3, order=6, normalization=nz),
 }
 
 
@@ -293,6 +295,7 @@ def test_registry_lists_every_operator() -> None:
         "mean": MeanPooling,
         "center": Centering,
         "skip": UntiedSkip,
+        "diff": Differential,
     }
     for name, cls in OPERATORS.items():
         assert cls.name == name

@@ -176,10 +176,12 @@ def test_the_sharded_graph_refuses_what_the_window_graph_refuses() -> None:
 
 
 def _one_process(
-    causal: bool, masked: bool
+    causal: bool, masked: bool, maps: int = 1
 ) -> tuple[WindowGraph, ShardedWindowGraph, torch.Tensor]:
+    """The window graphs of one process, of ``maps`` maps per head (``split_maps``)."""
     gen = torch.Generator().manual_seed(1)
     q, k, x = (torch.randn(2, 2, 9, d, generator=gen, dtype=torch.float64) for d in (4, 4, 3))
+    q, k = _worker.maps_of(maps, q, k)
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, :3] = False
     kw = {"key_mask": mask if masked else None, "causal": causal}
@@ -195,10 +197,10 @@ def test_one_rank_equals_the_window_graph_for_every_operator(
     name: str, causal: bool, masked: bool
 ) -> None:
     """World size 1 (no process group): the extended block is the whole sequence."""
-    full, sharded, x = _one_process(causal, masked)
     op = resolve_operator(name)
+    full, sharded, x = _one_process(causal, masked, op.maps)
     if op.needs_shape:
-        op.shape_parameters(2, 3)
+        op.shape_parameters(2, 4 if op.maps > 1 else 3)  # the queries' width for several maps
     op = op.double()
     if causal and op.reads_transpose:
         pytest.skip("a causal layer refuses operators that read W^T")

@@ -35,7 +35,16 @@ transformers = pytest.importorskip("transformers")
 
 from heatformer.integrations import hf  # noqa: E402
 from heatformer.integrations._heads import HeadOperators  # noqa: E402
-from hf_helpers import CAUSAL, FAMILIES, VOCAB, configs, model_inputs, output_of  # noqa: E402
+from hf_helpers import (  # noqa: E402
+    CAUSAL,
+    FAMILIES,
+    LLAMA_LIKE,
+    VOCAB,
+    configs,
+    diffllama_config,
+    model_inputs,
+    output_of,
+)
 
 MakeModel = Callable[..., Any]
 F32 = torch.float32
@@ -433,16 +442,10 @@ def test_bad_arguments_name_themselves(make_model: MakeModel) -> None:
 def _declaring(family: str) -> Any:
     """A tiny model of a tested family, or of Mistral or DiffLlama (Llama-like; DiffLlama's
     layers call the attention function twice, once per half of the values), with sdpa."""
-    llama_like = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
-                  "max_position_embeddings": 64}  # fmt: skip
     cls, config = {
         **configs(),
-        "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig(**llama_like)),
-        "diffllama": (
-            transformers.DiffLlamaForCausalLM,
-            transformers.DiffLlamaConfig(**llama_like),
-        ),
+        "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig(**LLAMA_LIKE)),
+        "diffllama": (transformers.DiffLlamaForCausalLM, diffllama_config()),
     }[family]
     torch.manual_seed(0)
     return cls._from_config(config, attn_implementation="sdpa", dtype=F32).eval()

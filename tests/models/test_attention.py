@@ -45,9 +45,11 @@ OPERATOR_SPECS = {
     "heat-comb": "heat[t=0.7;normalization=combinatorial;tol=1e-10]:4",
     "ppr": "ppr[alpha=0.5;tol=1e-10]:4",
     "polynomial": "polynomial[coeffs=(0.5 -1.0 0.25)]:4",
+    "polynomial-ppr": "polynomial[init=ppr,alpha=0.2,order=8,learnable=true]:2,attention:2",
     "mixed": "attention:1,laplacian:1,heat[t=0.5;tol=1e-10]:1,ppr[alpha=0.5;tol=1e-10]:1",
     "interleaved": "heat[t=1.5;tol=1e-10]:1,attention:1,ppr[alpha=0.5;tol=1e-10]:1,laplacian:1",
     "controls": "center:1,attention:1,mean:1,center[scale=0.5]:1",
+    "diff": "diff:1,attention:1,diff[lambda_init=0.5]:1,laplacian:1",
 }
 
 
@@ -336,12 +338,16 @@ def test_qk_norm_and_need_weights(device) -> None:
 
 @pytest.mark.parametrize("spec", spec_params())
 def test_parameter_count_is_independent_of_the_operator_mix(spec) -> None:
+    """The projections' parameters, whatever the heads (a differential head splits its query
+    and key channels into its two maps, no wider projection); operators add only their own."""
     d = 16
-    layer = DiffusionAttention(d, 4, spec)
-    assert sum(p.numel() for p in layer.parameters()) == 4 * d * d + 4 * d
-    assert sum(p.numel() for p in DiffusionAttention(d, 4, spec, bias=False).parameters()) == (
-        4 * d * d
-    )
+
+    def projections(layer: DiffusionAttention) -> int:
+        own = sum(p.numel() for p in layer.operators.parameters())
+        return sum(p.numel() for p in layer.parameters()) - own
+
+    assert projections(DiffusionAttention(d, 4, spec)) == 4 * d * d + 4 * d
+    assert projections(DiffusionAttention(d, 4, spec, bias=False)) == 4 * d * d
 
 
 def test_learnable_operators_add_exactly_their_parameters() -> None:

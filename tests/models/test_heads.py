@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import model_helpers as mh
 from heatformer.graph_ops import (
     OPERATORS,
+    DenseGraph,
     HeatKernel,
     Laplacian,
     PersonalizedPageRank,
@@ -163,6 +165,12 @@ def test_every_registered_operator_has_a_reference(name) -> None:
     v = gen.standard_normal((6, 3))
     for params in OPERATORS[name].examples:
         op = resolve_operator(name, **params).double()
+        if op.maps > 1:  # maps p and p^T, and a per-row norm: no spectral form; the operator
+            maps = np.stack([p, p.T / p.T.sum(1, keepdims=True)])
+            graph = DenseGraph(torch.as_tensor(maps))  # batch shape (maps,)
+            expected = op(graph, torch.as_tensor(v)).numpy()
+            np.testing.assert_allclose(mh.operator_ref(op, maps, v, 0), expected, atol=1e-12)
+            continue
         # rows of p sum to 1: the combinatorial scale (largest out-degree) is 1 as well
         # mean pooling's and centring's responses are on the Laplacian of their own (uniform)
         # graph, not of P
@@ -201,7 +209,7 @@ def test_infer_num_heads(heads: str, expected: int) -> None:
 @pytest.mark.parametrize(
     ("heads", "kwargs", "message"),
     [
-        ("laplacain:2", {}, "unknown operator 'laplacain'.*'attention', 'center', 'heat'"),
+        ("laplacain:2", {}, "unknown operator 'laplacain'.*'attention', 'center', 'diff', 'heat'"),
         ("attention:two", {}, "positive head count"),
         ("attention:0", {}, "positive head count"),
         ("attention:4;attention:4", {"n_layer": 3}, "expected 3 layer specs"),

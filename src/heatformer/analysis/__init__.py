@@ -13,6 +13,11 @@ module per concept:
   :func:`spectral_decay`);
 - :mod:`~heatformer.analysis.energy` -- smoothness on the attention graph
   (:func:`dirichlet_energy`);
+- :mod:`~heatformer.analysis.stats` -- in-degree, row entropy and largest logit of an
+  attention graph without its ``N x N`` matrix (:func:`attention_stats`);
+- :mod:`~heatformer.analysis.markov` -- the random walk on an attention graph, at any length:
+  :func:`stationary_distribution` (TokenRank) and :func:`leading_eigenvalues` (``lambda_2``,
+  the spectral gap);
 - :mod:`~heatformer.analysis.hooks` -- :func:`collect_token_states` reads per-layer token
   states out of any model with forward hooks, :func:`snapshot_attention` the attention graphs
   and values of every layer.
@@ -25,7 +30,9 @@ Conventions of the metrics:
   marks a *real* token (the polarity of SDPA's ``attn_mask``: ``True`` = take part).
   Masked tokens are ignored completely; their values may be anything, even NaN.
 - Every metric accumulates in float64 (float32 on devices without float64, such as
-  MPS) and returns tensors of that dtype on the device of the input. Nothing here is
+  MPS) and returns tensors of that dtype on the device of the input (but
+  :func:`attention_stats`, which works at the graph's own precision so that it scales to a
+  model's sequence length: ``graph.to(torch.float64)`` for float64). Nothing here is
   wrapped in :func:`torch.no_grad`: the metrics are differentiable where the maths is,
   so :func:`dirichlet_energy` can serve as a regulariser. Wrap calls in
   ``torch.no_grad()`` for pure analysis.
@@ -47,8 +54,10 @@ References:
 from heatformer.analysis.collapse import NeuralCollapse, neural_collapse
 from heatformer.analysis.energy import dirichlet_energy
 from heatformer.analysis.hooks import LayerSnapshot, collect_token_states, snapshot_attention
+from heatformer.analysis.markov import leading_eigenvalues, stationary_distribution
 from heatformer.analysis.separability import NextTokenSeparability, next_token_separability
 from heatformer.analysis.spectra import SpectralDecay, singular_spectrum, spectral_decay
+from heatformer.analysis.stats import AttentionStats, attention_stats
 from heatformer.analysis.variance import (
     VarianceDecomposition,
     variance_decomposition,
@@ -56,18 +65,22 @@ from heatformer.analysis.variance import (
 )
 
 __all__ = [
+    "AttentionStats",
     "LayerSnapshot",
     "NeuralCollapse",
     "NextTokenSeparability",
     "SpectralDecay",
     "VarianceDecomposition",
+    "attention_stats",
     "collect_token_states",
     "dirichlet_energy",
+    "leading_eigenvalues",
     "neural_collapse",
     "next_token_separability",
     "singular_spectrum",
     "snapshot_attention",
     "spectral_decay",
+    "stationary_distribution",
     "variance_decomposition",
     "within_sequence_variance",
 ]

@@ -13,7 +13,8 @@ operator ever needs the ``N x N`` matrix. One module per concept:
   interop` -- NetworkX, SciPy, PyG;
 - :mod:`~heatformer.graph_ops.kind` and :mod:`~heatformer.graph_ops.builders` -- graph kinds for
   layers (:class:`GraphBuilder`, :data:`GRAPHS`);
-- :mod:`~heatformer.graph_ops.laplacian`, :mod:`~heatformer.graph_ops.heat` and
+- :mod:`~heatformer.graph_ops.laplacian`, :mod:`~heatformer.graph_ops.heat` (with
+  :mod:`~heatformer.graph_ops.poisson`, the series' plan and certificate) and
   :mod:`~heatformer.graph_ops.operators` -- Laplacians, heat methods, diffusion operators.
 """
 
@@ -33,6 +34,7 @@ from heatformer.graph_ops.operators import (
     PPR_METHODS,
     Attention,
     Centering,
+    Differential,
     DiffusionOperator,
     HeatKernel,
     Laplacian,
@@ -42,7 +44,9 @@ from heatformer.graph_ops.operators import (
     Polynomial,
     UntiedSkip,
     resolve_operator,
+    split_maps,
 )
+from heatformer.graph_ops.poisson import SeriesCertificate, series_certificate
 from heatformer.graph_ops.protocol import Graph
 from heatformer.graph_ops.softmax import SoftmaxGraph
 from heatformer.graph_ops.sparse import SparseGraph
@@ -58,6 +62,7 @@ __all__ = [
     "Attention",
     "Centering",
     "DenseGraph",
+    "Differential",
     "DiffusionOperator",
     "Graph",
     "GraphBuilder",
@@ -70,6 +75,7 @@ __all__ = [
     "PersonalizedPageRank",
     "Polynomial",
     "SequenceShard",
+    "SeriesCertificate",
     "SoftmaxGraph",
     "SparseGraph",
     "SymmetrizedGraph",
@@ -82,7 +88,9 @@ __all__ = [
     "resolve_graph",
     "resolve_operator",
     "select_heat_method",
+    "series_certificate",
     "shard_graph",
     "spectrum",
+    "split_maps",
     "topk_graph",
 ]

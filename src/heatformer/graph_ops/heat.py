@@ -17,7 +17,11 @@ numerically useless beyond ``t`` of a few units). Large ``tau`` is split,
 ``e^{-tL} = (e^{-(t/s) L})^s`` with ``tau / s <= max_step``, which keeps the leading weight
 ``e^{-tau/s}`` far from underflow; each of the ``s`` sub-steps is truncated after the order
 ``K`` at which the Poisson tail ``P[Poisson(tau/s) > K]`` drops below ``tol / s``, so the total
-truncation error is at most ``tol * max|x|`` (in the 2-norm sense for ``"sym"``).
+truncation error is at most ``tol * max|x|`` (in the 2-norm sense for ``"sym"``): exactly
+``1 - (1 - tail)^s`` in the maximum norm, the bound
+:func:`~heatformer.graph_ops.poisson.series_certificate` (and :attr:`HeatKernel.certificate
+<heatformer.graph_ops.HeatKernel.certificate>`) reports; the plan is
+:func:`~heatformer.graph_ops.poisson.series_plan`.
 
 ``"series-dense"`` -- the same series on the graph's explicit weights, formed once
 (:meth:`~heatformer.graph_ops.Graph.materialized`): for an attention graph each term is then
@@ -54,11 +58,12 @@ from heatformer import checks as V
 from heatformer.graph_ops._methods import Method, check_method, select_method
 from heatformer.graph_ops._precision import accumulation_dtype, full_precision
 from heatformer.graph_ops.laplacian import GraphLaplacian, dense_laplacian
+from heatformer.graph_ops.poisson import SERIES_MAX_STEP, poisson_order, series_plan
 from heatformer.graph_ops.protocol import Graph, check_graph
 
 __all__ = [
-    "HEAT_METHODS", "HeatMethod", "converged_expm", "heat_kernel", "poisson_order",
-    "select_heat_method",
+    "HEAT_METHODS", "SERIES_MAX_STEP", "HeatMethod", "converged_expm", "heat_kernel",
+    "poisson_order", "select_heat_method", "series_plan",
 ]  # fmt: skip
 
 #: Largest graph for which ``"exact"`` forms and exponentiates the dense Laplacian.
@@ -76,8 +81,6 @@ TAU_CONVERGED = 2.0**58
 MAX_SQUARINGS = 59
 #: Largest total number of propagations ``"series"`` accepts before refusing.
 SERIES_MAX_TERMS = 5000
-#: Largest ``tau = c t`` handled in one series sub-step.
-SERIES_MAX_STEP = 8.0
 #: Most bytes ``"series-dense"`` may spend on an explicit copy of an implicit graph's weights
 #: (``B H N^2`` floats for attention); above it, ``"auto"`` keeps the matrix-free series. Set
 #: it (``heatformer.graph_ops.heat.MATERIALIZE_BUDGET_BYTES = ...``) to trade memory for speed.
@@ -87,35 +90,6 @@ MATERIALIZE_BUDGET_BYTES = 1 << 28
 #: of at most ``sqrt(2 K)`` propagations (see ``_segments``), not every intermediate of every
 #: propagation (PPR and polynomial series keep one term per propagation).
 CHECKPOINT_ELEMENTS = 1 << 24
-
-
-def poisson_order(tau: float, tol: float) -> int:
-    """Smallest ``K`` with ``P[Poisson(tau) > K] <= tol``.
-
-    Example:
-        >>> poisson_order(1.0, 1e-6)
-        9
-        >>> poisson_order(0.0, 1e-6)
-        0
-    """
-    if tau <= 0:
-        return 0
-    log_pmf = -tau  # log P[X = 0]
-    cdf = math.exp(log_pmf)
-    k = 0
-    while 1.0 - cdf > tol:
-        k += 1
-        log_pmf += math.log(tau) - math.log(k)
-        cdf += math.exp(log_pmf)
-        if k > 100_000:  # pragma: no cover - guarded by SERIES_MAX_TERMS
-            break
-    return k
-
-
-def _series_plan(tau_max: float, tol: float) -> tuple[int, int]:
-    """``(splits s, order K)`` for the series at the largest ``tau`` of the batch."""
-    s = max(1, math.ceil(tau_max / SERIES_MAX_STEP))
-    return s, poisson_order(tau_max / s, tol / s)
 
 
 def _tau_max(gen: GraphLaplacian, t: Tensor | float, t_max: float | None) -> float:
@@ -163,7 +137,7 @@ def _series(
 ) -> Tensor:
     gen = GraphLaplacian(graph, normalization)
     tau = _tau(gen, t)
-    s, order = _series_plan(_tau_max(gen, t, t_max), tol)
+    s, order = series_plan(_tau_max(gen, t, t_max), tol)
     step = (tau / s)[..., None, None]  # (..., 1, 1): per-graph weights, accumulation dtype
     y = x.to(step.dtype)
     segments = _segments(order, x, graph.signal_elements(x))
@@ -267,7 +241,7 @@ def _series_dense_refuse(
             f"MATERIALIZE_BUDGET_BYTES = {MATERIALIZE_BUDGET_BYTES / 2**20:.0f} MiB"
         )
     gen = GraphLaplacian(graph, normalization)
-    s, order = _series_plan(_tau_max(gen, t, t_max), tol)
+    s, order = series_plan(_tau_max(gen, t, t_max), tol)
     if s * order < 2:
         return "one propagation or none: materializing the weights would save nothing"
     return _series_refuse(graph, t, normalization, tol, t_max)
@@ -278,7 +252,7 @@ def _series_refuse(
 ) -> str | None:
     gen = GraphLaplacian(graph, normalization)
     tau_max = _tau_max(gen, t, t_max)
-    s, order = _series_plan(tau_max, tol)
+    s, order = series_plan(tau_max, tol)
     if s * order > SERIES_MAX_TERMS:
         return (
             f"needs {s * order} propagations (tau = c*t = {tau_max:.3g}; c is the largest "

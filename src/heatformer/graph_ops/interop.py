@@ -16,6 +16,7 @@ from torch import Tensor
 
 from heatformer import checks as V
 from heatformer._optional import require
+from heatformer.graph_ops._arrays import numel
 from heatformer.graph_ops.dense import DenseGraph
 from heatformer.graph_ops.protocol import Graph
 
@@ -23,13 +24,13 @@ if TYPE_CHECKING:
     import networkx as nx
     import scipy.sparse
 
-__all__ = ["single_graph", "to_networkx", "to_pyg", "to_scipy"]
+__all__ = ["check_index", "single_graph", "to_networkx", "to_pyg", "to_scipy"]
 
 Index = tuple[int, ...] | int | None
 
 
-def single_graph(graph: Graph, index: Index) -> Tensor:
-    """The detached dense weights ``(N, N)`` of graph ``index`` of the batch.
+def check_index(graph: Graph, index: Index) -> int:
+    """The position in the flattened batch (``0 .. Bf - 1``) of graph ``index`` of the batch.
 
     Args:
         graph: a batch of graphs.
@@ -53,8 +54,24 @@ def single_graph(graph: Graph, index: Index) -> Tensor:
             f"this graph has batch shape {tuple(batch)}; expected an index of {len(batch)} "
             f"ints in range, selecting one graph, got {index!r}",
         )
+    flat = 0
+    for i, size in zip(index, batch, strict=True):
+        flat = flat * size + i % size
+    return flat
+
+
+def single_graph(graph: Graph, index: Index) -> Tensor:
+    """The detached dense weights ``(N, N)`` of graph ``index`` of the batch (see
+    :func:`check_index`).
+
+    Raises:
+        ValueError: an index that does not select exactly one graph.
+    """
+    b = check_index(graph, index)
     dense = graph.to_dense().detach()
-    return dense[index] if index else dense
+    if not graph.batch_shape:
+        return dense
+    return dense.reshape(numel(graph.batch_shape), graph.num_nodes, graph.num_nodes)[b]
 
 
 def to_networkx(graph: Graph, index: Index = None) -> nx.DiGraph:

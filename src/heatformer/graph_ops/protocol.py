@@ -33,6 +33,8 @@ from torch import Tensor
 
 from heatformer import checks as V
 from heatformer.graph_ops._arrays import fold, numel, row_normalize, safe_reciprocal
+from heatformer.graph_ops._precision import accumulation_dtype
+from heatformer.graph_ops._walk_stats import weight_rows as weight_row_entropy
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -72,8 +74,10 @@ class Graph(ABC):
 
     What a kind may add, each a documented extension point: :attr:`row_stochastic`,
     :attr:`symmetric` and :attr:`rows_nonempty` (facts known without reading the weights,
-    which spare the Laplacians work), and a faster :meth:`uniform` where the kind knows its
-    structure (the softmax, window and sparse kinds override it).
+    which spare the Laplacians work), a faster :meth:`uniform` where the kind knows its
+    structure (the softmax, window and sparse kinds override it), and :meth:`sparse_entries`
+    with a :meth:`to_sparse` that lists the edges without ``N x N`` work (the sparse and window
+    kinds).
     """
 
     #: rows sum to 1 except rows with no out-edges, which sum to 0 (e.g. attention).
@@ -129,6 +133,36 @@ class Graph(ABC):
             *self.batch_shape, self.num_nodes, 1, dtype=self.dtype, device=self.device
         )  # (..., N, 1)
         return self.propagate_transpose(ones).squeeze(-1)
+
+    def walk_statistics(self, row_block: int | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        r"""``(in_degree, entropy, max_logit)`` of the walk ``P = D_out^+ W``, each ``(..., N)``.
+
+        ``in_degree`` is ``P^T 1`` (column sums: how much each node is read), ``entropy`` the
+        Shannon entropy of each row of ``P`` in nats (0 for a row without edges), ``max_logit``
+        the largest allowed logit of each row for a kind made of logits (attention:
+        ``softmax(q k^T * scale)``; ``-inf`` on a row without edges), None for a kind that
+        holds weights only. For attention ``P = W``. Computed a block of rows at a time, never
+        ``N x N``; in :func:`~heatformer.graph_ops._precision.accumulation_dtype` (float32 for
+        half weights). What :func:`heatformer.analysis.attention_stats` returns.
+
+        An extension point: by default the dense rows of :meth:`weight_rows`, ``(Bf, rows, N)``
+        per block (``O(N^2)`` work, ``O(rows N)`` memory); the attention kinds reduce their
+        logits (the softmax kind's rows, the window kind's band), the sparse kind its edges.
+
+        Args:
+            row_block: query rows per block (default: slabs of about ``SLAB_ELEMENTS``).
+        """
+        acc = accumulation_dtype(self.dtype)
+        n, bf = self.num_nodes, numel(self.batch_shape)
+        inv = safe_reciprocal(self.out_degree().to(acc)).reshape(bf, n, 1)  # (Bf, N, 1)
+        column = torch.zeros(bf, n, dtype=acc, device=self.device)  # (Bf, N)
+        entropy = []
+        for start, stop in self._blocks(row_block):
+            p = self.weight_rows(start, stop).to(acc) * inv[:, start:stop]  # (Bf, rows, N)
+            column = column + p.sum(1)
+            entropy.append(weight_row_entropy(p))  # (Bf, rows)
+        shape = (*self.batch_shape, n)
+        return column.reshape(shape), torch.cat(entropy, dim=1).reshape(shape), None
 
     @abstractmethod
     def weight_rows(self, start: int, stop: int) -> Tensor:
@@ -301,6 +335,14 @@ class Graph(ABC):
         from heatformer.graph_ops.sparsify import to_sparse
 
         return to_sparse(self)
+
+    def sparse_entries(self) -> int | None:
+        """The most entries :meth:`to_sparse` holds, when this kind lists them in work and
+        memory that grow with that count (an edge list; a window's band and global rows); None
+        when it cannot (an implicit dense kind's :meth:`to_sparse` reads all ``N x N`` weights).
+        Analyses that need the explicit edges ask this first (the banded solve of
+        :func:`~heatformer.analysis.stationary_distribution`)."""
+        return None
 
     def symmetrize(self) -> Graph:
         """The undirected graph ``W_s = (W + W^T) / 2``."""

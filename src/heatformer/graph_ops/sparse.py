@@ -13,10 +13,12 @@ from heatformer._optional import require
 from heatformer.graph_ops._arrays import fold, numel, safe_reciprocal
 from heatformer.graph_ops._csr import CSRStructure, TransposeCache, csr_matmul, index_dtype
 from heatformer.graph_ops._precision import accumulation_dtype
+from heatformer.graph_ops._walk_stats import entropy_terms
 from heatformer.graph_ops.protocol import Graph
 
 if TYPE_CHECKING:
     import networkx as nx
+    import scipy.sparse
 
 __all__ = ["SparseGraph"]
 
@@ -325,6 +327,26 @@ class SparseGraph(Graph):
     def in_degree(self) -> Tensor:
         return self._degree(self._struct.col)
 
+    def walk_statistics(self, row_block: int | None = None) -> tuple[Tensor, Tensor, None]:
+        """:meth:`Graph.walk_statistics <heatformer.graph_ops.Graph.walk_statistics>` from the
+        stored entries: ``P``'s entries ``w_e / d_out(row_e)``, repeated ``(row, col)`` pairs
+        summed first (as every operation sums them): ``O(E)`` memory, ``O(E log E)`` work (one
+        sort of the entries' keys). A sparse graph holds weights, not logits: ``max_logit``
+        is None (a top-k graph keeps its kept weights, renormalized). ``row_block`` is not
+        used."""
+        acc = accumulation_dtype(self.dtype)
+        size = self._struct.size
+        row, col = self._struct.rows().long(), self._struct.col.long()  # (E,) each
+        w = self.weight.to(acc)
+        degree = w.new_zeros(size).index_add(0, row, w)  # (Bf N,)
+        p = w * safe_reciprocal(degree)[row]  # (E,): the walk's entries
+        column = p.new_zeros(size).index_add(0, col, p)
+        key, where = torch.unique(row * size + col, return_inverse=True)  # one key per entry
+        merged = p.new_zeros(key.numel()).index_add(0, where, p)  # repeated pairs summed
+        entropy = p.new_zeros(size).index_add(0, key // size, entropy_terms(merged))
+        shape = (*self.batch_shape, self.num_nodes)
+        return column.reshape(shape), entropy.reshape(shape), None
+
     def weight_rows(self, start: int, stop: int) -> Tensor:
         n, bf = self.num_nodes, numel(self.batch_shape)
         row, col = self.row, self.col
@@ -378,6 +400,27 @@ class SparseGraph(Graph):
 
     def to_sparse(self) -> SparseGraph:
         return self
+
+    def sparse_entries(self) -> int:
+        return self.num_edges
+
+    def to_scipy(self, index: tuple[int, ...] | int | None = None) -> scipy.sparse.csr_array:
+        """One graph of the batch as a :class:`scipy.sparse.csr_array` (row ``i`` = out-edges),
+        copied from the stored entries (``O(E)``, never ``N x N``): duplicates summed, entries
+        of weight 0 left out, as :meth:`Graph.to_scipy <heatformer.graph_ops.Graph.to_scipy>`."""
+        from heatformer.graph_ops.interop import check_index
+
+        sparse = require("scipy.sparse", feature="to_scipy")
+        n, b = self.num_nodes, check_index(self, index)
+        crow, col = self._struct.crow, self._struct.col
+        lo, hi = int(crow[b * n]), int(crow[(b + 1) * n])
+        indptr = (crow[b * n : (b + 1) * n + 1] - lo).cpu().numpy()
+        indices = (col[lo:hi] - b * n).cpu().numpy()  # a copy: the graph's own stay as they are
+        data = self.weight.detach()[lo:hi].cpu().numpy().copy()
+        out = sparse.csr_array((data, indices, indptr), shape=(n, n))
+        out.sum_duplicates()
+        out.eliminate_zeros()
+        return out
 
     def to(self, dtype: torch.dtype) -> SparseGraph:
         if dtype == self.dtype:
@@ -466,6 +509,21 @@ def trusted_sparse_graph_from_ell(
     graph = object.__new__(SparseGraph)
     graph._set(CSRStructure(crow, col, bf * n), weight.reshape(-1), batch, n)
     graph.row_stochastic = row_stochastic
+    return graph
+
+
+def trusted_sparse_graph_from_csr(
+    crow: Tensor, col: Tensor, weight: Tensor, *, num_nodes: int, batch_shape: torch.Size
+) -> SparseGraph:
+    """A :class:`SparseGraph` of a CSR matrix the library made itself (a window graph's
+    :meth:`~heatformer.graph_ops.WindowGraph.to_sparse`): no validation, no sort, no row index.
+
+    Not part of the API: ``crow`` ``(Bf N + 1,)`` and ``col`` ``(E,)`` global indices of one
+    integer dtype, entries row-major, ``weight`` ``(E,)``.
+    """
+    graph = object.__new__(SparseGraph)
+    size = numel(batch_shape) * num_nodes
+    graph._set(CSRStructure(crow, col, size), weight, torch.Size(batch_shape), num_nodes)
     return graph
 
 

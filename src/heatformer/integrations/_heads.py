@@ -18,7 +18,7 @@ before.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -29,11 +29,21 @@ from heatformer.models.masks import AttentionMask
 from heatformer.models.routing import HeadRouter
 
 __all__ = [
+    "CaptureSink",
     "HeadOperators",
     "head_width",
     "heads_for",
     "in_module",
 ]
+
+
+class CaptureSink(Protocol):
+    """Where a layer's square graphs go while :attr:`HeadOperators._capture` is set: a list
+    (:func:`heatformer.integrations.hf.attention_graphs` keeps them), or anything with an
+    ``append`` (:func:`heatformer.integrations.hf.attention_stats` reduces each to its
+    statistics as the layer runs)."""
+
+    def append(self, item: tuple[Graph, Tensor], /) -> None: ...
 
 
 def in_module(name: str, err: ValueError) -> checks.ArgumentValueError:
@@ -133,9 +143,10 @@ class HeadOperators(nn.Module):
         self.source: str | None = heads.strip() if isinstance(heads, str) else None
         self.graph_kind = self.router.graph_kind
         self.operators = nn.ModuleList(self.router.operators)  # registers parameters
-        #: ``(graph, values)`` of each pass, collected by
-        #: :func:`heatformer.integrations.hf.attention_graphs` (None: off)
-        self._capture: list[tuple[Graph, Tensor]] | None = None
+        #: where ``(graph, values)`` of each pass go, set by
+        #: :func:`heatformer.integrations.hf.attention_graphs` and ``attention_stats`` for one
+        #: forward pass (None: off, the forward reads nothing more)
+        self._capture: CaptureSink | None = None
 
     @property
     def head_operators(self) -> list[DiffusionOperator]:
@@ -144,7 +155,9 @@ class HeadOperators(nn.Module):
 
     @property
     def all_affine(self) -> bool:
-        """Whether every head is affine in one propagation (what a KV cache needs)."""
+        """Whether every head is affine in one propagation (a KV cache needs
+        :attr:`HeadRouter.all_one_step <heatformer.models.routing.HeadRouter.all_one_step>`,
+        which differential heads meet too)."""
         return self.router.all_affine
 
     def built_from(self, spec: str, graph: str | GraphBuilder) -> bool:

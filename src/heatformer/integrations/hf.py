@@ -8,7 +8,9 @@ apply the operators of a head spec to the layer's own ``q``, ``k``, ``v``.
 :func:`attention_graphs` returns the attention graph of every layer, for analysis and
 teaching, on a converted or an unconverted model, and :func:`attention_snapshots` the same
 with values and operators, as the teaching pictures take them (``heatformer demo --hf-model
-DIR``).
+DIR``). :func:`attention_stats` reduces every layer's graph, as the layer runs, to the
+in-degree, row entropy and largest logit of every head (what ``output_attentions`` would be
+read for, without its ``N x N`` maps).
 
 How it plugs in: transformers looks up two functions by the model's attention implementation
 name, one that builds the attention mask and one that attends. This module registers both
@@ -50,17 +52,20 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from heatformer import checks
 from heatformer.analysis.hooks import LayerSnapshot
+from heatformer.analysis.stats import AttentionStats
+from heatformer.analysis.stats import attention_stats as graph_attention_stats
 from heatformer.graph_ops import DenseGraph, Graph, GraphBuilder
 from heatformer.integrations._convert import Adapter
 from heatformer.integrations._heads import (
+    CaptureSink,
     HeadOperators,
     head_width,
     heads_for,
@@ -94,6 +99,7 @@ __all__ = [
     "attention_graphs",
     "attention_modules",
     "attention_snapshots",
+    "attention_stats",
     "convert",
     "from_pretrained",
     "heatformer_attention",
@@ -361,21 +367,24 @@ def from_pretrained(
     return (model, info) if with_info else model
 
 
-def _capture(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[Graph, Tensor, HeadOperators]]:
-    """One forward pass (no gradients, eval mode; the training flag restored) that collects
-    ``(graph, values, heads)`` of every attention module that ran, in module order; a model
-    that was not converted runs with all-attention heads, removed afterwards (its config is
-    left as it was)."""
+def _capturing(
+    model: nn.Module, inputs: dict[str, Any], make_sink: Callable[[], CaptureSink]
+) -> list[tuple[HeadOperators, CaptureSink]]:
+    """One forward pass (no gradients, eval mode; the training flag restored) during which
+    every attention module hands ``(graph, values)`` of each call to its own sink
+    (``make_sink()``); returns ``(heads, sink)`` per attention module, in module order. A model
+    that was not converted runs with all-attention heads (its own attention, the same SDPA
+    call), removed afterwards (its config is left as it was)."""
     converted = is_converted(model)
     modules = attention_modules(model)
     if not converted:
         attach(model, modules, [_new_heads(n, m, "attention", "softmax") for n, m in modules])
     layers = [getattr(m, HEADS_ATTRIBUTE) for _, m in modules]
-    captured: list[list[tuple[Graph, Tensor]]] = [[] for _ in layers]
+    sinks = [make_sink() for _ in layers]
     was_training = model.training
     try:
-        for layer, store in zip(layers, captured, strict=True):
-            layer._capture = store
+        for layer, sink in zip(layers, sinks, strict=True):
+            layer._capture = sink
         model.eval()
         with torch.no_grad():
             model(**inputs)
@@ -385,7 +394,72 @@ def _capture(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[Graph, Tens
         model.train(was_training)
         if not converted:
             detach(model)
-    return [(g, v, layer) for layer, store in zip(layers, captured, strict=True) for g, v in store]
+    return list(zip(layers, sinks, strict=True))
+
+
+def _capture(model: nn.Module, inputs: dict[str, Any]) -> list[tuple[Graph, Tensor, HeadOperators]]:
+    """``(graph, values, heads)`` of every attention module that ran (:func:`_capturing` into
+    lists), in module order."""
+    rows = _capturing(model, inputs, list)
+    return [(g, v, layer) for layer, store in rows for g, v in cast(list, store)]
+
+
+class _StatsSink:
+    """A layer's sink for :func:`attention_stats`: each graph is reduced to its statistics as
+    the layer runs, and only those are kept (the graph, which holds ``q`` and ``k``, goes with
+    the layer's other activations)."""
+
+    def __init__(self) -> None:
+        self.stats: list[AttentionStats] = []
+
+    def append(self, item: tuple[Graph, Tensor], /) -> None:
+        self.stats.append(graph_attention_stats(item[0]))
+
+
+def attention_stats(model: nn.Module, **inputs: Any) -> list[AttentionStats]:
+    r"""Every layer's attention statistics for ``inputs``, per head, without ``N x N``.
+
+    The counterpart of ``output_attentions=True`` that scales: transformers' eager path forms
+    every ``(B, H, N, N)`` map (32 GiB per layer at 32k tokens in float32, one head); here the
+    model runs its own fused attention (an unconverted model runs heatformer's all-attention
+    heads for the pass: the SDPA call of its ``"sdpa"`` implementation) and a hook on each
+    attention module reduces the layer's graph to
+    :func:`heatformer.analysis.attention_stats` as the layer runs: the column sums of ``P``
+    (how much each token is read), its row entropy and the largest logit of each row,
+    computed from blocks of rows of the logits (the window kind's band; a top-k kind's kept
+    weights, with no logits), so memory beyond the model's own is ``O(rows N)`` per block and
+    ``O(B H N)`` per layer kept. One forward pass, no gradients, eval mode (the training flag
+    is restored); a converted model keeps its graph kind and is left as it was.
+
+    The statistics are those of the layer's attention graph ``P`` whatever its heads' operators
+    (a Laplacian or heat head diffuses on the same ``P``). Without this call the converted
+    attention's forward reads and stores nothing (no host sync; it traces under
+    :func:`torch.compile`); with it, each layer pays one more pass over its logits.
+
+    Args:
+        model: a transformers model, converted or not.
+        **inputs: the model's inputs (``input_ids``, ``attention_mask``, ``pixel_values``...).
+
+    Returns:
+        One :class:`~heatformer.analysis.AttentionStats` per attention module that ran (in
+        module order; cross-attention and KV-cached calls, whose graphs are rectangular, are
+        left out), each field ``(B, H, N)`` (``max_logit`` None for a top-k kind). A padded
+        key is read by no query (in-degree 0); a padded query keeps the statistics of the real
+        keys it attends.
+
+    Example:
+        >>> import torch
+        >>> from transformers import BertConfig, BertModel
+        >>> model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2,
+        ...                   num_attention_heads=4, intermediate_size=64))
+        >>> stats = attention_stats(model, input_ids=torch.zeros(1, 5, dtype=torch.long))
+        >>> len(stats), tuple(stats[0].entropy.shape)
+        (2, (1, 4, 5))
+        >>> torch.allclose(stats[0].in_degree.sum(-1), torch.full((1, 4), 5.0))
+        True
+    """
+    rows = _capturing(model, inputs, _StatsSink)
+    return [s for _, sink in rows for s in cast(_StatsSink, sink).stats]
 
 
 def attention_graphs(model: nn.Module, *, dense: bool = False, **inputs: Any) -> list[Graph]:

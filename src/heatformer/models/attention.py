@@ -357,8 +357,10 @@ class DiffusionAttention(nn.Module):
     @property
     def supports_cache(self) -> bool:
         """Whether :class:`KVCache` decoding is exact for this layer: causal, a graph kind that
-        decodes incrementally, and every head affine in one propagation."""
-        return self.causal and self.graph_kind.incremental and self.router.all_affine
+        decodes incrementally, and every head served by one propagation per map (affine
+        heads, differential heads: :attr:`~heatformer.models.routing.HeadRouter.
+        all_one_step`)."""
+        return self.causal and self.graph_kind.incremental and self.router.all_one_step
 
     def _forward_cached(
         self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, key_mask: Tensor | None
@@ -367,7 +369,8 @@ class DiffusionAttention(nn.Module):
             raise checks.bad_value(
                 "cache",
                 f"KV caching needs a causal layer whose graph kind decodes incrementally and "
-                f"whose heads are all affine in P v (attention, 'rw' Laplacian); this layer has "
+                f"whose heads are all served by one propagation per map (attention, 'rw' "
+                f"Laplacian, diff); this layer has "
                 f"heads {self.spec!r}, graph {self.graph_kind.spec!r}, causal={self.causal}. "
                 "Recompute the full sequence instead.",
             )

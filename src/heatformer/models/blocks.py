@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from heatformer import checks
 from heatformer.graph_ops import GraphBuilder, SequenceShard
 from heatformer.models.attention import DiffusionAttention, KVCache
 from heatformer.models.configs import _StackConfig
@@ -104,7 +105,8 @@ class TransformerBlock(nn.Module):
         graph, causal, qk_norm, zero_init: passed to :class:`DiffusionAttention`.
         dropout: on the attention head outputs, the MLP output and the residual branches.
         bias: biases in linear layers and LayerNorms.
-        mlp_ratio: hidden width of the MLP in units of ``D``.
+        mlp_ratio: hidden width of the MLP in units of ``D``; ``0``: no MLP branch (an
+            attention-only block, ``x + attn(LN(x))``: Zoology's ``state_mixer=Identity``).
         norm_eps: ``eps`` of both LayerNorms.
         qk_norm_eps: ``eps`` of the QK-norm LayerNorms.
         layer_scale_init: LayerScale on both residual branches, ``gamma`` initialized to it
@@ -150,8 +152,10 @@ class TransformerBlock(nn.Module):
         )  # fmt: skip
         if self.attn.q_norm is not None and self.attn.k_norm is not None:
             self.attn.q_norm.eps = self.attn.k_norm.eps = float(qk_norm_eps)
-        self.ln2 = nn.LayerNorm(embed_dim, eps=norm_eps, bias=bias)
-        self.mlp = MLP(embed_dim, mlp_ratio, dropout, bias)
+        checks.check_int("mlp_ratio", mlp_ratio, minimum=0)
+        # an attention-only block (mlp_ratio 0) has no MLP branch, and no norm before it
+        self.ln2 = nn.LayerNorm(embed_dim, eps=norm_eps, bias=bias) if mlp_ratio else None
+        self.mlp = MLP(embed_dim, mlp_ratio, dropout, bias) if mlp_ratio else None
         self.dropout = nn.Dropout(dropout)
         init = layer_scale_init
         self.ls1 = LayerScale(embed_dim, init) if init is not None else nn.Identity()
@@ -169,10 +173,12 @@ class TransformerBlock(nn.Module):
         processes (see :meth:`DiffusionAttention.forward`); the MLP acts on each token alone."""
         if self.activation_checkpointing and cache is None and torch.is_grad_enabled():
             x = x + checkpoint(self._attn_branch, x, key_mask, None, shard, use_reentrant=False)
+            if self.mlp is None:
+                return x
             out: Tensor = x + checkpoint(self._mlp_branch, x, use_reentrant=False)
             return out
         x = x + self._attn_branch(x, key_mask, cache, shard)
-        return x + self._mlp_branch(x)
+        return x if self.mlp is None else x + self._mlp_branch(x)
 
     def _attn_branch(
         self,
@@ -186,6 +192,7 @@ class TransformerBlock(nn.Module):
         return out
 
     def _mlp_branch(self, x: Tensor) -> Tensor:
+        assert self.mlp is not None and self.ln2 is not None  # forward skips the branch else
         out: Tensor = self.drop_path(self.ls2(self.mlp(self.ln2(x))))
         return out
 
@@ -214,7 +221,9 @@ def _drop_path_rates(rate: float, n_layer: int) -> list[float]:
 
 
 def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
-    """The ``n_layer`` blocks a config describes (one head spec and graph kind per layer).
+    """The ``n_layer`` blocks a config describes (one head spec and graph kind per layer); each
+    block's operators are told its depth (:meth:`~heatformer.graph_ops.DiffusionOperator.
+    set_depth`, 1-based).
 
     The DeiT-3 options (``norm_eps``, ``qk_norm_eps``, ``layer_scale_init``, ``drop_path``)
     are read from configs that have them (:class:`ViTConfig`); others get the defaults.
@@ -225,7 +234,7 @@ def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
         if hasattr(config, name)
     }
     rates = _drop_path_rates(float(getattr(config, "drop_path", 0.0)), config.n_layer)
-    return nn.ModuleList(
+    blocks = [
         TransformerBlock(
             config.n_embd,
             config.n_head,
@@ -247,4 +256,8 @@ def _blocks(config: _StackConfig, *, causal: bool) -> nn.ModuleList:
             rates,
             strict=True,
         )
-    )
+    ]
+    for depth, block in enumerate(blocks, start=1):  # e.g. a differential head's lambda_init
+        for op in block.attn.head_operators:
+            op.set_depth(depth)
+    return nn.ModuleList(blocks)

@@ -13,6 +13,10 @@ The router asks its parts what they can do, and imports neither operator nor gra
   kind one fused :func:`~torch.nn.functional.scaled_dot_product_attention` call -- and they
   are the only heads a KV cache can serve;
 - other heads (heat, PPR, polynomial) build the layer's graph kind and propagate repeatedly;
+- an operator of several attention maps per head (:attr:`~heatformer.graph_ops.
+  DiffusionOperator.maps`: differential heads) gets one graph, its maps the last batch dim,
+  from the channels of its heads' queries and keys (:func:`~heatformer.graph_ops.split_maps`);
+  the KV cache serves it when it :attr:`~heatformer.graph_ops.DiffusionOperator.combines_maps`;
 - an operator that reads ``W^T`` (:attr:`~heatformer.graph_ops.DiffusionOperator.
   reads_transpose`) is refused when the mask is causal;
 - a mask beyond padding and causal order (a dense pattern) goes only to a graph kind that
@@ -24,21 +28,20 @@ fixed (:meth:`~heatformer.graph_ops.DiffusionOperator.affine_constants`). A call
 tensor value (no host sync): learnable coefficients are applied as tensors.
 
 Queries may be fewer than keys (a KV cache holds the past, or cross-attention): the graph is
-then rectangular, only affine heads are exact, and ``I' v`` needs the queries' own values.
+then rectangular, only heads served by one propagation per map are exact (affine heads and
+heads that combine their maps), and ``I' v`` needs the queries' own values.
 No ``N x N`` tensor is formed unless the caller passes one (a dense mask).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor
 
 from heatformer import checks
-from heatformer._torch_compat import sdpa
 from heatformer.graph_ops import (
     DiffusionOperator,
     Graph,
@@ -47,31 +50,25 @@ from heatformer.graph_ops import (
     SequenceShard,
     SoftmaxGraph,
     resolve_graph,
+    split_maps,
+)
+from heatformer.models._head_subsets import (
+    cat_heads,
+    check_maps,
+    coefficients,
+    head_index,
+    heads_of,
+    map_index,
+    map_scale,
+    maps_of,
+    rescaled,
+    sdpa_heads,
+    shape_parameters,
 )
 from heatformer.models.heads import adds_identity, format_heads, group_heads, parse_heads
 from heatformer.models.masks import AttentionMask
 
 __all__ = ["HeadRouter", "head_index"]
-
-
-def head_index(heads: Sequence[int]) -> slice | Tensor:
-    """A slice when the heads are contiguous (a view, no copy), else an index tensor.
-
-    Example:
-        >>> head_index([2, 3]), head_index([0, 2])
-        (slice(2, 4, None), tensor([0, 2]))
-    """
-    if list(heads) == list(range(heads[0], heads[0] + len(heads))):
-        return slice(heads[0], heads[0] + len(heads))
-    return torch.tensor(list(heads), dtype=torch.long)
-
-
-def _heads(t: Tensor, index: slice | Tensor) -> Tensor:
-    """``t[:, index]``, or ``t`` when it takes every head (torch 2.5 copies the gradient of a
-    slice of a whole dim)."""
-    if isinstance(index, slice) and index.start == 0 and index.stop == t.shape[1]:
-        return t
-    return t[:, index]
 
 
 class _Run(NamedTuple):
@@ -85,11 +82,18 @@ class _Run(NamedTuple):
 
 
 class _Group(NamedTuple):
-    """Heads whose operator is not affine: they build their own graph."""
+    """Heads whose operator is not affine: they build their own graph, of ``maps`` maps per
+    head (``map_where``: each head's index ``maps`` times, for a mask of one pattern per head)."""
 
     op: DiffusionOperator
     heads: list[int]
     where: slice | Tensor
+    maps: int
+    map_where: slice | Tensor
+
+
+#: ``propagate(q, k, v, heads, maps) -> (P v, rows with an edge or None)`` of a subset of heads
+_Propagate = Callable[[Tensor, Tensor, Tensor, slice | Tensor, int], tuple[Tensor, Tensor | None]]
 
 
 class HeadRouter:
@@ -156,7 +160,8 @@ class HeadRouter:
         #: a short summary (``"attention:2,heat:2"``, no operator parameters), for reprs
         self.spec = format_heads(head_ops)
         groups = group_heads(head_ops)
-        _shape_parameters(groups, head_dim)
+        check_maps(groups, head_dim)
+        shape_parameters(groups, head_dim)
         #: the distinct operators, in order of first appearance (register them once)
         self.operators: list[DiffusionOperator] = [op for op, _ in groups]
         self._op_of = list(head_ops)  # the operator of every head
@@ -174,7 +179,9 @@ class HeadRouter:
         #: whether a fused head adds ``b I' v``
         self._uses_identity = any(adds_identity(run.op) for run in self._runs)
         self._groups = [
-            _Group(op, hs, head_index(hs)) for op, hs in groups if op.affine_coefficients() is None
+            _Group(op, hs, head_index(hs), op.maps, map_index(hs, op.maps))
+            for op, hs in groups
+            if op.affine_coefficients() is None
         ]
         # the order in which diffuse produces its pieces (fused heads first), and the order
         # that sorts them by their first head
@@ -198,8 +205,14 @@ class HeadRouter:
 
     @property
     def all_affine(self) -> bool:
-        """Whether every head is affine in one propagation (what a KV cache needs)."""
+        """Whether every head is affine in one propagation."""
         return len(self._fused) == self.num_heads
+
+    @property
+    def all_one_step(self) -> bool:
+        """Whether every head is served by one propagation per map (what a KV cache and
+        rectangular calls need): affine heads, and heads whose operator ``combines_maps``."""
+        return all(group.op.combines_maps for group in self._groups)
 
     def check_causal(self, argument: str = "heads") -> None:
         """Refuse heads that read ``W^T`` in a causal layer.
@@ -271,7 +284,7 @@ class HeadRouter:
         if mask.key_mask is not None and not kind.supports_key_mask:
             raise checks.bad_value("graph", f"graph kind {kind.spec!r} takes no key mask")
         return kind.build(
-            _rescaled(q, scale), k, key_mask=mask.key_mask, drop_masked_queries=symmetric_mask,
+            rescaled(q, scale), k, key_mask=mask.key_mask, drop_masked_queries=symmetric_mask,
             causal=mask.causal, row_block=self.row_block,
         )  # fmt: skip
 
@@ -301,15 +314,15 @@ class HeadRouter:
             constants = run.constants
             a_is_one = constants is not None and constants[0] == 1.0
             if constants is not None and constants[1] == 0.0:  # a P v
-                pieces.append(piece if a_is_one else piece * _coefficients(run.op, piece)[0])
+                pieces.append(piece if a_is_one else piece * coefficients(run.op, piece)[0])
                 continue
             own = cast(Tensor, ident)[:, run.start : run.stop]
             if constants == (-1.0, 1.0):  # the Laplacian step: v - P v
                 pieces.append(own - piece)
             else:
-                a, b = _coefficients(run.op, piece)
+                a, b = coefficients(run.op, piece)
                 pieces.append(torch.addcmul(piece if a_is_one else piece * a, own, b))
-        return _cat_heads(pieces)
+        return cat_heads(pieces)
 
     def diffuse(
         self,
@@ -365,9 +378,9 @@ class HeadRouter:
         outs: list[Tensor] = []
         if self._fused_index is not None:
             fi = self._fused_index
-            qf, kf, vf, mf = _heads(q, fi), _heads(k, fi), _heads(v, fi), mask.heads(fi)
+            qf, kf, vf, mf = heads_of(q, fi), heads_of(k, fi), heads_of(v, fi), mask.heads(fi)
             if dropout > 0.0:
-                pv, has = _sdpa(qf, kf, vf, mf, scale, dropout)
+                pv, has = sdpa_heads(qf, kf, vf, mf, scale, dropout)
                 ident = None if not self._uses_identity else vf if has is None else vf * has
             else:
                 graph = self.graph(qf, kf, mf, scale=scale, shard=shard)
@@ -382,12 +395,13 @@ class HeadRouter:
                     f"attention dropout ({dropout}) has no counterpart for {group.op.name!r} "
                     "heads; set the model's attention dropout to 0 or call model.eval()",
                 )
-            idx = group.where
+            idx, maps = group.where, group.maps
+            qg, kg, mg = maps_of(heads_of(q, idx), heads_of(k, idx), mask.heads(idx), maps)
             graph = self.graph(
-                _heads(q, idx), _heads(k, idx), mask.heads(idx), scale=scale,
+                qg, kg, mg, scale=map_scale(scale, maps),
                 symmetric_mask=group.op.reads_transpose, shard=shard,
             )  # fmt: skip
-            outs.append(group.op(graph, _heads(v, idx)))
+            outs.append(group.op(graph, heads_of(v, idx)))
         return self._in_head_order(outs, v, n_q)
 
     def _in_head_order(self, outs: list[Tensor], v: Tensor, n_q: int) -> Tensor:
@@ -395,7 +409,7 @@ class HeadRouter:
         ``(B, H, Nq, C)`` tensor in head order (``v``: the values): concatenated when the
         pieces cover the heads in order, else written into a new tensor."""
         if self._in_order:
-            return _cat_heads([outs[i] for i in self._order])
+            return cat_heads([outs[i] for i in self._order])
         b, h, _, c = v.shape
         out = v.new_empty(b, h, n_q, c)
         for index, y in zip(self._piece_index, outs, strict=True):
@@ -419,8 +433,52 @@ class HeadRouter:
         Returns:
             ``(B, H, n, C)``.
         """
-        pv = self.graph_kind.decode(q, k, v, positions=positions, past=past)
-        return self.mix(pv, own_values)
+        return self._one_step(q, k, v, own_values, self._decoder(positions, past))
+
+    def _decoder(self, positions: Tensor, past: int, scale: float | None = None) -> _Propagate:
+        """``P v`` of a subset of heads by the kind's ``decode`` (logit ``scale`` per map)."""
+
+        def propagate(
+            qs: Tensor, ks: Tensor, vs: Tensor, heads: slice | Tensor, maps: int
+        ) -> tuple[Tensor, Tensor | None]:
+            qs = rescaled(qs, map_scale(scale, maps))
+            return self.graph_kind.decode(qs, ks, vs, positions=positions, past=past), None
+
+        return propagate
+
+    def _one_step(
+        self, q: Tensor, k: Tensor, v: Tensor, own_values: Tensor | None, propagate: _Propagate
+    ) -> Tensor:
+        """Every head by ``propagate``, once per map (:attr:`all_one_step`): the fused heads'
+        ``a P v + b I' v`` (``I' v``: ``own_values``), each group's ``combine`` of its maps."""
+        n_q = int(q.shape[-2])
+        outs: list[Tensor] = []
+        if self._fused_index is not None:
+            fi = self._fused_index
+            pv, has = propagate(heads_of(q, fi), heads_of(k, fi), heads_of(v, fi), fi, 1)
+            ident = None
+            if self._uses_identity:
+                if own_values is None:
+                    raise checks.bad_value(
+                        "heads",
+                        f"heads {self.spec!r} add the queries' own values (b I' v), which "
+                        "cross-attention does not have (its keys are other tokens); use "
+                        "attention heads there",
+                    )
+                own = heads_of(own_values, fi)
+                ident = own if has is None else own * has
+            outs.append(self.mix(pv, ident))
+        for group in self._groups:  # every one combines its maps (all_one_step)
+            maps, idx = group.maps, group.where
+            qg, kg, vg = (heads_of(t, idx) for t in (q, k, v))
+            b, h, t, c = vg.shape
+            if maps > 1:  # the heads' maps flattened: (B, h * maps, ., Dh / maps)
+                qg = split_maps(qg, maps, name="q").flatten(1, 2)
+                kg = split_maps(kg, maps, name="k").flatten(1, 2)
+                vg = vg.unsqueeze(2).expand(b, h, maps, t, c).flatten(1, 2)  # (B, h*maps, T, C)
+            pv, _ = propagate(qg, kg, vg, group.map_where, maps)  # (B, h * maps, Nq, C)
+            outs.append(group.op.combine(pv.unflatten(1, (h, maps))))  # (B, h, Nq, C)
+        return self._in_head_order(outs, v, n_q)
 
     def _rectangular(
         self,
@@ -432,41 +490,42 @@ class HeadRouter:
         dropout: float,
         own_values: Tensor | None,
     ) -> Tensor:
-        """Fewer queries than keys (a KV cache, cross-attention): affine heads only."""
-        if not self.all_affine:
-            others = sorted({g.op.name for g in self._groups})
+        """Fewer queries than keys (a KV cache, cross-attention): heads served by one
+        propagation per map only (:attr:`all_one_step`)."""
+        if not self.all_one_step:
+            others = sorted({g.op.name for g in self._groups if not g.op.combines_maps})
             raise checks.bad_value(
                 "heads",
                 f"{others} heads need the full square graph, and this call has "
                 f"{q.shape[-2]} queries against {k.shape[-2]} keys (a KV cache or "
                 "cross-attention); recompute without a cache (generate(..., use_cache=False)) "
-                "or use attention / 'rw' Laplacian heads there",
+                "or use attention / 'rw' Laplacian / diff heads there",
+            )
+        if dropout > 0.0 and self._groups:
+            raise checks.bad_value(
+                "dropout",
+                f"attention dropout ({dropout}) has no counterpart for "
+                f"{sorted({g.op.name for g in self._groups})} heads; set the model's attention "
+                "dropout to 0 or call model.eval()",
             )
         kind = self.graph_kind
         if kind.takes_dense_mask:
-            pv, has = _sdpa(q, k, v, mask, scale, dropout)
-        else:
-            plain_causal = mask.dense is None and mask.causal and mask.key_mask is None
-            if not (kind.incremental and plain_causal) or dropout > 0.0:
-                raise checks.bad_value(
-                    "graph",
-                    f"graph kind {kind.spec!r} decodes causal sequences without padding or "
-                    "attention dropout only; this call had another mask",
-                )
-            positions = mask.kv_offset + torch.arange(k.shape[-2], device=k.device)
-            pv = kind.decode(_rescaled(q, scale), k, v, positions=positions, past=mask.q_offset)
-            has = None
-        ident = None
-        if self._uses_identity:
-            if own_values is None:
-                raise checks.bad_value(
-                    "heads",
-                    f"heads {self.spec!r} add the queries' own values (b I' v), which "
-                    "cross-attention does not have (its keys are other tokens); use attention "
-                    "heads there",
-                )
-            ident = own_values if has is None else own_values * has
-        return self.mix(pv, ident)
+
+            def propagate(
+                qs: Tensor, ks: Tensor, vs: Tensor, heads: slice | Tensor, maps: int
+            ) -> tuple[Tensor, Tensor | None]:
+                return sdpa_heads(qs, ks, vs, mask.heads(heads), map_scale(scale, maps), dropout)
+
+            return self._one_step(q, k, v, own_values, propagate)
+        plain_causal = mask.dense is None and mask.causal and mask.key_mask is None
+        if not (kind.incremental and plain_causal) or dropout > 0.0:
+            raise checks.bad_value(
+                "graph",
+                f"graph kind {kind.spec!r} decodes causal sequences without padding or "
+                "attention dropout only; this call had another mask",
+            )
+        positions = mask.kv_offset + torch.arange(k.shape[-2], device=k.device)
+        return self._one_step(q, k, v, own_values, self._decoder(positions, mask.q_offset, scale))
 
 
 def _check_sharded_call(shard: SequenceShard, square: bool, dropout: float) -> None:
@@ -486,63 +545,3 @@ def _check_sharded_call(shard: SequenceShard, square: bool, dropout: float) -> N
             "expected this process's queries and keys of one sequence (a square graph), got a "
             "rectangular call (a KV cache or cross-attention), which a sharded sequence refuses",
         )
-
-
-def _shape_parameters(
-    groups: Sequence[tuple[DiffusionOperator, list[int]]], head_dim: int | None
-) -> None:
-    """Each operator's parameters shaped for its heads (``len(heads)`` of width ``head_dim``),
-    before any optimizer sees them; without ``head_dim``, operators that need it are refused."""
-    for op, heads in groups:
-        if head_dim is not None:
-            op.shape_parameters(len(heads), head_dim)
-        elif op.needs_shape:
-            raise checks.bad_value(
-                "heads",
-                f"{op.name!r} heads have a parameter per head of the head width, and this "
-                "layer does not give its head width (head_dim); build the heads with it",
-            )
-
-
-def _sdpa(
-    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, scale: float | None, dropout: float
-) -> tuple[Tensor, Tensor | None]:
-    """``P v`` by one SDPA call (as host libraries make it), and the rows with an edge
-    ``(B or 1, 1 or H, Nq, 1)`` (None: every row)."""
-    n_q, n_k = int(q.shape[-2]), int(k.shape[-2])
-    plain = mask.dense is None and mask.key_mask is None
-    if plain and mask.causal and n_q == n_k and mask.q_offset == mask.kv_offset:
-        pv = sdpa(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
-        return pv, None
-    allowed = mask.allowed(n_q, n_k, q.device)
-    if allowed is None:
-        return sdpa(q, k, v, dropout_p=dropout, scale=scale), None
-    has = allowed.any(-1, keepdim=True)  # (.., Nq, 1)
-    pv = sdpa(q, k, v, attn_mask=allowed | ~has, dropout_p=dropout, scale=scale)
-    return pv * has, has
-
-
-def _rescaled(q: Tensor, scale: float | None) -> Tensor:
-    """``q`` scaled so that a graph kind's ``1 / sqrt(Dh)`` gives the logit scale ``scale``."""
-    dh = q.shape[-1]
-    if scale is None or scale == 1.0 / math.sqrt(dh):
-        return q
-    return q * (scale * math.sqrt(dh))
-
-
-def _coefficients(op: DiffusionOperator, like: Tensor) -> tuple[Tensor, Tensor]:
-    """``(a, b)`` of an affine operator on ``like``'s device and in its dtype."""
-    pair = op.affine_coefficients()
-    if pair is None:  # pragma: no cover - runs hold affine heads only
-        raise RuntimeError("a fused run without coefficients")
-    a, b = (c.to(device=like.device, dtype=like.dtype) for c in pair)
-    return a, b
-
-
-def _cat_heads(pieces: Sequence[Tensor]) -> Tensor:
-    """``(B, h_i, N, C)`` pieces -> ``(B, H, N, C)``, concatenated in the ``(B, N, H, C)``
-    memory layout that layers transpose the heads back to (their transpose is then free); one
-    piece is returned as it is."""
-    if len(pieces) == 1:
-        return pieces[0]
-    return torch.cat([p.transpose(1, 2) for p in pieces], dim=2).transpose(1, 2)

@@ -14,8 +14,9 @@ import torch
 
 from heatformer import checks as V
 from heatformer.graph_ops.operators.attention import Attention
-from heatformer.graph_ops.operators.base import DiffusionOperator, NormalizedOperator
+from heatformer.graph_ops.operators.base import DiffusionOperator, NormalizedOperator, split_maps
 from heatformer.graph_ops.operators.center import Centering
+from heatformer.graph_ops.operators.diff import Differential
 from heatformer.graph_ops.operators.heat import HeatKernel
 from heatformer.graph_ops.operators.laplacian import Laplacian
 from heatformer.graph_ops.operators.mean import MeanPooling
@@ -29,6 +30,7 @@ __all__ = [
     "PPR_METHODS",
     "Attention",
     "Centering",
+    "Differential",
     "DiffusionOperator",
     "HeatKernel",
     "Laplacian",
@@ -39,6 +41,7 @@ __all__ = [
     "UntiedSkip",
     "ppr_order",
     "resolve_operator",
+    "split_maps",
 ]
 
 
@@ -54,6 +57,7 @@ OPERATORS: Registry[type[DiffusionOperator]] = Registry(
         "personalized_pagerank": "ppr",
         "poly": "polynomial",
         "untied_skip": "skip",
+        "differential": "diff",
     },
     case_insensitive=True,
     factory_kwargs=("device", "dtype"),
@@ -67,6 +71,7 @@ for _operator in (
     MeanPooling,
     Centering,
     UntiedSkip,
+    Differential,
 ):
     OPERATORS.register(_operator)
 
@@ -87,7 +92,8 @@ def resolve_operator(
         name: one of ``"attention"``, ``"laplacian"``, ``"heat"``, ``"ppr"`` (alias
             ``"pagerank"``), ``"polynomial"``, ``"mean"`` (mean pooling), ``"center"``
             (centring: ``x`` minus that mean), ``"skip"`` (alias ``"untied_skip"``:
-            attention plus a learned per-token path); case-insensitive.
+            attention plus a learned per-token path), ``"diff"`` (alias ``"differential"``:
+            differential attention, two maps per head); case-insensitive.
         device, dtype: factory kwargs for operators with parameters (a learnable ``t`` is
             created in ``dtype`` directly, never rounded through float32 first).
         **kwargs: the operator's constructor arguments, e.g. ``t=2.0``.

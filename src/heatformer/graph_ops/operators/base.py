@@ -20,12 +20,15 @@ eigenvalue ``lam``.
 - ``UntiedSkip()``: ``P x + I' x W_S`` with a learned ``(C, C)`` matrix per head (shaped by
   the layer: :meth:`~DiffusionOperator.shape_parameters`); response ``1 - lam + c`` while
   ``W_S = c I``.
+- ``Differential()``: two attention maps per head (:attr:`~DiffusionOperator.maps`),
+  ``(1 - lambda_init) RMSNorm(P_1 x - lambda P_2 x)`` (the Differential Transformer).
 
 Strings become operators only through :func:`~heatformer.graph_ops.resolve_operator`; each
 operator is one module of this package plus one entry of
 :data:`~heatformer.graph_ops.OPERATORS`, and declares what it can do (:attr:`~DiffusionOperator.
 reads_transpose`, :meth:`~DiffusionOperator.affine_coefficients`, ``examples``,
-:attr:`~DiffusionOperator.needs_shape`).
+:attr:`~DiffusionOperator.needs_shape`, :attr:`~DiffusionOperator.maps`,
+:attr:`~DiffusionOperator.combines_maps`).
 
 References:
     Zhang, A. & Papyan, V. (2026). Laplacian heads. arXiv:2602.09297.
@@ -47,7 +50,7 @@ from torch import Tensor, nn
 from heatformer import checks as V
 from heatformer.graph_ops.protocol import Graph, check_graph
 
-__all__ = ["DiffusionOperator", "NormalizedOperator"]
+__all__ = ["DiffusionOperator", "NormalizedOperator", "split_maps"]
 
 
 def _parameter(
@@ -155,9 +158,63 @@ class DiffusionOperator(nn.Module):
                 instance shared by layers of different shapes).
         """
 
+    @property
+    def maps(self) -> int:
+        """How many attention graphs ("maps") a head of this operator reads: 1 for most.
+
+        With ``m > 1`` the operator is called with one graph whose *last batch dim* holds the
+        maps, ``graph.batch_shape == (*batch, m)``, and a signal ``x`` of shape
+        ``(*batch, N, C)``. A layer builds map ``i`` of a head from channels
+        ``i d : (i + 1) d`` of the head's queries and keys (:func:`split_maps`, ``d = Dh / m``,
+        logit scale ``1 / sqrt(d)``), so the head keeps the projection widths of every other
+        head (the Differential Transformer's split of ``Q`` into ``Q_1, Q_2``).
+        """
+        return 1
+
+    @property
+    def combines_maps(self) -> bool:
+        """Whether the output is :meth:`combine` of one propagation of ``x`` by each map,
+        ``op(G, x) == combine(stack_i(P_i x))``: a layer then serves the operator's heads from
+        one propagation per map wherever it serves affine heads from one propagation -- fewer
+        queries than keys, and so the KV cache. False for most (see
+        :meth:`affine_coefficients` for the one-map affine case)."""
+        return False
+
+    def combine(self, pv: Tensor) -> Tensor:
+        """The output from ``pv`` ``(*batch, m, Nq, C)``, the propagations ``P_i x`` of the
+        :attr:`maps` (rows of the queries asked for), when :attr:`combines_maps`.
+
+        Raises:
+            NotImplementedError: for an operator that does not combine its maps.
+        """
+        raise NotImplementedError(f"operator {self.name!r} does not combine propagations")
+
+    def set_depth(self, depth: int) -> None:
+        """Told once by a model that stacks layers (:class:`~heatformer.models.GPT`,
+        :class:`~heatformer.models.ViT`), right after building them: the 1-based ``depth`` of
+        the layer whose heads this operator serves. Nothing for most operators; a differential
+        head takes its ``lambda_init`` from it."""
+
     def _check(self, graph: Graph, x: Tensor) -> None:
         graph = check_graph(graph)
-        V.check_signal(x, graph.num_nodes, graph.batch_shape, graph.dtype)
+        batch = graph.batch_shape
+        maps = self.maps
+        if maps > 1:  # the maps are the graph's last batch dim, one more than x has
+            x_batch = tuple(x.shape[:-2]) if isinstance(x, Tensor) and x.dim() >= 2 else None
+            if (
+                not batch
+                or batch[-1] != maps
+                or (x_batch is not None and len(x_batch) != len(batch) - 1)
+            ):
+                raise V.bad_value(
+                    "graph",
+                    f"expected a graph of batch shape (*batch, {maps}), its {maps} maps last "
+                    f"(split_maps of the queries and keys), for x of shape (*batch, N, C); got "
+                    f"batch shape {tuple(batch)} for x of shape "
+                    f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}",
+                )
+            batch = batch[:-1]
+        V.check_signal(x, graph.num_nodes, batch, graph.dtype)
 
     # ---- constants checked in the dtype they are used in ----------------------------------
 
@@ -276,3 +333,39 @@ class NormalizedOperator(DiffusionOperator):
     @property
     def reads_transpose(self) -> bool:
         return self.normalization == "sym"
+
+
+def split_maps(t: Tensor, maps: int, *, name: str = "t") -> Tensor:
+    """The queries (or keys) of heads with ``maps`` attention maps, the maps as a batch dim:
+    ``(..., N, maps * d) -> (..., maps, N, d)``, map ``i`` from channels ``i d : (i + 1) d``
+    (a view, no copy). What a layer builds the graph of an operator with
+    :attr:`DiffusionOperator.maps` ``> 1`` from.
+
+    Args:
+        t: ``(..., N, E)`` queries or keys, ``E`` a multiple of ``maps``.
+        maps: the number of maps, a positive int.
+        name: the argument named in errors.
+
+    Raises:
+        ValueError: naming ``name``, when ``E`` is not a multiple of ``maps``.
+
+    Example:
+        >>> t = torch.arange(8.0).reshape(2, 4)    # N = 2 tokens, E = 4 channels
+        >>> split_maps(t, 2)                       # 2 maps of d = 2 channels
+        tensor([[[0., 1.],
+                 [4., 5.]],
+        <BLANKLINE>
+                [[2., 3.],
+                 [6., 7.]]])
+    """
+    V.check_positive_int("maps", maps)
+    if not isinstance(t, Tensor) or t.dim() < 2:
+        got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+        raise V.bad_type(name, f"expected a tensor of shape (..., N, E), got {got}")
+    channels = int(t.shape[-1])
+    if channels % maps:
+        raise V.bad_value(
+            name,
+            f"expected channels divisible into {maps} maps, got {channels} in {tuple(t.shape)}",
+        )
+    return t.unflatten(-1, (maps, channels // maps)).transpose(-2, -3)  # (..., maps, N, d)

@@ -10,8 +10,9 @@ from torch import Tensor, nn
 
 from heatformer import checks as V
 from heatformer.graph_ops._precision import accumulation_dtype
-from heatformer.graph_ops.heat import _heat_kernel, check_heat_method
+from heatformer.graph_ops.heat import TAU_CONVERGED, _heat_kernel, check_heat_method
 from heatformer.graph_ops.operators.base import NormalizedOperator, _parameter
+from heatformer.graph_ops.poisson import SeriesCertificate, series_certificate
 from heatformer.graph_ops.protocol import Graph
 
 __all__ = ["HeatKernel"]
@@ -53,7 +54,10 @@ class HeatKernel(NormalizedOperator):
             (broadcast from the right against the graph's batch shape, e.g. ``(H,)``).
         normalization: ``"rw"``, ``"sym"`` or ``"combinatorial"``.
         method: ``"auto"``, ``"series"`` or ``"exact"`` (see ``HEAT_METHODS``).
-        tol: series truncation tolerance, relative to ``max|x|``.
+        tol: series truncation tolerance, relative to ``max|x|``, ``0 < tol < 1``: the series
+            runs the fewest terms whose Poisson tail is within it, and :attr:`certificate`
+            says how many and the error bound they guarantee. A spec without it
+            (``heat[t=0.5]``) keeps the default ``1e-6``.
         learnable: learn ``t`` (parametrized as ``t = exp(log_t)``, so ``t > 0`` is required).
         t_max: a learnable ``t`` is clamped at ``t_max`` (``t = exp(min(log_t, log t_max))``;
             its gradient is 0 above it), default :data:`T_MAX_FACTOR` (4) times the largest
@@ -154,6 +158,41 @@ class HeatKernel(NormalizedOperator):
         if self.learnable:
             return self.log_t.exp()
         return cast(Tensor, self._t)
+
+    @property
+    def certificate(self) -> SeriesCertificate:
+        r"""The plan of the series and the truncation bound it guarantees
+        (:func:`~heatformer.graph_ops.poisson.series_certificate` of ``tau = t`` and :attr:`tol`).
+
+        ``t`` is the largest time (over heads), or ``t_max`` for a learnable time: every time
+        at or below it has a smaller Poisson tail with the same terms. Then, for every signal,
+
+        .. math::
+
+            \max |y - e^{-tL} x| \le \text{bound} \cdot \max |x|,
+            \qquad \text{bound} = 1 - (1 - \text{tail})^s \le \text{tol}
+
+        (equality for a constant ``x``; in the 2-norm of each channel for ``"sym"``), on any
+        graph with ``"rw"`` or ``"sym"``, and with ``"combinatorial"`` on row-stochastic
+        graphs (attention; otherwise ``tau = d_max t``: call ``series_certificate`` with it).
+        It holds for every call that runs the series: ``method="series"`` or
+        ``"series-dense"``, and ``"auto"`` while :attr:`~heatformer.graph_ops.poisson.
+        SeriesCertificate.propagations` is at most ``SERIES_MAX_TERMS`` (beyond, ``"auto"``
+        computes ``"exact"``: no truncation). Floating point adds its rounding.
+
+        Raises:
+            ValueError: naming ``t``, for an operator without a time (an empty tensor).
+
+        Example:
+            >>> op = HeatKernel(t=1.0, tol=1e-6)
+            >>> op.certificate.order, f"{op.certificate.bound:.2e}"
+            (9, '1.11e-07')
+            >>> HeatKernel(t=1.0, tol=1e-10).certificate.order
+            12
+        """
+        if self.t_max is None:
+            raise V.bad_value("t", "expected at least one time to plan the series for, got none")
+        return series_certificate(min(self.t_max, TAU_CONVERGED), self.tol)  # as the series
 
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)

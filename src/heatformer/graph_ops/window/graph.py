@@ -43,9 +43,15 @@ import heatformer.graph_ops.window as package  # its BACKEND, the switch, read a
 from heatformer import checks as V
 from heatformer._torch_compat import func_transforming, sdpa
 from heatformer.graph_ops._arrays import check_key_mask, fold, masked_softmax, numel, row_normalize
+from heatformer.graph_ops._csr import index_dtype
 from heatformer.graph_ops._precision import accumulation_dtype, attention_scores
+from heatformer.graph_ops._walk_stats import logit_rows
 from heatformer.graph_ops.protocol import UNIFORM_DIM, Graph
-from heatformer.graph_ops.sparse import SparseGraph, trusted_sparse_graph_from_ell
+from heatformer.graph_ops.sparse import (
+    SparseGraph,
+    trusted_sparse_graph_from_csr,
+    trusted_sparse_graph_from_ell,
+)
 from heatformer.graph_ops.sparsify import stable_topk_indices
 from heatformer.graph_ops.window import flex
 from heatformer.graph_ops.window.kernels import GradSink, shared, window_attention
@@ -358,6 +364,31 @@ class WindowGraph(Graph):
         )
         return self.propagate_transpose(ones).squeeze(-1)
 
+    def walk_statistics(self, row_block: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`Graph.walk_statistics <heatformer.graph_ops.Graph.walk_statistics>` on the
+        band: each block's logits over its ``g + L`` keys (global rows: over all ``N``), the
+        in-degree by :meth:`in_degree`; ``O(N (w + g))``, never ``N x N``. The blocks are the
+        layout's (``row_block`` is not used)."""
+        lay, bf = self.layout, numel(self.batch_shape)
+        n, g = lay.n, lay.dense_rows
+        q, k = self.q.reshape(bf, *self.q.shape[-2:]), self.k.reshape(bf, *self.k.shape[-2:])
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+
+        def chunk(q: Tensor, k: Tensor, blocks: slice) -> tuple[Tensor, Tensor]:
+            s = attention_scores(lay.block_queries(q, blocks), lay.keys(k, blocks), lay.scale)
+            h, m, _ = logit_rows(s.flatten(1, 2), lay.block_allowed(blocks).flatten(1, 2))
+            return h, m  # (Bf, nb' b) each
+
+        parts = [checkpoint(chunk, q, k, blocks, use_reentrant=False) if grad
+                 else chunk(q, k, blocks) for blocks in lay.chunks(bf)]  # fmt: skip
+        h, m = (torch.cat([p[i] for p in parts], dim=1)[:, :n] for i in (0, 1))  # (Bf, N)
+        if g:  # bidirectional global rows: dense rows over all N keys
+            s = attention_scores(lay.query_rows(q, 0, g), k, self.scale)  # (Bf, g, N)
+            hg, mg, _ = logit_rows(s, lay.dense_allowed(0, g))
+            h, m = torch.cat([hg, h[:, g:]], dim=1), torch.cat([mg, m[:, g:]], dim=1)
+        in_degree = self.to(accumulation_dtype(self.dtype)).in_degree()
+        return in_degree, h.reshape(*self.batch_shape, n), m.reshape(*self.batch_shape, n)
+
     def weight_rows(self, start: int, stop: int) -> Tensor:
         """Dense rows ``(Bf, rows, N)`` (for to_dense and generic conversions: ``O(rows N)``),
         scores and softmax in float32 for half inputs, rounded to the graph's dtype once."""
@@ -365,6 +396,58 @@ class WindowGraph(Graph):
         qs = self.layout.query_rows(q, start, stop)  # (Bf, rows, E)
         s = attention_scores(qs, k, self.scale)  # float32 for half inputs
         return masked_softmax(s, self.layout.dense_allowed(start, stop)).to(q.dtype)
+
+    # ---- the explicit edges: O(N (w + g)) -------------------------------------------------
+
+    def sparse_entries(self) -> int:
+        """``Bf (g N + (N - g) min(N, band + g'))``: the dense global rows (``g``, none causal)
+        and at most ``band + g'`` keys in every other row (``band`` = ``w`` causal, ``2 w + 1``
+        bidirectional; ``g'`` the global tokens), which :meth:`to_sparse` lists."""
+        lay = self.layout
+        n, g = lay.n, lay.dense_rows
+        band = lay.window if lay.causal else 2 * lay.window + 1
+        return numel(self.batch_shape) * (g * n + (n - g) * min(n, band + lay.num_global))
+
+    def to_sparse(self) -> SparseGraph:
+        """The non-zero entries (see :meth:`Graph.to_sparse
+        <heatformer.graph_ops.Graph.to_sparse>`), read from the blocks' slabs and the dense
+        global rows: ``O(N (w + g))`` work and memory, the weights of :meth:`propagate`
+        (differentiable), entries row-major with ascending keys."""
+        lay = self.layout
+        n, g = lay.n, lay.dense_rows
+        q, k = self._flat()
+        bf = q.shape[0]
+        dtype = index_dtype(bf * n, self.sparse_entries())
+        # pieces of entries in (graph, row, key) order: the dense global rows, then runs of blocks
+        counts = torch.zeros(bf, n, dtype=torch.long, device=q.device)  # entries per row
+        pieces: list[tuple[Tensor, Tensor, Tensor]] = []  # (per-graph sizes, keys, weights)
+        if g:
+            w = self._global_weights(q, k).to(q.dtype)  # (Bf, g, N)
+            keep = w.detach() != 0
+            counts[:, :g] += keep.sum(-1)
+            keys = torch.arange(n, device=q.device).expand(w.shape)  # (Bf, g, N)
+            pieces.append((keep.sum((1, 2)), keys[keep].to(dtype), w[keep]))
+        for blocks in lay.chunks(bf):
+            p = self._block_weights(q, k, blocks).to(q.dtype)  # (Bf, nb', b, g + L)
+            rows = lay.block_query_rows(blocks)  # (nb', b)
+            keep = (p.detach() != 0) & (rows < n)[None, :, :, None]
+            start = lay.span(blocks)[0] * lay.row_block  # the run's first row
+            per_row = keep.sum(-1).reshape(bf, -1)[:, : max(0, min(n - start, rows.numel()))]
+            counts[:, start : start + per_row.shape[1]] += per_row
+            keys = lay.block_cols(blocks)[None, :, None, :].expand(p.shape)  # (Bf, nb', b, g + L)
+            pieces.append((keep.sum((1, 2, 3)), keys[keep].to(dtype), p[keep]))
+        crow = torch.zeros(bf * n + 1, dtype=dtype, device=q.device)
+        crow[1:] = counts.reshape(-1).cumsum(0)
+        cols, weights = [], []
+        for b in range(bf):  # graph b's entries of every piece, its keys moved to rows b N ...
+            for sizes, keys, w in pieces:
+                lo = int(sizes[:b].sum())
+                hi = lo + int(sizes[b])
+                cols.append(keys[lo:hi] + b * n if b else keys[lo:hi])
+                weights.append(w[lo:hi])
+        return trusted_sparse_graph_from_csr(
+            crow, torch.cat(cols), torch.cat(weights), num_nodes=n, batch_shape=self.batch_shape
+        )
 
     # ---- top-k inside the window: O(N (w + g)) -------------------------------------------
 
