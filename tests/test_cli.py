@@ -23,7 +23,7 @@ import torch
 from heatformer import checks
 from heatformer.checks import ArgumentFileNotFoundError
 from heatformer.lab.cli import _build_parsers, _experiments, _name_the_option, build_parser, main
-from heatformer.lab.spec import PRESETS
+from heatformer.lab.presets import PRESETS
 
 
 @pytest.fixture(scope="module")
@@ -772,6 +772,28 @@ def test_preset_demo_is_chars_attention_vs_laplacian_vs_heat_and_flags_override(
     ]
     assert spec.steps == 7 and spec.seeds == PRESETS["demo"]["seeds"]
     assert build_parser().parse_args(["compare", "--heads-per-layer", "8"]).n_head == 8
+
+
+def test_train_preset_mqar_reference_is_zoologys_setting_and_flags_override(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``train --preset`` takes the presets of one run; ``mqar-reference`` is Zoology's
+    figure-2 setting (its 99 % run is measured in docs/tutorials/benchmarks.md, not here)."""
+    args = build_parser().parse_args(["train", "--preset", "mqar-reference", "--steps", "7"])
+    spec = _experiments._build_spec(args, compare=False)
+    assert (spec.task, spec.heads, spec.seeds, spec.steps) == ("mqar", ("attention:1",), (0,), 7)
+    assert (spec.n_layer, spec.n_embd, spec.mlp_ratio) == (2, 64, 0)
+    o = spec.options
+    assert (o.seq_len, o.vocab_size, o.num_kv_pairs, o.eval_size) == (64, 8192, 4, 3000)
+    assert o.tie_embeddings and not o.random_non_queries
+    with pytest.raises(SystemExit):  # a preset of several runs is compare's
+        build_parser().parse_args(["train", "--preset", "demo"])
+    assert "invalid choice: 'demo'" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert main(["train", "--preset", "mqar-reference", "--steps", "2", "--eval-size", "8",
+                 "--analysis-size", "4", "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    assert main(["train", "--resume", str(out), "--preset", "mqar-reference"]) == 2
+    assert "drop the flags" in capsys.readouterr().err
 
 
 def test_train_digits_from_a_user_npz(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from heatformer.lab.folder import run_name
+from heatformer.lab.presets import PRESETS
 from heatformer.lab.report import aggregate, format_table, mean_std
-from heatformer.lab.spec import PRESETS, CompareSpec, parse_seeds
+from heatformer.lab.spec import CompareSpec, parse_seeds
 from heatformer.lab.tasks import resolve_task
 
 

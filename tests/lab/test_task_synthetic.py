@@ -304,3 +304,28 @@ def test_tie_embeddings_option_reaches_the_model() -> None:
     with pytest.raises(ArgumentError) as err:
         CompareSpec(task="mqar", options={"tie_embeddings": "yes"})
     assert err.value.argument == "tie_embeddings"
+
+
+def test_mqar_random_non_queries_reaches_the_generator() -> None:
+    """``--random-non-queries no`` (Zoology's figure 2): the filler is token 0."""
+    from heatformer.datasets import mqar
+
+    spec = CompareSpec(task="mqar", options={**TINY["mqar"], "random_non_queries": False})
+    inputs, labels = spec.options.generate(3, 5)
+    expected = mqar(32, 3, 16, 5, num_kv_pairs=2, random_non_queries=False)
+    assert torch.equal(inputs, expected[0]) and torch.equal(labels, expected[1])
+    queries_and_context = labels != -100
+    queries_and_context[:, :4] = True  # the key-value context
+    assert (inputs[~queries_and_context] == 0).all()
+    assert not (CompareSpec(task="mqar", options=TINY["mqar"]).options.generate(3, 5)[0] == 0).all()
+
+
+def test_mlp_ratio_reaches_the_model_and_keeps_old_fingerprints() -> None:
+    spec = CompareSpec(task="mqar", options=TINY["mqar"], n_layer=1, n_embd=16, mlp_ratio=0)
+    model = resolve_task("mqar")(spec).build_model("attention")
+    assert all(block.mlp is None for block in model.blocks)
+    assert "mlp_ratio" not in CompareSpec(task="mqar", options=TINY["mqar"]).fingerprint()
+    assert spec.fingerprint()["mlp_ratio"] == 0  # a checkpoint of another model is not resumed
+    with pytest.raises(ArgumentError) as err:
+        CompareSpec(task="mqar", mlp_ratio=-1)
+    assert err.value.argument == "mlp_ratio"

@@ -145,3 +145,30 @@ def test_tied_model_saves_and_loads_tied_and_bit_identical(tmp_path) -> None:
 def test_tie_embeddings_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="tie_embeddings"):
         GPTConfig(tie_embeddings="yes")  # type: ignore[arg-type]
+
+
+def test_attention_only_blocks_have_no_mlp_branch(tmp_path) -> None:
+    """``mlp_ratio=0`` (Zoology's ``state_mixer=Identity``): each block is
+    ``x + attn(LN1(x))``, with and without activation checkpointing, saved and loaded."""
+    from heatformer.models import TransformerBlock
+
+    model = tiny_gpt("attention:2,heat:2", mlp_ratio=0)
+    block = model.blocks[0]
+    assert block.mlp is None and block.ln2 is None
+    assert not any("mlp" in name or "ln2" in name for name, _ in model.named_parameters())
+    x = torch.randn(2, 7, 16, dtype=F64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(block(x), x + block.attn(block.ln1(x)), atol=0, rtol=0)
+    checkpointed = TransformerBlock(16, 4, "attention:2,heat:2", mlp_ratio=0, causal=True,
+                                    activation_checkpointing=True).to(F64)  # fmt: skip
+    checkpointed.load_state_dict(block.state_dict())
+    x.requires_grad_(True)
+    torch.testing.assert_close(checkpointed(x), block(x), atol=1e-14, rtol=0)
+    model = model.float().eval()
+    save_model(model, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt").eval()
+    assert loaded.config.mlp_ratio == 0
+    idx = tokens(6, 2, 9)
+    assert torch.equal(loaded(idx), model(idx))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="mlp_ratio"):
+            GPTConfig(mlp_ratio=bad)  # type: ignore[arg-type]

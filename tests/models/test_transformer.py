@@ -283,7 +283,7 @@ K, MOST = r"graph: topk\[k=", "expected k at most"
         (lambda: ViTConfig(num_classes=0), r"^num_classes: expected a positive int, got 0$"),
         (lambda: ViTConfig(in_channels=0), r"^in_channels: expected a positive int, got 0$"),
         (lambda: SequenceClassifierConfig(num_classes=0), r"^num_classes: expected a positive"),
-        (lambda: GPTConfig(mlp_ratio=0), r"^mlp_ratio: expected a positive int, got 0$"),
+        (lambda: GPTConfig(mlp_ratio=-1), r"^mlp_ratio: expected an int >= 0, got -1$"),
         (lambda: GPTConfig(dropout=1.0), r"^dropout: expected a probability in \[0, 1\)"),
         (lambda: GPTConfig(block_size=32, graph="topk[k=33]"), rf"^{K}33\]: {MOST} the 32 tokens"),
         # 8x8 images in 2x2 patches: 16 patches and a cls token

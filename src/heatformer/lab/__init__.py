@@ -10,9 +10,11 @@ option tables without loading torch.
   :class:`~heatformer.registry.Registry`; :func:`~heatformer.lab.tasks.register_task` adds one),
   what a task is (:class:`~heatformer.lab.tasks.Task`, its options made with
   :func:`~heatformer.lab.tasks.option`), and the built-in tasks: ``chars``, ``digits``,
-  ``recall``, ``stdlib``, ``masked``.
+  ``recall``, ``stdlib``, ``masked`` and the synthetic benchmarks (``mqar``, ``induction``,
+  ``selective_copy``, ``parity``, ``listops``, ``passkey``).
 - :mod:`heatformer.lab.spec` -- :class:`~heatformer.lab.spec.CompareSpec`, everything that
-  determines a comparison's numbers, validated once; named presets.
+  determines a comparison's numbers, validated once; :mod:`heatformer.lab.presets`, the named
+  settings of ``--preset``.
 - :mod:`heatformer.lab.compare` -- :func:`~heatformer.lab.compare.run_compare` (every head
   schedule × seed, resumably; ``results.json``, ``results.csv``, plots) and
   :func:`~heatformer.lab.compare.analyze`.

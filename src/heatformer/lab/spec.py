@@ -1,4 +1,4 @@
-"""What a comparison runs: :class:`CompareSpec`, head schedules, seeds and presets.
+"""What a comparison runs: :class:`CompareSpec`, head schedules and seeds.
 
 A comparison trains several head configurations (``heads``) with several seeds each,
 under one budget: the same steps, batch size, learning rate, schedule, data and seeds
@@ -30,7 +30,7 @@ setting, one per run) down to the task, the trainer and the checkpoints.
 
 This module imports no torch at import time (the models and the data are imported inside
 the functions that need them): the command line reads the defaults of :class:`CompareSpec`
-and the :data:`PRESETS` for its help pages before torch is loaded.
+for its help pages before torch is loaded (and the presets, :mod:`heatformer.lab.presets`).
 
 Examples:
     >>> spec = CompareSpec(heads=("attention:4;attention:2,laplacian:2",), n_layer=2)
@@ -68,7 +68,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PRECISIONS",
-    "PRESETS",
     "SPEC_NAME",
     "CompareSpec",
     "parse_seeds",
@@ -122,6 +121,7 @@ class CompareSpec:
     n_layer: int = 4  # transformer blocks
     n_head: int | None = None  # heads per layer; None: the sum of the schedule's counts
     n_embd: int = 128  # model width D
+    mlp_ratio: int = 4  # MLP hidden width in units of D; 0: attention-only blocks (no MLP)
     # graph kind(s) of the attention layers: "softmax", "topk[k=32]", or one per layer
     # separated by ';' ("topk[k=8];softmax"); see heatformer.graph_ops.GRAPHS
     graph: str = "softmax"
@@ -158,6 +158,7 @@ class CompareSpec:
             raise bad_value("heads", "expected at least one head schedule, got none")
         if len(set(self.heads)) != len(self.heads):
             raise bad_value("heads", f"expected distinct schedules, got {list(self.heads)}")
+        check_int("mlp_ratio", self.mlp_ratio, minimum=0)
         for name in ("steps", "batch_size", "grad_accum", "n_layer", "n_embd"):
             check_positive_int(name, getattr(self, name))
         if self.batch_size % self.grad_accum:
@@ -394,6 +395,8 @@ class CompareSpec:
             out.pop(key)
         if out["select_by"] is None:  # as before selection existed (evaluation not split)
             out.pop("select_by")
+        if out["mlp_ratio"] == 4:  # as before the field existed
+            out.pop("mlp_ratio")
         out["options"] = self.options.fingerprint()
         return out
 
@@ -491,23 +494,3 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     if count < 1:
         raise bad_value("seeds", f"expected a count >= 1, got {count}")
     return tuple(range(count))
-
-
-#: Named settings for ``heatformer compare --preset NAME``; explicit flags override them.
-PRESETS: dict[str, dict[str, Any]] = {
-    # attention only vs 2 Laplacian heads vs 2 heat heads, small GPT on the stdlib corpus;
-    # about 80 s on 2 CPU cores with --threads 1 (see docs/reproducing.md).
-    "demo": {
-        "task": "chars",
-        "heads": ("attention:4", "attention:2,laplacian:2", "attention:2,heat:2"),
-        "seeds": (0, 1, 2),
-        "steps": 300,
-        "batch_size": 16,
-        "lr": 2e-3,
-        "n_layer": 2,
-        "n_embd": 64,
-        "eval_every": 50,
-        "options": {"seq_len": 64, "eval_size": 64},
-        "name": "demo",
-    },
-}

@@ -37,18 +37,19 @@ class _StackConfig:
     bias: bool = True
     qk_norm: bool = False
     zero_init: bool = False  # zero the attention output projections (no-op at init)
-    mlp_ratio: int = 4
+    mlp_ratio: int = 4  # 0: attention-only blocks (no MLP branch; Zoology's MQAR models)
     # activation checkpointing of every block's two residual branches (TransformerBlock):
     # backward keeps 2 D values per token and layer instead of ~(12 + 2 mlp_ratio) D and the
     # graph's edges, for one more forward
     activation_checkpointing: bool = False
 
     #: size fields of the config, each a positive int (subclasses add theirs)
-    _sizes: ClassVar[tuple[str, ...]] = ("n_layer", "n_head", "n_embd", "mlp_ratio")
+    _sizes: ClassVar[tuple[str, ...]] = ("n_layer", "n_head", "n_embd")
 
     def __post_init__(self) -> None:
         for name in self._sizes:
             checks.check_positive_int(name, getattr(self, name))
+        checks.check_int("mlp_ratio", self.mlp_ratio, minimum=0)
         if self.n_embd % self.n_head != 0:
             raise checks.bad_value(
                 "n_embd", f"expected a multiple of n_head ({self.n_head}), got {self.n_embd}"

@@ -205,20 +205,7 @@ class GPT(_ConfigModel):
                 (``ValueError`` with ``shard``).
         """
         if shard is not None:
-            if isinstance(idx, Tensor) and idx.dim() == 2:  # else _check_idx says what idx is
-                check_shard(shard, idx.shape[1], "idx")
-            if caches or return_graphs or logits_at is not None:
-                raise checks.bad_value(
-                    "caches" if caches else "return_graphs" if return_graphs else "logits_at",
-                    "expected no KV cache and no graphs with a sharded sequence (no process "
-                    "holds every key; generate and analyse on one process)",
-                )
-            if shard.num_nodes > self.config.block_size:
-                raise checks.bad_value(
-                    "shard",
-                    f"expected a sequence of at most block_size = {self.config.block_size} "
-                    f"tokens, got {shard.num_nodes}",
-                )
+            self._check_shard(idx, shard, caches, return_graphs, logits_at)
         if caches and len(caches) != len(self.blocks):
             raise checks.bad_value(
                 "caches", f"expected one KVCache per layer ({len(self.blocks)}), got {len(caches)}"
@@ -245,6 +232,30 @@ class GPT(_ConfigModel):
             x = x.gather(1, logits_at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         logits: Tensor = self.head(self.ln_f(x))
         return (logits, graphs) if graphs is not None else logits
+
+    def _check_shard(
+        self,
+        idx: Tensor,
+        shard: SequenceShard,
+        caches: list[KVCache] | None,
+        return_graphs: bool,
+        logits_at: Tensor | None,
+    ) -> None:
+        """:meth:`forward`'s refusals with ``shard`` (see its Raises)."""
+        if isinstance(idx, Tensor) and idx.dim() == 2:  # else _check_idx says what idx is
+            check_shard(shard, idx.shape[1], "idx")
+        if caches or return_graphs or logits_at is not None:
+            raise checks.bad_value(
+                "caches" if caches else "return_graphs" if return_graphs else "logits_at",
+                "expected no KV cache and no graphs with a sharded sequence (no process "
+                "holds every key; generate and analyse on one process)",
+            )
+        if shard.num_nodes > self.config.block_size:
+            raise checks.bad_value(
+                "shard",
+                f"expected a sequence of at most block_size = {self.config.block_size} "
+                f"tokens, got {shard.num_nodes}",
+            )
 
     @property
     def supports_cache(self) -> bool:

@@ -43,12 +43,8 @@ from heatformer.lab.cli._flags import add_analysis_reading, add_common
 from heatformer.lab.cli._options import OptionParser, speaks
 from heatformer.lab.cli._report import plan_line, preflight, print_report
 from heatformer.lab.cli._resume import KEPT_FLAGS, folder_of, resume_command, take_kept_flags
-from heatformer.lab.spec import (
-    PRESETS,
-    SPEC_NAME,
-    CompareSpec,
-    parse_seeds,
-)
+from heatformer.lab.presets import PRESETS, one_run_presets
+from heatformer.lab.spec import SPEC_NAME, CompareSpec, parse_seeds
 from heatformer.lab.tasks import TASKS, options_by_name
 
 if TYPE_CHECKING:
@@ -81,10 +77,16 @@ def add_train_args(parser: OptionParser) -> None:
         "';': 'attention:4;attention:2,laplacian:2' (default 'attention')",
     )
     parser.add_argument("--seed", type=int, help="seed of the weights and batch order (default 0)")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(one_run_presets()),
+        help="named settings of one run; explicit flags override them",
+    )
     add_common(parser)
     parser.epilog = (
         "examples:\n"
         "  heatformer train --task chars --heads attention:6,laplacian:2 --steps 500\n"
+        "  heatformer train --preset mqar-reference\n"
         "  torchrun --nproc_per_node 2 -m heatformer train --task digits --batch-size 64\n"
         "  torchrun --nproc_per_node 2 -m heatformer train --task chars --seq-len 65536 \\\n"
         "      --graph 'window[w=128]' --sequence-parallel 2"
@@ -198,7 +200,7 @@ def _build_spec(args: argparse.Namespace, *, compare: bool) -> CompareSpec:
     """The spec of the command line: the ``--preset``'s values, under the ``--config`` file's,
     under the flags given (field by field, option by option); validated once, when made."""
     values: dict[str, Any] = {}
-    if compare and args.preset:
+    if args.preset:
         values.update(PRESETS[args.preset])
     if args.config is None:
         return _spec_from(args, values, compare=compare)
@@ -333,8 +335,8 @@ def _spec_of(
         extra = sorted(set(_given(args)) - {"device"} | ({"topk"} if args.topk else set()))
         if command == "compare" and (args.heads or args.sweep or args.seeds or args.preset):
             extra += ["heads/sweep/seeds/preset"]
-        if command == "train" and (args.heads is not None or args.seed is not None):
-            extra += ["heads/seed"]
+        if command == "train" and (args.heads is not None or args.seed is not None or args.preset):
+            extra += ["heads/seed/preset"]
         if args.config is not None:
             extra += ["config"]
         if extra:

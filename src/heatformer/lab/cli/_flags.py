@@ -75,6 +75,13 @@ def _model_flags(g: OptionGroup, d: dict[str, Any]) -> None:
     )
     g.add_argument("--embd", dest="n_embd", type=int, help=f"width (default {d['n_embd']})")
     g.add_argument(
+        "--mlp-ratio",
+        type=int,
+        metavar="R",
+        help=f"MLP hidden width in units of the width; 0: attention-only blocks, as Zoology's "
+        f"MQAR models (default {d['mlp_ratio']})",
+    )
+    g.add_argument(
         "--graph",
         metavar="SPEC",
         help="graph kind of the attention layers: softmax, topk[k=32], or one per layer "

@@ -64,6 +64,7 @@ __all__ = [
     "SyntheticTask",
     "draw_seed",
     "scored_positions",
+    "yes_no",
 ]
 
 #: the seed of every synthetic task's fixed evaluation set
@@ -129,7 +130,7 @@ def _option_names(renamed: dict[str, str]) -> Iterator[None]:
         ) from None
 
 
-def _yes_no(text: str) -> bool:
+def yes_no(text: str) -> bool:
     """``yes`` / ``no`` (also ``true`` / ``false``, ``1`` / ``0``) as a bool."""
     value = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}.get(
         text.strip().lower()
@@ -151,7 +152,7 @@ class SyntheticOptions(TaskOptions):
     analysis_size: int = option(64, "sequences in the analysis batch", numbers=False)
     tie_embeddings: bool = option(
         False, "the output layer is the token embedding (as Zoology's models): yes | no",
-        parse=_yes_no, metavar="yes|no",
+        parse=yes_no, metavar="yes|no",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

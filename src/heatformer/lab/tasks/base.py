@@ -213,6 +213,7 @@ class Task(abc.ABC):
             "n_layer": spec.n_layer,
             "n_head": schedule.num_heads,
             "n_embd": spec.n_embd,
+            "mlp_ratio": spec.mlp_ratio,
             "heads": schedule.config_heads,
             "graph": spec.graph,
             "dropout": spec.dropout,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from heatformer.lab.tasks._synthetic import SyntheticOptions, SyntheticTask
+from heatformer.lab.tasks._synthetic import SyntheticOptions, SyntheticTask, yes_no
 from heatformer.lab.tasks.options import option
 
 if TYPE_CHECKING:
@@ -34,6 +34,10 @@ class MqarOptions(SyntheticOptions):
     num_kv_pairs: int = option(4, "key-value pairs per sequence, each key asked once")
     power_a: float = option(0.01, "exponent of the power law of the query gaps (1: uniform)")
     num_passes: int = option(1, "times the key-value context is repeated (JRT)")
+    random_non_queries: bool = option(
+        True, "filler drawn from the vocabulary (no: token 0, as Zoology's figure 2): yes | no",
+        parse=yes_no, metavar="yes|no",
+    )  # fmt: skip
 
     def _generate(self, num_examples: int, seed: int) -> tuple[Tensor, Tensor]:
         from heatformer.datasets import mqar
@@ -41,6 +45,7 @@ class MqarOptions(SyntheticOptions):
         return mqar(
             self.vocab_size, num_examples, self.seq_len, seed, power_a=self.power_a,
             num_kv_pairs=self.num_kv_pairs, num_passes=self.num_passes,
+            random_non_queries=self.random_non_queries,
         )  # fmt: skip
 
     def num_tokens(self) -> int:
