@@ -31,6 +31,7 @@ from heatformer.graph_ops import (
     GraphBuilder,
     resolve_graph,
     resolve_operator,
+    split_maps,
 )
 from heatformer.models import DiffusionAttention
 from test_matrix import (
@@ -94,18 +95,29 @@ def _qkvx(n: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _build(
-    builder: GraphBuilder, case: GraphCase, q: Tensor, k: Tensor, drop: bool = False
+    builder: GraphBuilder,
+    case: GraphCase,
+    q: Tensor,
+    k: Tensor,
+    drop: bool = False,
+    maps: int = 1,
 ) -> Graph:
-    """The graph of ``case`` by ``builder`` (``drop``: padded queries lose their out-edges)."""
+    """The graph of ``case`` by ``builder`` (``drop``: padded queries lose their out-edges);
+    for an operator with ``maps > 1`` attention maps per head (asked of the entry), the maps
+    from the channels of ``q``, ``k`` as a layer splits them (batch ``(B, H, maps)``)."""
     key_mask = _key_mask(q.shape[-2]) if case.masked else None  # element 1: first 3 padded
+    if maps > 1:
+        q, k = split_maps(q, maps), split_maps(k, maps)  # (B, H, maps, N, E / maps)
     return builder.build(q, k, key_mask=key_mask, drop_masked_queries=drop, causal=case.causal)
 
 
-def _one_node_weights(case: GraphCase) -> Tensor:
+def _one_node_weights(case: GraphCase, maps: int = 1) -> Tensor:
     """The explicit ``(B, H, 1, 1)`` weight of a one-token graph: its self-loop, 0 where its
-    key is padded (``_key_mask`` pads element 1's first keys)."""
+    key is padded (``_key_mask`` pads element 1's first keys); ``(B, H, maps, 1, 1)`` for an
+    operator with ``maps`` attention maps (each the same one-node graph)."""
     real = _key_mask(1) if case.masked else torch.ones(B, 1, dtype=torch.bool)
-    return real.double()[:, None, :, None].expand(B, H, 1, 1)
+    w = real.double()[:, None, :, None].expand(B, H, 1, 1)
+    return w if maps == 1 else w[:, :, None].expand(B, H, maps, 1, 1)
 
 
 def _assert_zero_grads(tensors: dict[str, Tensor], what: str) -> None:
@@ -125,7 +137,7 @@ def _apply(
     """The operator, its ``(q, k, x)`` of ``n`` tokens and ``op(graph, x)`` on ``case``."""
     op = resolve_operator(name, **params).double()
     q, k, x = _qkvx(n)
-    return op, (q, k, x), op(_build(case.builder, case, q, k, drop), x)
+    return op, (q, k, x), op(_build(case.builder, case, q, k, drop, op.maps), x)
 
 
 @pytest.mark.parametrize("case_name", list(GRAPH_CASES))
@@ -143,7 +155,7 @@ def test_functional_empty(name: str, params: dict[str, Any], case_name: str) -> 
 def test_functional_one_node(name: str, params: dict[str, Any], case_name: str) -> None:
     case = GRAPH_CASES[case_name]
     op, (q, k, x), y = _apply(name, params, case, 1)
-    expected = op(DenseGraph(_one_node_weights(case)), x)
+    expected = op(DenseGraph(_one_node_weights(case, op.maps)), x)
     what = f"{name}{params} on {case_name}, N = 1"
     assert_agrees(y, expected, torch.float64, what, _truncation(op))
     gq, gk, gx = torch.autograd.grad(y.sum(), (q, k, x), allow_unused=True)
@@ -162,7 +174,7 @@ def test_functional_window_past_n_is_softmax(
     case = WIDE_CASES[case_name]
     drop = resolve_operator(name, **params).reads_transpose  # as a layer builds it for them
     op, (q, k, x), y = _apply(name, params, case, LONG_N, drop)
-    expected = op(_build(resolve_graph("softmax"), case, q, k, drop), x)
+    expected = op(_build(resolve_graph("softmax"), case, q, k, drop, op.maps), x)
     what = f"{name}{params} on {case_name}"
     assert_agrees(y, expected, torch.float64, what, _truncation(op))
     grads = torch.autograd.grad(y.sum(), (q, k, x), allow_unused=True)
@@ -216,8 +228,10 @@ def _run(
 def _one_node_layer(layer: DiffusionAttention, x: Tensor, case: GraphCase) -> Tensor:
     """The layer's documented per-head definition on the explicit ``1 x 1`` weights."""
     _, _, v = layer.project_qkv(x)  # (B, H, 1, Dh)
-    w = _one_node_weights(case)[:, :1]  # (B, 1, 1, 1): one head's graph
-    heads = [op(DenseGraph(w), v[:, h : h + 1]) for h, op in enumerate(layer.head_operators)]
+    heads = [
+        op(DenseGraph(_one_node_weights(case, op.maps)[:, :1]), v[:, h : h + 1])  # one head's
+        for h, op in enumerate(layer.head_operators)
+    ]
     return layer.merge_heads(torch.cat(heads, dim=1))
 
 

@@ -300,8 +300,8 @@ def test_an_old_spec_with_bf16_loads_with_the_fingerprint_its_checkpoints_have(
 ) -> None:
     spec = CompareSpec(task="chars", heads=(HEADS,), steps=6, batch_size=4,
                        options={"text": str(corpus), "seq_len": 16}).resolved()  # fmt: skip
-    old = spec.to_dict()  # as heatformer wrote it before precision and grad_accum
-    del old["precision"], old["grad_accum"]
+    old = spec.to_dict()  # as heatformer wrote it before precision, grad_accum and mlp_ratio
+    del old["precision"], old["grad_accum"], old["mlp_ratio"]
     old["bf16"], old["topk"] = bf16, None
     loaded = CompareSpec.from_dict(json.loads(json.dumps(old)))
     assert loaded.precision == ("bf16" if bf16 else "fp32") and loaded.grad_accum == 1

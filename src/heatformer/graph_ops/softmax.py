@@ -392,9 +392,10 @@ def _sdpa_4d(
     elif ev < e:
         v = torch.nn.functional.pad(v, (0, e - ev))
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    folded = math.prod(batch[:-1])  # explicit, not -1: a tensor of N = 0 has no elements
 
     def flat(t: Tensor) -> Tensor:  # (*batch, ., .) -> (Bf', batch[-1], ., .)
-        return t.expand(*batch, *t.shape[-2:]).reshape(-1, batch[-1], *t.shape[-2:])
+        return t.expand(*batch, *t.shape[-2:]).reshape(folded, batch[-1], *t.shape[-2:])
 
     mask = None if attn_mask is None else flat(attn_mask)
     y = sdpa(flat(q), flat(k), flat(v), attn_mask=mask, is_causal=is_causal, scale=scale)
