@@ -29,12 +29,17 @@ def _diffllama_attention(layer_idx: int, num_key_value_heads: int) -> torch.nn.M
     from hf_helpers import diffllama_config
 
     pytest.importorskip("transformers")
-    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
+    from transformers.models.diffllama import modeling_diffllama
 
     config = diffllama_config(num_key_value_heads=num_key_value_heads)
     config._attn_implementation = "sdpa"
+    # transformers before the attention interface (5.4, the floor) has a class per
+    # implementation; later ones read config._attn_implementation
+    cls = getattr(
+        modeling_diffllama, "DiffLlamaSdpaAttention", modeling_diffllama.DiffLlamaAttention
+    )
     torch.manual_seed(0)
-    attn = DiffLlamaAttention(config, layer_idx=layer_idx).to(F64).eval()
+    attn = cls(config, layer_idx=layer_idx).to(F64).eval()
     with torch.no_grad():  # lambda ~ lambda_init +- 0.5: the second map matters
         for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
             getattr(attn, name).normal_(0.0, 0.5)

@@ -180,7 +180,7 @@ class Chain:
             for b in range(self.bf):
                 p = edges.to_scipy(self.index(b))
                 if not np.all(self.inv_degree[b] == 1.0):  # rows of attention sum to 1 already
-                    p = sparse.diags_array(self.inv_degree[b]) @ p
+                    p = sparse.diags(self.inv_degree[b]).tocsr() @ p  # diags_array: SciPy 1.11
                 explicit.append(_canonical(p))
             self._explicit = explicit
         return self._explicit
