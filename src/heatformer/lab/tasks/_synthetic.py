@@ -8,8 +8,9 @@ Each is a generator of :mod:`heatformer.datasets` behind the lab's one batch int
   :data:`~heatformer.lab.tasks.base.IGNORE_INDEX` (``-100``) where nothing is scored, so the
   shared loss and evaluation score exactly the generator's scored positions;
 - the model is a causal :class:`~heatformer.models.GPT` over the generator's tokens, read at
-  every position (its logits ``(B, N, V)`` against the labels ``(B, N)``); a task that asks one
-  question per sequence (``parity``, ``listops``) is scored at the answer's position alone;
+  the scored positions only (:meth:`SyntheticTask.scored_logits`: its logits ``(B, M, V)``
+  against those labels ``(B, M)``, the same loss and accuracy as every position's); a task that
+  asks one question per sequence (``parity``, ``listops``) is scored at the answer's position;
 - a training batch is the generator's output for a seed drawn from the run's generator
   (:func:`draw_seed`): the same generator state gives the same batch, and a checkpoint that
   keeps the state resumes the same stream. Training seeds are drawn from ``[2**32, 2**62)``,
