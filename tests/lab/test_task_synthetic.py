@@ -329,3 +329,55 @@ def test_mlp_ratio_reaches_the_model_and_keeps_old_fingerprints() -> None:
     with pytest.raises(ArgumentError) as err:
         CompareSpec(task="mqar", mlp_ratio=-1)
     assert err.value.argument == "mlp_ratio"
+
+
+def test_mqar_query_gaps_are_the_distance_to_the_last_key_in_the_context() -> None:
+    from heatformer.datasets import mqar
+    from heatformer.lab.tasks.mqar import query_gaps
+
+    for passes in (1, 2):
+        inputs, labels = mqar(64, 20, 32, 3, num_kv_pairs=3, num_passes=passes)
+        context = 2 * 3 * passes
+        gaps = query_gaps(inputs, labels, context)
+        for b in range(len(inputs)):
+            for i in range(inputs.shape[1]):
+                if labels[b, i] == -100:
+                    assert gaps[b, i] == 0
+                    continue
+                key = max(j for j in range(context) if inputs[b, j] == inputs[b, i])
+                assert gaps[b, i] == i - key and labels[b, i] == inputs[b, key + 1]
+
+
+@pytest.mark.parametrize("select", [False, True])
+def test_mqar_near_and_far_split_val_acc_by_the_query_gap(select: bool) -> None:
+    """A model that answers exactly the queries within ``near_gap`` of their key scores 1 near
+    and 0 far; ``val_acc`` is their mean weighted by the counts; ``near_gap`` past every gap
+    leaves ``val_acc_far`` NaN."""
+    from heatformer.lab.tasks.mqar import query_gaps
+
+    tuned = {"select_by": "val_acc", "tune": ("lr=1e-3,2e-3",)} if select else {}
+    task = resolve_task("mqar")(
+        CompareSpec(task="mqar", heads=("attention:2",), n_layer=1, n_embd=16, **tuned,
+                    options={**TINY["mqar"], "eval_size": 40, "near_gap": 6})
+    )  # fmt: skip
+    inputs, labels = task.data
+    near = query_gaps(inputs, labels, 4) <= 6
+    assert near[labels != -100].any() and (~near)[labels != -100].any()
+    known = labels.masked_fill(~near, -100)  # the oracle knows the near answers only
+    metrics = task.evaluate(Oracle([(inputs, known)], 32), torch.device("cpu"))
+    prefixes = ("", "validation/") if select else ("",)
+    assert set(metrics) == {p + m for p in prefixes for m in task.metric_names}
+    for prefix in prefixes:
+        assert metrics[prefix + "val_acc_near"] == 1.0 and metrics[prefix + "val_acc_far"] == 0.0
+    scored = labels != -100
+    half = torch.arange(len(labels))[:, None] % 2 == 1 if select else torch.ones_like(scored)
+    counts = ((scored & near & half).sum(), (scored & half).sum())
+    assert metrics["val_acc"] == pytest.approx(float(counts[0] / counts[1]))
+    wide = resolve_task("mqar")(
+        CompareSpec(task="mqar", heads=("attention:2",), n_layer=1, n_embd=16,
+                    options={**TINY["mqar"], "eval_size": 8, "near_gap": 16})
+    ).evaluate(Oracle([], 32), torch.device("cpu"))  # fmt: skip
+    assert math.isnan(wide["val_acc_far"]) and wide["val_acc_near"] == wide["val_acc"]
+    with pytest.raises(ArgumentError) as err:
+        CompareSpec(task="mqar", options={**TINY["mqar"], "near_gap": 0})
+    assert err.value.argument == "near_gap"

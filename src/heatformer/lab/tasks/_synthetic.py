@@ -221,7 +221,11 @@ class SyntheticTask(NextTokenGrouping):
         return batch
 
     def eval_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        inputs, labels = self.data
+        return self.batches_of(*self.data)
+
+    @staticmethod
+    def batches_of(inputs: Tensor, labels: Tensor) -> Iterator[tuple[Tensor, Tensor]]:
+        """``(inputs, labels)`` in batches of :data:`EVAL_BATCH` examples."""
         return (
             (inputs[i : i + EVAL_BATCH], labels[i : i + EVAL_BATCH])
             for i in range(0, len(inputs), EVAL_BATCH)
