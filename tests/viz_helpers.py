@@ -1,4 +1,4 @@
-"""Shared helpers of the viz tests: small graphs and image-file checks.
+"""Shared helpers of the viz tests: small graphs, image-file checks, numpy references.
 
 Test modules import it directly (``import viz_helpers as vh``; ``tests/`` is on ``sys.path``).
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from heatformer.graph_ops import DenseGraph, SoftmaxGraph
@@ -30,6 +31,26 @@ def random_symmetric(n: int = 7, seed: int = 0) -> DenseGraph:
     w = torch.rand(n, n, generator=gen, dtype=torch.float64)
     w = (w + w.T) * (1 - torch.eye(n, dtype=torch.float64))
     return DenseGraph(w)
+
+
+def stationary_reference(p) -> np.ndarray:
+    """TokenRank of a row-stochastic ``p`` ``(N, N)`` from numpy alone: the eigenvector of
+    ``Pᵀ`` for the eigenvalue nearest 1 (``numpy.linalg.eig``), summing to 1."""
+    values, vectors = np.linalg.eig(np.asarray(p, dtype=np.float64).T)
+    v = vectors[:, np.argmin(np.abs(values - 1))].real
+    return v / v.sum()
+
+
+def second_eigenvector_reference(p) -> tuple[np.ndarray, complex]:
+    """``(v₂, λ₂)`` of ``p`` ``(N, N)`` from ``numpy.linalg.eig``: ``λ₂`` second in the order
+    of decreasing modulus (then real part, then + imaginary part first), ``v₂`` its right
+    eigenvector at unit length with its largest entry made real and positive."""
+    values, vectors = np.linalg.eig(np.asarray(p, dtype=np.float64))
+    order = np.lexsort((-values.imag, -values.real, -np.abs(values).round(12)))
+    v = vectors[:, order[1]].astype(np.complex128)
+    v = v / np.linalg.norm(v)
+    top = v[np.argmax(np.abs(v).round(12))]
+    return v * abs(top) / top, complex(values[order[1]])
 
 
 def assert_png(path: Path) -> tuple[int, int]:

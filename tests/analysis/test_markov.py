@@ -13,8 +13,12 @@ import scipy.sparse
 import scipy.sparse.linalg
 import torch
 
-from heatformer.analysis import leading_eigenvalues, stationary_distribution
-from heatformer.analysis.markov import EIGENVALUE_METHODS, STATIONARY_METHODS
+from heatformer.analysis import (
+    leading_eigenvalues,
+    leading_eigenvectors,
+    stationary_distribution,
+)
+from heatformer.analysis.markov import EIGENVALUE_METHODS, EIGENVECTOR_METHODS, STATIONARY_METHODS
 from heatformer.checks import ArgumentError
 from heatformer.graph_ops import DenseGraph, Graph, SoftmaxGraph, WindowGraph
 from references import softmax_reference, topk_reference
@@ -318,6 +322,68 @@ def test_leading_eigenvalues_use_only_propagate() -> None:
         _assert_same_eigenvalues(got.numpy(), _eig_reference(p, 3), 1e-9)
 
 
+# ---- leading eigenvectors ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["auto", *EIGENVECTOR_METHODS])
+@pytest.mark.parametrize("kind", KINDS)
+def test_leading_eigenvectors_match_numpy_eig(kind: str, method: str) -> None:
+    """Right eigenvectors, P v = lam v, against numpy.linalg.eig of the numpy-built P: the
+    values of leading_eigenvalues, unit norm, the largest entry real and positive, and each
+    simple value's vector numpy's up to its phase."""
+    graph, p = _kind(kind, seed=7)
+    values, vectors = leading_eigenvectors(graph, 4, method=method)
+    assert values.shape == (*BATCH, 4) and vectors.shape == (*BATCH, N, 4)
+    assert values.dtype == vectors.dtype == torch.complex128
+    atol = 1e-12 if method != "arnoldi" else 1e-9
+    _assert_same_eigenvalues(values.numpy(), _eig_reference(p, 4), atol)
+    for idx in np.ndindex(*BATCH):
+        lam, vec, pb = values[idx].numpy(), vectors[idx].numpy(), p[idx]
+        np.testing.assert_allclose(pb @ vec, vec * lam[None, :], rtol=0, atol=1e3 * atol)
+        np.testing.assert_allclose(np.linalg.norm(vec, axis=0), 1.0, rtol=0, atol=1e-12)
+        peak = np.argmax(np.abs(vec).round(12), axis=0)
+        top = vec[peak, np.arange(4)]
+        assert (top.imag == 0).all() and (top.real > 0).all()  # the phase convention
+        ref_values, ref_vectors = np.linalg.eig(pb)
+        for i in range(4):
+            gaps = np.abs(ref_values - lam[i])
+            if np.sort(gaps)[1] < 1e-6:  # a repeated value: its vector is not unique
+                continue
+            ref = ref_vectors[:, np.argmin(gaps)]
+            overlap = abs(np.vdot(ref / np.linalg.norm(ref), vec[:, i]))
+            assert overlap == pytest.approx(1.0, abs=1e3 * atol)
+    # v_1 is the constant: P 1 = 1
+    torch.testing.assert_close(
+        vectors[..., 0], torch.full((*BATCH, N), N**-0.5, dtype=torch.complex128), atol=1e-9,
+        rtol=0,
+    )  # fmt: skip
+
+
+def test_the_second_eigenvector_of_a_periodic_chain_alternates() -> None:
+    path = DenseGraph(torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]))
+    values, vectors = leading_eigenvectors(path, 2)
+    torch.testing.assert_close(values, torch.tensor([1.0, -1.0], dtype=torch.complex128))
+    expected = torch.tensor([[1.0, 1.0], [1.0, -1.0], [1.0, 1.0]], dtype=torch.complex128)
+    torch.testing.assert_close(vectors, expected / 3**0.5, rtol=0, atol=1e-15)
+
+
+def test_a_complex_pair_has_conjugate_eigenvectors() -> None:
+    """A directed 3-cycle with self-loops: lam_2 = conj(lam_3), complex, and so are their
+    vectors (the + member first, each with its largest entry real and positive)."""
+    cycle = DenseGraph(
+        torch.eye(3, dtype=torch.float64) + torch.eye(3, dtype=torch.float64).roll(1, 1)
+    )
+    values, vectors = leading_eigenvectors(cycle, 3)
+    w = np.exp(2j * np.pi / 3)
+    np.testing.assert_allclose(values.numpy(), [1.0, (1 + w) / 2, (1 + w.conjugate()) / 2],
+                               atol=1e-12)  # fmt: skip
+    p = cycle.to_dense().numpy() / 2
+    v = vectors.numpy()
+    np.testing.assert_allclose(p @ v, v * values.numpy()[None, :], atol=1e-12)
+    np.testing.assert_allclose(v[:, 2], v[:, 1].conj(), atol=1e-12)
+    assert v[0, 1] == pytest.approx(3**-0.5)  # a tie of moduli: the first entry is made real
+
+
 # ---- bad input -----------------------------------------------------------------------------
 
 
@@ -336,6 +402,10 @@ def test_leading_eigenvalues_use_only_propagate() -> None:
         (lambda g: leading_eigenvalues(g, 2, method="eig"), "method", ValueError),
         (lambda g: leading_eigenvalues(g, 2, tol=2.0), "tol", ValueError),
         (lambda g: leading_eigenvalues(g, N - 1, method="arnoldi"), "method", ValueError),
+        (lambda g: leading_eigenvectors(g.to_dense(), 2), "graph", TypeError),
+        (lambda g: leading_eigenvectors(g, 0), "k", ValueError),
+        (lambda g: leading_eigenvectors(g, 2, method="eigvals"), "method", ValueError),
+        (lambda g: leading_eigenvectors(g, N - 1, method="arnoldi"), "method", ValueError),
         (lambda g: stationary_distribution(DenseGraph(torch.zeros(0, 0))), "graph", ValueError),
     ],
 )

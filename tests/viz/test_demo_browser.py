@@ -10,7 +10,9 @@ compared with the numbers Python computes with heatformer's heat kernel from the
 word pieces with ``[CLS]`` on the darkest node, every label is checked to read on its node
 (WCAG contrast from the rendered colours), the colour bars to say that colour follows the
 square root of the value (and the nodes' colours to do so), and the notes and totals to say
-what each operator's views are.
+what each operator's views are. On both pages the random walk's panels draw, for the head
+picked, TokenRank as node area (``π`` from numpy's ``eig`` of ``Pᵀ``) and ``v₂`` as node colour
+(numpy's ``eig`` of ``P``), print ``λ₂`` and show the words Python wrote of that head.
 
 Skipped only when no Chromium is installed (``.ci/run`` installs Debian's ``chromium``).
 """
@@ -26,6 +28,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -164,6 +167,37 @@ def _assert_shows(shown: dict, u: torch.Tensor, m: torch.Tensor) -> None:
     assert shown["graph"] == pytest.approx(u.tolist(), abs=6e-7)  # the nodes' colours' values
 
 
+WALK = """(() => {
+  const nodes = (id) => Array.from(document.querySelectorAll(`#${id} g.node`)).map((g) => ({
+    value: Number(g.dataset.value), r: Number(g.querySelector("circle").getAttribute("r")) }));
+  const text = (id) => document.getElementById(id).textContent;
+  return { rank: nodes("graph-tokenrank"), walk: nodes("graph-walk"),
+    notes: [text("note-tokenrank"), text("note-walk")],
+    totals: [text("total-tokenrank"), text("total-walk")] };
+})()"""
+
+
+def _assert_walk(b: Browser, numbers: dict, layer: int, head: int) -> dict:
+    """The walk's panels show head ``head`` of layer ``layer``: node values and areas of
+    TokenRank, node values of v₂ and λ₂ as numpy computes them from the page's own ``P``, and
+    the words Python wrote of that head."""
+    shown = b.js(WALK)
+    one = numbers["heads"][layer][head]
+    p = np.array(one["attention"], dtype=np.float64)
+    pi = vh.stationary_reference(p)
+    assert [n["value"] for n in shown["rank"]] == pytest.approx(pi.tolist(), abs=1e-9)
+    radii = np.array([n["r"] for n in shown["rank"]])
+    np.testing.assert_allclose(radii, radii.max() * np.sqrt(pi / pi.max()), atol=1e-3)  # area
+    v2, lam2 = vh.second_eigenvector_reference(p)
+    assert [n["value"] for n in shown["walk"]] == pytest.approx(v2.real.tolist(), abs=1e-7)
+    assert len({n["r"] for n in shown["walk"]}) == 1  # v_2: one size, colour only
+    assert f"λ₂ = {lam2.real:.4f}" in shown["totals"][1]
+    assert f"spectral gap 1 − |λ₂| = {1 - abs(lam2):.4f}" in shown["totals"][1]
+    assert shown["notes"] == [one["walk"]["pi_text"], one["walk"]["vector_text"]]
+    assert shown["notes"][0].startswith(f"TokenRank of layer {layer}, head {head} (")
+    return shown
+
+
 def _centre(b: Browser, selector: str) -> tuple[float, float]:
     rect = b.js(
         f"""(() => {{ const e = document.querySelector({json.dumps(selector)});
@@ -197,6 +231,10 @@ def test_interactive_page_shows_pythons_numbers(demo, browser: Browser) -> None:
     u, m = _python(numbers, first)
     _assert_shows(first, u, m)
     assert abs(first["mass"] - 1.0) < 1e-6 and abs(first["influence"] - 1.0) > 1e-3
+    # the random walk of the causal GPT's head: all of pi on token 0, the only node with area
+    walk = _assert_walk(b, numbers, first["layer"], first["head"])
+    assert [n["r"] > 0 for n in walk["rank"]] == [True] + [False] * (len(walk["rank"]) - 1)
+    assert "This head is causal" in walk["notes"][0] and "π = e₀" in walk["notes"][0]
 
     # drag the t slider: a real click on its track, then one arrow key
     x, y = _centre(b, "#t")
@@ -338,7 +376,9 @@ def test_every_label_on_the_interactive_page_is_true(word_pieces, browser: Brows
     b.load(page.as_uri())
     _set(b, "t", 0, "input")  # t = 0: all of the source's value on [CLS], the darkest node
     shown = b.js(LABELS)
-    assert sorted(shown["graphs"]) == ["graph-eigen", "graph-influence", "graph-mass"]
+    assert sorted(shown["graphs"]) == [
+        "graph-eigen", "graph-influence", "graph-mass", "graph-tokenrank", "graph-walk",
+    ]  # fmt: skip
     for name, graph in shown["graphs"].items():
         for node in graph["nodes"]:
             contrast = vh.wcag_contrast([c / 255 for c in node["text"]],
@@ -351,7 +391,14 @@ def test_every_label_on_the_interactive_page_is_true(word_pieces, browser: Brows
     # the colour bars say that colour follows the square root of the value ...
     notes = {name: graph["note"] for name, graph in shown["graphs"].items()}
     assert notes == {"graph-influence": "colour ∝ √value", "graph-mass": "colour ∝ √value",
-                     "graph-eigen": "colour ∝ ±√|value|"}  # fmt: skip
+                     "graph-eigen": "colour ∝ ±√|value|", "graph-tokenrank": "colour ∝ √value",
+                     "graph-walk": "colour ∝ ±√|value|"}  # fmt: skip
+    # the walk's panels of both heads of this bidirectional layer: pi on every token
+    for head in (0, 1):
+        _set(b, "head", head, "change")
+        walk = _assert_walk(b, numbers, 0, head)
+        assert all(n["r"] > 0 for n in walk["rank"]) and "causal" not in walk["notes"][0]
+    _set(b, "head", 0, "change")
     # ... and it does: at t = 1 (the scale's top is 1, the source's value at t = 0)
     _set(b, "t", numbers["times"].index(1.0), "input")
     nodes = b.js(LABELS)["graphs"]["graph-influence"]["nodes"]

@@ -112,9 +112,9 @@ def test_sections_are_numbered_and_cross_references_link_to_them(written) -> Non
     page = result.index_html.read_text(encoding="utf-8")
     sections = re.findall(r'<section id="([a-z-]+)"><h2>(\d+)\. ', page)
     assert [key for key, _ in sections] == [
-        "graph", "matrices", "spectrum", "heat", "laplacian-head", "topk", "geometry",
+        "graph", "matrices", "spectrum", "heat", "laplacian-head", "topk", "walk", "geometry",
     ]  # fmt: skip
-    assert [int(i) for _, i in sections] == list(range(1, 8))
+    assert [int(i) for _, i in sections] == list(range(1, 9))
     number = {key: int(i) for key, i in sections}
     links = re.findall(r'<a href="#([a-z-]+)">section (\d+)</a>', page)
     assert len(links) >= 5 and "{ref:" not in page
@@ -124,6 +124,8 @@ def test_sections_are_numbered_and_cross_references_link_to_them(written) -> Non
     assert f'<a href="#laplacian-head">section {number["laplacian-head"]}</a>' in matrices
     graph = re.search(r'<section id="graph">(.*?)</section>', page, re.S).group(1)
     assert "query <i>i</i> reads key <i>j</i>" in graph and "from key <i>j</i> to query" in graph
+    walk = re.search(r'<section id="walk">(.*?)</section>', page, re.S).group(1)
+    assert f'The head of <a href="#graph">section {number["graph"]}</a> read as' in walk
     with pytest.raises(ValueError, match="text: expected a reference to one of"):
         page_module._link_refs("see {ref:nowhere}", number)
 

@@ -4,10 +4,10 @@ registries of the solvers that read it.
 Not part of the API. :class:`Chain` is what every method shares: the chain's products (by the
 graph's explicit copy or its ``propagate``), its explicit ``P``, the one closed class and the
 banded plan of each graph. :data:`STATIONARY_METHODS` (``"dense"``, ``"banded"``,
-``"arnoldi"``) and :data:`EIGENVALUE_METHODS` (``"dense"``, ``"arnoldi"``) hold the solvers, each
-with its refusal, and the limits they refuse by. The conventions, the banded solve's maths and
-the references are in :mod:`~heatformer.analysis.markov`'s docstring, which re-exports the
-registries and the limits.
+``"arnoldi"``) holds the stationary solvers, each with its refusal, and the limits they refuse
+by; the eigenvalue solvers are in :mod:`~heatformer.analysis._markov_eigen`. The conventions,
+the banded solve's maths and the references are in :mod:`~heatformer.analysis.markov`'s
+docstring, which re-exports the registries and the limits.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ __all__ = [
     "BANDED_MAX_BYTES",
     "BORDER_MAX_NODES",
     "DENSE_MAX_NODES",
-    "EIGENVALUE_METHODS",
+    "DTYPE",
     "EIG_DENSE_MAX_NODES",
-    "MODULUS_DECIMALS",
     "STATIONARY_METHODS",
     "Chain",
 ]
@@ -416,80 +415,6 @@ STATIONARY_METHODS: dict[str, Method] = {
             "ARPACK on P^T (propagate_transpose, or the explicit copy of a graph that lists its "
             "edges), to tol; any graph whose chain has one closed class, iterations growing as "
             "the spectral gap shrinks",
-        ),
-    )
-}  # fmt: skip
-
-
-# ---- leading eigenvalues -------------------------------------------------------------------
-
-
-#: decimals of the moduli that :func:`~heatformer.analysis.markov.leading_eigenvalues` orders
-#: by (equal to them: a tie)
-MODULUS_DECIMALS = 12
-
-
-def _order(values: np.ndarray, k: int) -> np.ndarray:
-    """The ``k`` of ``values`` largest in modulus, by decreasing modulus (to
-    :data:`MODULUS_DECIMALS` decimals), then real part, then imaginary part (a conjugate pair:
-    ``+`` first)."""
-    modulus = np.round(np.abs(values), MODULUS_DECIMALS)
-    order = np.lexsort((-values.imag, -values.real, -modulus))
-    return values[order[:k]]
-
-
-def _eig_dense(chain: Chain, k: int, tol: float) -> np.ndarray:
-    eye = torch.eye(chain.n, dtype=DTYPE, device=chain.graph.device)  # (N, N): W = W @ I
-    with torch.no_grad():
-        w = chain.graph.propagate(eye).reshape(chain.bf, chain.n, chain.n).cpu().numpy()
-    values = np.linalg.eigvals(w * chain.inv_degree[:, :, None]).astype(np.complex128)  # (Bf, N)
-    return np.stack([_order(v, k) for v in values])
-
-
-def _eig_arnoldi(chain: Chain, k: int, tol: float) -> np.ndarray:
-    linalg = _scipy("sparse.linalg")
-    n = chain.n
-    out = np.zeros((chain.bf, k), dtype=np.complex128)
-    for b in range(chain.bf):
-
-        def matvec(v: np.ndarray, b: int = b) -> np.ndarray:
-            return chain.product(b, v)
-
-        op = linalg.LinearOperator((n, n), matvec=matvec, dtype=np.float64)
-        ncv = min(n, max(2 * k + 1, ARNOLDI_NCV))
-        values = linalg.eigs(
-            op, k=k, which="LM", v0=np.ones(n), tol=tol, ncv=ncv, return_eigenvectors=False
-        )
-        out[b] = _order(values, k)
-    return out
-
-
-def _eig_dense_refuse(chain: Chain, k: int, tol: float) -> str | None:
-    if chain.n > EIG_DENSE_MAX_NODES:
-        return f"N = {chain.n} > EIG_DENSE_MAX_NODES = {EIG_DENSE_MAX_NODES} (an O(N^3) eigensolve)"
-    return None
-
-
-def _eig_arnoldi_refuse(chain: Chain, k: int, tol: float) -> str | None:
-    if k >= chain.n - 1:
-        return f"ARPACK needs k < N - 1, got k = {k} for N = {chain.n}"
-    return None
-
-
-#: name -> how :func:`~heatformer.analysis.markov.leading_eigenvalues` computes them, in the
-#: order ``"auto"`` tries them (``compute(chain, k, tol)``, ``refuse(chain, k, tol)``).
-EIGENVALUE_METHODS: dict[str, Method] = {
-    m.name: m
-    for m in (
-        Method(
-            "dense", _eig_dense, _eig_dense_refuse,
-            "exact: W read by one propagate of the identity, numpy.linalg.eigvals; "
-            "N <= EIG_DENSE_MAX_NODES",
-        ),
-        Method(
-            "arnoldi", _eig_arnoldi, _eig_arnoldi_refuse,
-            "ARPACK (implicitly restarted Arnoldi) on P (propagate, or the explicit copy of a "
-            "graph that lists its edges), to tol; k < N - 1",
         ),
     )
 }  # fmt: skip

@@ -40,7 +40,14 @@ says why, as the heat kernel's do):
   of the spectral gap).
 - :data:`EIGENVALUE_METHODS`: ``"dense"`` (``N <= 1024``: ``W`` read by one
   :meth:`~heatformer.graph_ops.Graph.propagate` of the identity) and ``"arnoldi"`` (ARPACK on
-  products with ``P``).
+  products with ``P``); :data:`EIGENVECTOR_METHODS` the same two, with the right eigenvectors
+  (:func:`leading_eigenvectors`).
+- **Eigenvectors** are right eigenvectors, :math:`P v = \lambda v`: functions on the nodes,
+  :math:`v_1` the constant; for a diagonalizable ``P``,
+  :math:`P^t x = \sum_i c_i \lambda_i^t v_i`, and the part along :math:`v_2` fades as
+  :math:`|\lambda_2|^t`, no other but the constant's more slowly. Each has unit Euclidean norm,
+  turned by a phase (a sign, when real) that makes its entry of largest modulus real and
+  positive (the first of them). The left eigenvector of :math:`\lambda_1 = 1` is :math:`\pi`.
 
 The Arnoldi products are matrix-free: :meth:`~heatformer.graph_ops.Graph.propagate` (or its
 transpose), whatever the kind; a graph that lists its edges (a window, top-k) is multiplied by
@@ -83,14 +90,17 @@ import torch
 from torch import Tensor
 
 from heatformer import checks as V
+from heatformer.analysis._markov_eigen import (
+    EIGENVALUE_METHODS,
+    EIGENVECTOR_METHODS,
+    MODULUS_DECIMALS,
+)
 from heatformer.analysis._markov_methods import (
     ARNOLDI_NCV,
     BANDED_MAX_BYTES,
     BORDER_MAX_NODES,
     DENSE_MAX_NODES,
     EIG_DENSE_MAX_NODES,
-    EIGENVALUE_METHODS,
-    MODULUS_DECIMALS,
     STATIONARY_METHODS,
     Chain,
 )
@@ -103,10 +113,12 @@ __all__ = [
     "BORDER_MAX_NODES",
     "DENSE_MAX_NODES",
     "EIGENVALUE_METHODS",
+    "EIGENVECTOR_METHODS",
     "EIG_DENSE_MAX_NODES",
     "MODULUS_DECIMALS",
     "STATIONARY_METHODS",
     "leading_eigenvalues",
+    "leading_eigenvectors",
     "stationary_distribution",
 ]
 
@@ -234,3 +246,77 @@ def leading_eigenvalues(
     chosen = select_method(EIGENVALUE_METHODS, method, "eigenvalue", chain, k, tol)
     values = chosen.compute(chain, k, tol)  # (Bf, k)
     return torch.from_numpy(values).reshape(*chain.batch, k).to(graph.device)
+
+
+def leading_eigenvectors(
+    graph: Graph, k: int, *, method: str = "auto", tol: float = 1e-10
+) -> tuple[Tensor, Tensor]:
+    r"""The ``k`` eigenvalues of :math:`P = D_{out}^{-1} W` largest in modulus, with their
+    right eigenvectors :math:`P v = \lambda v`.
+
+    The values are those of :func:`leading_eigenvalues`, in its order; column ``i`` of the
+    vectors belongs to value ``i``. ``[..., :, 1]`` is :math:`v_2`, the signal that repeated
+    averaging over the graph (:math:`P^t x`, ``P`` diagonalizable) keeps longest after the
+    constant; its sign pattern is the spectral split of the tokens (for a reversible walk, the
+    two groups it mixes between most slowly). Each vector has unit Euclidean norm and is
+    turned by a phase (a sign, when it is real) that makes its entry of largest modulus real
+    and positive (the first of them, moduli equal to :data:`MODULUS_DECIMALS` decimals). A
+    complex value's vector is complex; the vector of a repeated value is one of its
+    eigenspace, as the solver returns it.
+
+    Args:
+        graph: any graph kind, batched over any leading dims; every node needs an out-edge.
+        k: how many eigenpairs, ``1 <= k <= N``.
+        method: ``"auto"`` or a key of :data:`EIGENVECTOR_METHODS`: ``"dense"`` (``N <=``
+            :data:`EIG_DENSE_MAX_NODES`, ``numpy.linalg.eig``), ``"arnoldi"`` (``k < N - 1``,
+            ARPACK's Ritz vectors).
+        tol: the relative accuracy ``"arnoldi"`` stops at, ``0 < tol < 1``.
+
+    Returns:
+        ``(values, vectors)``: complex128 ``(..., k)`` and ``(..., N, k)`` on the graph's
+        device (no gradient).
+
+    Raises:
+        TypeError: ``graph`` is not a :class:`~heatformer.graph_ops.Graph`, ``k`` not an int.
+        ValueError: naming ``graph`` (a node without out-edges), ``k``, ``method`` or ``tol``.
+        ImportError: SciPy is not installed (``"arnoldi"``).
+
+    Shape:
+        ``graph`` of batch shape ``(...)`` and ``N`` nodes -> ``(..., k)``, ``(..., N, k)``.
+
+    Equivalent to (the phase aside)::
+
+        P = W / W.sum(-1, keepdim=True)
+        lam, vec = numpy.linalg.eig(P)
+        order = numpy.lexsort((-lam.imag, -lam.real, -abs(lam).round(12)))[:k]
+        lam[order], vec[:, order]
+
+    Example:
+        The 3-node path graph: :math:`v_1` the constant, :math:`v_2` of
+        :math:`\lambda_2 = -1` alternates in sign (the walk's period 2).
+
+        >>> import torch
+        >>> from heatformer.graph_ops import DenseGraph
+        >>> path = DenseGraph(torch.tensor([[0., 1., 0.], [1., 0., 1.], [0., 1., 0.]]))
+        >>> values, vectors = leading_eigenvectors(path, 2)
+        >>> values.real
+        tensor([ 1., -1.], dtype=torch.float64)
+        >>> (vectors.real * 3**0.5).round(decimals=6)
+        tensor([[ 1.,  1.],
+                [ 1., -1.],
+                [ 1.,  1.]], dtype=torch.float64)
+
+    See Also:
+        :func:`stationary_distribution`: the left eigenvector of :math:`\lambda_1 = 1`.
+    """
+    graph = _check_nodes(graph)
+    k = V.check_positive_int("k", k, upper=graph.num_nodes)
+    tol = V.check_tol(tol)
+    chain = Chain(graph)
+    chosen = select_method(EIGENVECTOR_METHODS, method, "eigenvector", chain, k, tol)
+    values, vectors = chosen.compute(chain, k, tol)  # (Bf, k), (Bf, N, k)
+    n = chain.n
+    return (
+        torch.from_numpy(values).reshape(*chain.batch, k).to(graph.device),
+        torch.from_numpy(vectors).reshape(*chain.batch, n, k).to(graph.device),
+    )

@@ -296,6 +296,16 @@ class Differential(DiffusionOperator):
         y = u * torch.rsqrt(u.square().mean(-1, keepdim=True) + self.eps)  # RMSNorm per row
         return (y * (1.0 - self.lambda_init)).to(pv.dtype)
 
+    def token_map(self, graph: Graph, x: Tensor) -> Tensor:
+        r""":math:`P_1 x - \lambda P_2 x` for ``x`` of any width: the head's map between tokens
+        (that of :meth:`frequency_response`), without the per-row RMSNorm and the factor
+        :math:`1 - \lambda_{init}`, which rescale each output token and mix none."""
+        self._check(graph, x)
+        batch = torch.broadcast_shapes((*x.shape[:-2], 1), graph.batch_shape)  # (*batch, 2)
+        xs = x.unsqueeze(-3).expand(*batch, *x.shape[-2:])  # (*batch, 2, N, C)
+        first, second = GraphLaplacian(graph, "rw").adjacency(xs).unbind(-3)  # (*batch, N, C)
+        return first - self.lambda_full(x.dtype, x.device) * second
+
     def frequency_response(self, lam: Tensor) -> Tensor:
         r"""``(1 - lambda)(1 - lam)``: the response of the linear map :math:`P_1 - \lambda P_2`
         where the two maps are one graph (:math:`(1 - \lambda) P`), before the per-row

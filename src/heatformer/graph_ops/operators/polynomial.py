@@ -181,6 +181,11 @@ class Polynomial(NormalizedOperator):
             y = propagation_step(step, y.to(x.dtype), elements).to(acc) + c[k] * xa
         return y.to(x.dtype)
 
+    def polynomial_coefficients(self) -> tuple[Tensor, str]:
+        """``(coeffs, basis)``: the coefficients ``c_0 .. c_K`` (the parameter when learnable)
+        and the basis they multiply powers of."""
+        return self.coeffs, self.basis
+
     def frequency_response(self, lam: Tensor, *, scale: float | Tensor = 1.0) -> Tensor:
         """Response at eigenvalue ``lam`` of the Laplacian ``L``: ``sum_k c_k lam^k``, or
         ``sum_k c_k (1 - lam / scale)^k`` in the adjacency basis (``scale``: 1 for

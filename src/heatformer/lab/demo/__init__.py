@@ -14,7 +14,9 @@ Computing and drawing are apart:
   graphs, heat flows, spectra, numbers) into a :class:`DemoData`
   (:func:`compute_demo`, or :func:`demo_from_snapshots` for given attention snapshots);
 - :mod:`~heatformer.lab.demo.data` holds :class:`DemoData`, plain tensors and numbers that
-  :meth:`DemoData.to_dict` turns into lists for JSON;
+  :meth:`DemoData.to_dict` turns into lists for JSON; :mod:`~heatformer.lab.demo.walk` computes
+  its random walk of every head with :mod:`heatformer.analysis` (TokenRank ``π``, ``λ₂`` and
+  its eigenvector ``v₂``);
 - :mod:`~heatformer.lab.demo.page` draws the pictures and ``index.html`` from a
   :class:`DemoData` alone (:func:`write_demo`); its words come from
   :mod:`~heatformer.lab.demo.text`, which says of the model only what

@@ -7,8 +7,9 @@ demo's two tiny byte-level GPTs on a built-in corpus (the source of a few standa
 modules, so no download) with the experiment trainer (:func:`train_tiny_gpt`), reads the attention
 of the one with Laplacian heads with :func:`heatformer.analysis.snapshot_attention` and the
 token geometry of both with :func:`heatformer.analysis.collect_token_states`;
-:func:`demo_from_snapshots` computes the rest from any attention snapshots. Nothing here
-imports matplotlib.
+:func:`demo_from_snapshots` computes the rest from any attention snapshots (the random walk on
+every head, TokenRank and ``λ₂``, by :mod:`~heatformer.lab.demo.walk`). Nothing here imports
+matplotlib.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from heatformer.graph_ops import (
 )
 from heatformer.graph_ops.interop import single_graph
 from heatformer.lab.demo.data import DemoData
+from heatformer.lab.demo.walk import head_walks
 from heatformer.viz import frequency_responses, heat_diffusion_frames, operator_outputs, topk_title
 
 if TYPE_CHECKING:
@@ -375,6 +377,7 @@ def demo_from_snapshots(
     filter_head = lap if lap is not None else att
     heat_times, animation_times = check_times(HEAT_TIMES), check_times(ANIMATION_TIMES)
     topk = {topk_title(k): (head if k is None else head.topk(k)).to_dense() for k in topk_ks(n)}
+    attention = torch.stack(dense)  # (L, H, N, N)
     return DemoData(
         text=text,
         layer=layer % len(layers),
@@ -383,7 +386,7 @@ def demo_from_snapshots(
         filter_head=filter_head,
         source=source,
         operators=tuple(tuple(op.name for op in s.operators) for s in layers),
-        attention=torch.stack(dense),  # (L, H, N, N)
+        attention=attention,
         spectra={name: spectrum(head, name) for name in NORMALIZATIONS},
         heat_times=tuple(heat_times),
         heat=heat_diffusion_frames(head, source, heat_times),  # (T, N)
@@ -392,6 +395,7 @@ def demo_from_snapshots(
         animation=heat_diffusion_frames(head, source, animation_times),  # (T', N)
         **_filter_panels(snap, filter_head),
         topk=topk,
+        **head_walks(attention),  # TokenRank, lambda_2 and v_2 of every head
         per_layer=None if per_layer is None else {k: tuple(v) for k, v in per_layer.items()},
         losses=dict(losses or {}),
         meta=meta,

@@ -16,13 +16,20 @@ import torch
 from torch import Tensor
 
 from heatformer.checks import bad_value
+from heatformer.lab.demo.walk import head_walks
 
 __all__ = ["DemoData"]
 
-_TENSORS = ("attention", "heat", "mass", "animation", "lam", "eigenvalues", "channel")
+_TENSORS = (
+    "attention", "heat", "mass", "animation", "lam", "eigenvalues", "channel", "tokenrank",
+    "walk_eigenvalues", "walk_eigenvector",
+)  # fmt: skip
 _TENSOR_MAPS = ("spectra", "responses", "outputs", "topk")
 #: Fields that data written by an older version lacks, with the value they stand for there.
 _LATER: dict[str, Any] = {"tokens": (), "source_dtype": "float64", "token_unit": "character"}
+#: Fields that data written before the random walk was shown lacks: computed from its attention
+#: (:func:`~heatformer.lab.demo.walk.head_walks`).
+_WALK = ("tokenrank", "walk_eigenvalues", "walk_eigenvector")
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,13 @@ class DemoData:
             ``{label: (N,)}`` what the attention and the Laplacian operator make of it.
         topk: ``{title: (N, N)}`` the head's graph, full and pruned to the top ``k`` edges
             of every query for each ``k`` of the picture.
+        tokenrank: ``(L, H, N)`` TokenRank of every head: the stationary distribution ``π`` of
+            the walk on its ``P`` (``π P = π``, ``Σ π = 1``); zeros where heatformer refuses it
+            (:mod:`~heatformer.lab.demo.walk`).
+        walk_eigenvalues: ``(L, H, K)`` the ``K = min(3, N)`` eigenvalues of every head's ``P``
+            largest in modulus (complex), ``λ₁ = 1`` first; zeros for a head without a walk.
+        walk_eigenvector: ``(L, H, N)`` the right eigenvector ``v₂`` of ``λ₂`` of every head
+            (complex, unit length, its entry of largest modulus real and positive).
         per_layer: ``{configuration: [within-sequence variance share per layer]}``, or
             ``None``.
         losses: ``{configuration: (first, last)}`` training loss in bits per token (per
@@ -92,6 +106,9 @@ class DemoData:
     channel: Tensor
     outputs: dict[str, Tensor]
     topk: dict[str, Tensor]
+    tokenrank: Tensor
+    walk_eigenvalues: Tensor
+    walk_eigenvector: Tensor
     per_layer: dict[str, tuple[float, ...]] | None
     losses: dict[str, tuple[float, float]]
     meta: str
@@ -113,16 +130,24 @@ class DemoData:
     def from_dict(cls, data: Mapping[str, Any]) -> DemoData:
         """The :class:`DemoData` of :meth:`to_dict`'s output (e.g. after a JSON round trip).
 
+        Data written by an older version, without the fields added since, is read with their
+        values there (no tokens, float64, characters) and the random walk computed from its
+        attention.
+
         Raises:
             ValueError: ``data`` does not have exactly the fields of :class:`DemoData`.
         """
         names = [f.name for f in fields(cls)]
-        if sorted({**_LATER, **data}) != sorted(names):  # fields of later versions may be absent
+        later = {**_LATER, **dict.fromkeys(_WALK)}
+        if sorted({**later, **data}) != sorted(names):  # fields of later versions may be absent
             raise bad_value("data", f"expected the fields {names}, got {sorted(data)}")
         kw = {**_LATER, **data}
         kw["tokens"] = tuple(kw["tokens"])
         for name in _TENSORS:
-            kw[name] = _tensor(kw[name])
+            if name in kw:
+                kw[name] = _tensor(kw[name])
+        if any(name not in kw for name in _WALK):
+            kw.update({k: v for k, v in head_walks(kw["attention"]).items() if k not in kw})
         for name in _TENSOR_MAPS:
             kw[name] = {k: _tensor(v) for k, v in kw[name].items()}
         kw["operators"] = tuple(tuple(row) for row in kw["operators"])

@@ -175,7 +175,9 @@
     for (let i = 0; i < N; i++) for (let j = 0; j < N; j++) if (P[i][j] >= EDGE_MIN) out.push([i, j, P[i][j]]);
     return out;
   }
-  function drawGraph(target, vec, scale, name, clickable) {
+  // sizes (optional): each node's radius as a share of RANK_R (TokenRank: area ∝ π)
+  const RANK_R = 2 * R;
+  function drawGraph(target, vec, scale, name, clickable, sizes) {
     const list = edges();
     const forward = list.some(([i, j]) => j > i);
     const arcMax = Math.min(0.3 * (N - 1) * DX, 150);
@@ -215,7 +217,7 @@
       const node = svg("g", { class: "node", "data-i": i, "data-value": vec[i] });
       const fill = rgb(vec[i], scale);
       const circle = svg("circle", {
-        cx: xOf(i), cy: base, r: R, fill: css(fill),
+        cx: xOf(i), cy: base, r: sizes ? RANK_R * sizes[i] : R, fill: css(fill),
         stroke: i === state.source && clickable ? "#000" : "#555",
         "stroke-width": i === state.source && clickable ? 2.5 : 0.8,
       });
@@ -415,6 +417,41 @@
   eigen.box.insertBefore(eigSlider.input.parentNode, eigen.holder);
   app.appendChild(eigen.box);
 
+  // the random walk on P: TokenRank π as node area, v₂ as node colour (words from Python)
+  const rank = panel("tokenrank", "TokenRank: where the random walk on P spends its time (node area ∝ π)", " ");
+  app.appendChild(rank.box);
+  const walk = panel("walk", "The second eigenvector v₂ of P (P v₂ = λ₂ v₂) on the graph", " ");
+  app.appendChild(walk.box);
+  function complex(z) {
+    if (z[1] === 0) return fmt(z[0]);
+    return `${fmt(z[0])} ${z[1] < 0 ? "−" : "+"} ${fmt(Math.abs(z[1]))}i`;
+  }
+  function drawWalk() {
+    const w = head().walk;
+    document.getElementById("note-tokenrank").textContent = w.pi_text;
+    document.getElementById("note-walk").textContent = w.vector_text;
+    if (w.pi) {
+      const top = Math.max(...w.pi);
+      const best = w.pi.indexOf(top);
+      drawGraph(rank.holder, w.pi, scaleOf([w.pi]), "tokenrank", false, w.pi.map((v) => Math.sqrt(v / top)));
+      rank.total.textContent = `Σᵢ πᵢ = ${fmt(w.pi.reduce((a, b) => a + b, 0), 6)}; largest π = ${fmt(top)}, ` +
+        `on token ${best} ‘${label(best)}’ (uniform: 1/N = ${fmt(1 / N)})`;
+    } else {
+      rank.holder.replaceChildren();
+      rank.total.textContent = "no TokenRank for this head (see above)";
+    }
+    if (w.vector) {
+      const modulus = Math.hypot(w.lambda2[0], w.lambda2[1]);
+      const diverging = { signed: true, max: Math.max(1e-12, ...w.vector.map(Math.abs)) }; // white at 0
+      drawGraph(walk.holder, w.vector, diverging, "walk", false);
+      walk.total.textContent = `λ₂ = ${complex(w.lambda2)}, |λ₂| = ${fmt(modulus)}, ` +
+        `spectral gap 1 − |λ₂| = ${fmt(1 - modulus)}; largest entry of v₂ on token ${w.peak} ‘${label(w.peak)}’`;
+    } else {
+      walk.holder.replaceChildren();
+      walk.total.textContent = "no λ₂ for this head (see above)";
+    }
+  }
+
   function conservation(which, total) {
     if (Math.abs(total - 1) < 1e-6) return "conserved: the starting total is 1";
     if (which === "mass" && usesSteps() && state.method === "series")
@@ -499,6 +536,7 @@
     const vec = head().eigenvectors[state.eig].map((v) => v / SCALE);
     drawGraph(eigen.holder, vec, scaleOf([vec]), "eigen", false);
     eigen.total.textContent = `λ_${state.eig} = ${fmt(head().eigenvalues[state.eig])} (of ${fmt(head().eigenvalues[N - 1])} at most)`;
+    drawWalk();
     document.body.dataset.ready = "1";
   }
   render();

@@ -5,12 +5,16 @@ page can show for every head of every layer: the matrices of the attention, Lapl
 personalized-PageRank operators and of the heat kernel at each time of :data:`EXPLORE_TIMES`
 (operators applied to the identity, so column ``j`` is the influence view ``op e_j`` and row
 ``j`` the mass view ``opᵀ e_j``), the totals of both views, the Dirichlet energy of the heat
-flow from every token, and the eigenvectors of the symmetrized graph's Laplacian.
+flow from every token, the eigenvectors of the symmetrized graph's Laplacian, and the random
+walk on ``P`` that :mod:`~heatformer.lab.demo.walk` computed (TokenRank ``π``, ``λ₂`` and its
+eigenvector ``v₂``, with the words :mod:`~heatformer.lab.demo.text` writes of each head's
+:func:`~heatformer.lab.demo.facts.walk_facts`).
 :func:`write_explorer` embeds that as JSON in a page together with ``explore.js`` (package
 data, shipped with heatformer), which draws it: sliders for ``t`` and for the number of Euler
 steps or series terms (the step-by-step diffusion, computed in the browser from ``P``),
 pickers for layer, head, source token and operator, both views with their totals, the
-eigenvectors on the graph, the energy against ``t``, and the weight of an edge on hover. No
+eigenvectors on the graph, the energy against ``t``, TokenRank as node area and ``v₂`` as node
+colour, and the weight of an edge on hover. No
 CDN, no server: the file opens from disk.
 """
 
@@ -39,6 +43,8 @@ from heatformer.graph_ops import (
     laplacian_matrix,
 )
 from heatformer.lab.demo.data import DemoData
+from heatformer.lab.demo.facts import walk_facts
+from heatformer.lab.demo.text import eigenvector_text, tokenrank_text
 from heatformer.viz import token_labels
 
 __all__ = ["EXPLORE_ALPHA", "EXPLORE_DIGITS", "EXPLORE_TIMES", "explorer_data", "write_explorer"]
@@ -126,7 +132,8 @@ def explorer_data(
         (``{operator: {"influence": column sums, "mass": row sums}}``, ``(N,)`` or
         ``(T, N)`` for heat), ``energy`` (``{view: (T, N)}`` Dirichlet energies
         ``xᵀ L_s x`` of the heat flow from each token, ``L_s = D_s − W_s`` of
-        ``W_s = (P + Pᵀ)/2``), ``eigenvalues`` and ``eigenvectors`` (row ``k``) of ``L_s``.
+        ``W_s = (P + Pᵀ)/2``), ``eigenvalues`` and ``eigenvectors`` (row ``k``) of ``L_s``,
+        and ``walk`` (:func:`_walk`: ``pi``, ``lambda2``, ``vector`` and their texts).
         ``attention`` (``P``), totals, energies and eigenvalues are floats to 12 decimals; the
         other matrices are ints in units of ``10**-digits`` (:data:`EXPLORE_DIGITS`), to keep the
         page small.
@@ -154,9 +161,31 @@ def explorer_data(
         "alpha": float(alpha),
         "digits": EXPLORE_DIGITS,
         "heads": [
-            [_one_head(data.attention[li, h], ts, float(alpha)) for h in range(heads)]
+            [
+                {**_one_head(data.attention[li, h], ts, float(alpha)), "walk": _walk(data, li, h)}
+                for h in range(heads)
+            ]
             for li in range(layers)
         ],
+    }
+
+
+def _walk(data: DemoData, layer: int, head: int) -> dict[str, Any]:
+    """The random walk on one head as the page draws it: ``pi`` (TokenRank, ``(N,)``, or
+    ``None`` where heatformer refused it), ``lambda2`` (``[re, im]`` or ``None``), ``vector``
+    (the real part of ``v₂``, ``(N,)``, or ``None``), ``peak`` (the token of its largest entry)
+    and the words of both views (``pi_text``, ``vector_text``), from the head's
+    :func:`~heatformer.lab.demo.facts.walk_facts`."""
+    facts = walk_facts(data, layer, head)
+    labels = token_labels(data.labels, facts.num_nodes)
+    lam = facts.lambda2
+    return {
+        "pi": _exact(data.tokenrank[layer, head]) if facts.unique else None,
+        "lambda2": None if lam is None else [lam.real, lam.imag],
+        "vector": None if lam is None else _exact(data.walk_eigenvector[layer, head].real),
+        "peak": facts.peak,
+        "pi_text": tokenrank_text(labels, facts, drawn=True),
+        "vector_text": eigenvector_text(labels, facts, drawn=True),
     }
 
 

@@ -5,7 +5,9 @@ The page's words (:mod:`heatformer.lab.demo.text`) state nothing about the model
 attention is causal (every weight above the diagonal zero) or bidirectional, whether the
 out-degrees are 1 (so the combinatorial and random-walk Laplacians coincide), how many of the
 head's Laplacian eigenvalues are complex, what each head mostly reads, how many edges top-k
-keeps and how much weight, and what a token is (a byte, a word piece...).
+keeps and how much weight, what a token is (a byte, a word piece...), and of every head's
+random walk (:func:`walk_facts`): whether heatformer found its TokenRank ``π`` and where ``π``
+lies, ``λ₂`` (real, complex or repeated) and the signs of its eigenvector ``v₂``.
 
 Tolerances come from the dtype the model computed the weights in
 (:attr:`DemoData.source_dtype <heatformer.lab.demo.DemoData>`, machine epsilon ``ε``; float32:
@@ -36,7 +38,16 @@ from heatformer.lab.demo.compute import topk_ks
 from heatformer.lab.demo.data import DemoData
 from heatformer.viz import topk_title
 
-__all__ = ["HABITS", "PageFacts", "TopkFacts", "demo_facts", "source_dtype"]
+__all__ = [
+    "HABITS",
+    "ZERO_ENTRY",
+    "PageFacts",
+    "TopkFacts",
+    "WalkFacts",
+    "demo_facts",
+    "source_dtype",
+    "walk_facts",
+]
 
 #: The habits of a head, in the order they are tested (the first that holds names the head):
 #: the key that holds the largest weight (strictly: no tie) is the token itself, the previous
@@ -44,6 +55,10 @@ __all__ = ["HABITS", "PageFacts", "TopkFacts", "demo_facts", "source_dtype"]
 #: than one key;
 #: ``"spread"``: for more than half of them no key holds half the weight; ``"other"``: none.
 HABITS = ("self", "previous", "next", "first", "last", "spread", "other")
+
+#: An entry of ``v₂`` whose real part is at most this in modulus counts as zero (neither sign):
+#: float64 rounding of a unit vector's entries, far below what a colour shows.
+ZERO_ENTRY = 1e-9
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,63 @@ class TopkFacts:
 
 
 @dataclass(frozen=True)
+class WalkFacts:
+    """The random walk on one head's ``P = D⁻¹W``, as the page states it.
+
+    Attributes:
+        layer, head: which head of which layer; operator: its operator's name.
+        num_nodes: ``N``.
+        source_dtype: the dtype the model computed the weights in (tolerances as
+            :class:`PageFacts`').
+        causal: every weight above the diagonal is zero (at most ``ε``).
+        empty_node: the first node without an out-edge (``P`` is then not stochastic and the
+            walk is not defined), else ``None``.
+        rows_sum_to_one: every row sums to 1 within ``N ε``, so ``P = W``.
+        unique: heatformer found the stationary distribution (``π`` of
+            :attr:`DemoData.tokenrank <heatformer.lab.demo.DemoData>` is not all zero).
+        top: up to three ``(token, π)`` of the largest ``π > 0``, by decreasing ``π``.
+        support: how many tokens have ``π > 0``.
+        on_first: ``π = e₀``: all of the mass on token 0 (``π₀ ≥ 1 − 10⁻¹²``).
+        lambda2: ``λ₂``, the eigenvalue of ``P`` second largest in modulus (``None``: one
+            token, or no walk).
+        lambda2_real: ``|Im λ₂| ≤ √ε``.
+        lambda2_repeated: ``λ₁`` or ``λ₃`` lies within ``√ε`` of ``λ₂``.
+        self_weight_token: for a causal head, the token ``m ≥ 1`` whose self-weight
+            ``P[m, m]`` is ``λ₂`` within ``√ε`` (the eigenvalues of a triangular ``P`` are its
+            diagonal), else ``None``.
+        peak: the token of ``v₂``'s entry of largest modulus (real and positive by convention).
+        signs: how many entries of ``Re v₂`` are positive, negative and zero
+            (:data:`ZERO_ENTRY`).
+        vector_complex: ``v₂`` has an imaginary part above :data:`ZERO_ENTRY`.
+    """
+
+    layer: int
+    head: int
+    operator: str
+    num_nodes: int
+    source_dtype: torch.dtype
+    causal: bool
+    empty_node: int | None
+    rows_sum_to_one: bool
+    unique: bool
+    top: tuple[tuple[int, float], ...]
+    support: int
+    on_first: bool
+    lambda2: complex | None
+    lambda2_real: bool
+    lambda2_repeated: bool
+    self_weight_token: int | None
+    peak: int | None
+    signs: tuple[int, int, int]
+    vector_complex: bool
+
+    @property
+    def imag_tol(self) -> float:
+        """``√ε`` of :attr:`source_dtype`: the tolerance of "real" and "repeated"."""
+        return math.sqrt(torch.finfo(self.source_dtype).eps)
+
+
+@dataclass(frozen=True)
 class PageFacts:
     """The facts the page's text is written from (see the module docstring for tolerances).
 
@@ -79,6 +151,7 @@ class PageFacts:
         edges: the edges of that head's full graph (non-zero weights).
         topk: the pruned graphs of the top-k picture.
         token_unit: what a token is (``"byte"``, ``"word piece"``...).
+        walk: the random walk on that head's ``P`` (:func:`walk_facts`).
     """
 
     source_dtype: torch.dtype
@@ -92,6 +165,7 @@ class PageFacts:
     edges: int
     topk: tuple[TopkFacts, ...]
     token_unit: str
+    walk: WalkFacts
 
     @property
     def eps(self) -> float:
@@ -188,6 +262,7 @@ def demo_facts(data: DemoData) -> PageFacts:
         edges=int((full > eps).sum()),
         topk=topk,
         token_unit=data.token_unit,
+        walk=walk_facts(data, data.layer, data.attention_head),
     )
 
 
@@ -215,3 +290,63 @@ def _habit(weight: Tensor, eps: float) -> str:
     if 2 * int((spread & rows).sum()) > int(rows.sum()) > 0:
         return "spread"
     return "other"
+
+
+def walk_facts(data: DemoData, layer: int, head: int) -> WalkFacts:
+    """Measure the random walk of head ``head`` of layer ``layer`` on ``data``: the head's
+    weights and the walk that :mod:`~heatformer.lab.demo.walk` computed of them.
+
+    Raises:
+        ValueError: ``data.source_dtype`` is not a floating dtype's name.
+    """
+    dtype = source_dtype(data)
+    eps = torch.finfo(dtype).eps
+    w = data.attention[layer, head]  # (N, N)
+    n = w.shape[-1]
+    out = w.sum(-1)  # (N,)
+    empty = (out <= 0).nonzero()
+    pi = data.tokenrank[layer, head]  # (N,)
+    unique = bool(pi.sum() > 0)
+    order = pi.argsort(descending=True, stable=True)
+    values = data.walk_eigenvalues[layer, head]  # (K,)
+    lambda2 = complex(values[1]) if len(empty) == 0 and len(values) >= 2 else None
+    v = data.walk_eigenvector[layer, head]  # (N,)
+    tol = math.sqrt(eps)
+    causal = bool(w.triu(1).abs().max() <= eps) if n > 1 else True
+    return WalkFacts(
+        layer=layer,
+        head=head,
+        operator=data.operators[layer][head],
+        num_nodes=n,
+        source_dtype=dtype,
+        causal=causal,
+        empty_node=int(empty[0]) if len(empty) else None,
+        rows_sum_to_one=bool((out - 1).abs().le(n * eps).all()),
+        unique=unique,
+        top=tuple((int(i), float(pi[i])) for i in order[:3] if pi[i] > 0),
+        support=int((pi > 0).sum()),
+        on_first=unique and float(pi[0]) >= 1 - 1e-12,
+        lambda2=lambda2,
+        lambda2_real=lambda2 is not None and abs(lambda2.imag) <= tol,
+        lambda2_repeated=lambda2 is not None
+        and any(abs(complex(z) - lambda2) <= tol for i, z in enumerate(values) if i != 1),
+        self_weight_token=_self_weight_token(w, lambda2, tol) if causal else None,
+        peak=int((v.abs() * 1e12).round().argmax()) if lambda2 is not None else None,
+        signs=(
+            int((v.real > ZERO_ENTRY).sum()),
+            int((v.real < -ZERO_ENTRY).sum()),
+            int((v.real.abs() <= ZERO_ENTRY).sum()),
+        ),
+        vector_complex=bool((v.imag.abs() > ZERO_ENTRY).any()),
+    )
+
+
+def _self_weight_token(w: Tensor, lambda2: complex | None, tol: float) -> int | None:
+    """The token ``m >= 1`` of the largest self-weight ``P[m, m]`` of the weights ``w`` when
+    that is ``λ₂`` within ``tol`` (a causal ``P``'s eigenvalues are its diagonal), else
+    ``None`` (also without a walk: ``λ₂`` is then ``None``)."""
+    if lambda2 is None or w.shape[-1] < 2:
+        return None
+    p = w / w.sum(-1, keepdim=True)  # (N, N): every row has an out-edge when lambda2 is known
+    m = 1 + int(p.diagonal()[1:].argmax())
+    return m if abs(complex(float(p[m, m])) - lambda2) <= tol else None

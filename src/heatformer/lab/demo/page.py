@@ -7,7 +7,8 @@ what each picture teaches:
 attention is a graph (and a matrix), one per head and layer; its Laplacian spectrum; heat flow
 of a one-hot signal over time, in the influence view ``exp(−tL) e_j`` (total not conserved)
 and the mass view ``exp(−tLᵀ) e_j`` (total conserved); how a Laplacian head differs from an
-attention head (high-pass vs low-pass); top-k pruning; token geometry across layers,
+attention head (high-pass vs low-pass); top-k pruning; the random walk on the head, in words
+(TokenRank and ``λ₂``; ``explore.html`` draws them); token geometry across layers,
 attention-only vs with Laplacian heads. Sections are numbered when the page is written, and a
 text refers to another section as ``{ref:key}`` (a link "section N"). The words come from
 :mod:`heatformer.lab.demo.text`, which says of the model only what
@@ -46,6 +47,7 @@ from heatformer.lab.demo.text import (
     meta_text,
     spectrum_text,
     topk_text,
+    walk_text,
 )
 from heatformer.lab.progress import Progress
 from heatformer.viz import (
@@ -319,6 +321,12 @@ def _topk_section(out: Path, data: DemoData, facts: PageFacts) -> _Section:
     return "topk", "Top-k pruning", topk_text(facts), ["topk.png"]
 
 
+def _walk_section(out: Path, data: DemoData, facts: PageFacts, *, explore: bool) -> _Section:
+    """The random walk on the head of the graph section: TokenRank and ``λ₂``, in words."""
+    title = "The random walk on this head: TokenRank and λ₂"
+    return "walk", title, walk_text(data, facts, explore=explore), []
+
+
 def _geometry_section(out: Path, data: DemoData, facts: PageFacts) -> _Section:
     """The within-sequence share of the token variance per layer, of each trained model."""
     save_figure(_draw_geometry(data.per_layer or {}), out / "geometry.png")
@@ -381,6 +389,7 @@ def write_demo(
     sections: list[Callable[[Path, DemoData, PageFacts], _Section]] = [
         _graph_section, _matrices_section, _spectrum_section,
         functools.partial(_heat_section, gif=gif), _laplacian_section, _topk_section,
+        functools.partial(_walk_section, explore=explore),
         *([_geometry_section] if data.per_layer else []),
     ]  # fmt: skip
     files: list[str] = []

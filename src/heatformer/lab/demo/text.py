@@ -12,14 +12,17 @@ A text refers to another section as ``{ref:key}``.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 from torch import Tensor
 
 from heatformer.lab.demo.data import DemoData
-from heatformer.lab.demo.facts import PageFacts
+from heatformer.lab.demo.facts import ZERO_ENTRY, PageFacts, WalkFacts
+from heatformer.viz import token_labels
 
 __all__ = [
     "MERGED_SPECTRUM_TITLE",
+    "eigenvector_text",
     "geometry_text",
     "graph_text",
     "heat_text",
@@ -28,7 +31,9 @@ __all__ = [
     "matrices_text",
     "meta_text",
     "spectrum_text",
+    "tokenrank_text",
     "topk_text",
+    "walk_text",
 ]
 
 #: The title of the one spectrum panel of the random-walk and combinatorial Laplacians, when
@@ -296,3 +301,150 @@ def geometry_text(data: DemoData) -> str:
         "<code>heatformer compare</code> with several seeds for mean ± std). Measure, don't "
         "assume."
     )
+
+
+def _quoted(labels: Sequence[str], i: int) -> str:
+    return f"token {i} ‘{labels[i]}’"
+
+
+def _walk_head(walk: WalkFacts) -> str:
+    return f"layer {walk.layer}, head {walk.head} ({walk.operator})"
+
+
+def _walk_of(walk: WalkFacts) -> str:
+    """The chain, named as the page states it: ``P`` itself, or ``P = D⁻¹W``."""
+    if walk.rows_sum_to_one:
+        return "P (the attention matrix itself: its rows sum to 1)"
+    return "P = D⁻¹W (the weights with each row divided by its sum)"
+
+
+def tokenrank_text(labels: Sequence[str], walk: WalkFacts, *, drawn: bool) -> str:
+    """What TokenRank is on one head, and where its ``π`` lies (plain text).
+
+    ``labels`` are the node labels as the page shows them; ``drawn``: the page draws ``π`` on
+    the graph (the interactive page), so the text says how.
+    """
+    name = _walk_head(walk)
+    if walk.empty_node is not None:
+        return (
+            f"TokenRank of {name}: none. {_quoted(labels, walk.empty_node)} has no out-edges (a "
+            "query that attends to nothing), so P = D⁻¹W is not a stochastic matrix, there is "
+            "no random walk, and heatformer refuses its stationary distribution."
+        )
+    if not walk.unique:
+        return (
+            f"TokenRank of {name}: none. The random walk on {_walk_of(walk)} has several closed "
+            "classes (groups of tokens that never attend outside themselves), so its stationary "
+            "distribution is not unique, and heatformer refuses it."
+        )
+    text = (
+        f"TokenRank of {name}: the stationary distribution π of the random walk on "
+        f"{_walk_of(walk)}, πP = π with Σπ = 1: the left eigenvector of P for λ₁ = 1 (its "
+        "Perron vector), computed by heatformer.analysis.stationary_distribution."
+    )
+    if drawn:
+        text += (
+            " Node area ∝ π, and the colour shows π too (colour bar); a node with π = 0 has no "
+            "area: only its label is drawn."
+        )
+    if walk.on_first:
+        why = (
+            "This head is causal, so every walk drains back to token 0 and stays there"
+            if walk.causal
+            else "Every walk ends on token 0"
+        )
+        return (
+            f"{text} {why}: π = e₀, all of the mass on {_quoted(labels, 0)}, none on the other "
+            "tokens, so this π ranks nothing."
+        )
+    top = [f"‘{labels[i]}’ (token {i}, π = {v:.3f})" for i, v in walk.top]
+    listed = ", ".join(top[:-1]) + (" and " if len(top) > 1 else "") + top[-1]
+    n = walk.num_nodes
+    rest = (
+        "every token has π > 0"
+        if walk.support == n
+        else f"{n - walk.support} of the {n} tokens have π = 0: the walk leaves them for good"
+    )
+    return (
+        f"{text} The walk spends the largest shares of its time on {listed} (uniform would be "
+        f"1/N = {1 / n:.3f}); {rest}."
+    )
+
+
+def _complex(z: complex) -> str:
+    if z.imag == 0:
+        return f"{z.real:.4f}"
+    sign = "+" if z.imag > 0 else "−"
+    return f"{z.real:.4f} {sign} {abs(z.imag):.4g}i"
+
+
+def eigenvector_text(labels: Sequence[str], walk: WalkFacts, *, drawn: bool) -> str:
+    """``λ₂`` of one head, its eigenvector ``v₂`` and its sign convention (plain text).
+
+    ``drawn``: the page colours the nodes by ``v₂`` (the interactive page).
+    """
+    name = _walk_head(walk)
+    if walk.lambda2 is None or walk.peak is None:
+        why = "one token has one eigenvalue" if walk.empty_node is None else "there is no walk"
+        return f"λ₂ of {name}: none, {why}."
+    lam = walk.lambda2
+    text = (
+        f"Second eigenvector of {name}: P v₂ = λ₂ v₂ with λ₂ = {_complex(lam)}, the eigenvalue "
+        "of P second largest in modulus (λ₁ = 1 belongs to the constant vector), computed by "
+        "heatformer.analysis.leading_eigenvectors. The spectral gap 1 − |λ₂| = "
+        f"{1 - abs(lam):.4g} sets how fast repeated attention Pᵗ x forgets x: what is left "
+        "besides its constant part shrinks about as |λ₂|ᵗ."
+    )
+    if walk.self_weight_token is not None:
+        m = walk.self_weight_token
+        text += (
+            " This head is causal: P is lower-triangular, its eigenvalues are its diagonal, and "
+            f"λ₂ is the self-weight P[{m}, {m}] of {_quoted(labels, m)}, the largest after token "
+            "0's (which is 1)."
+        )
+    if not walk.lambda2_real:
+        text += " λ₂ is complex, its conjugate is λ₃ (the same modulus), and v₂ is complex too."
+    elif walk.vector_complex or lam.imag != 0:
+        text += (
+            f" λ₂'s imaginary part is below √ε = {walk.imag_tol:.1e}, the rounding of the "
+            f"{str(walk.source_dtype).removeprefix('torch.')} weights: real, to their precision."
+        )
+    if walk.lambda2_repeated:
+        text += (
+            f" λ₂ is repeated (λ₁ or λ₃ lies within √ε = {walk.imag_tol:.1e} of it): its "
+            "eigenvectors "
+            "are not unique, and v₂ is the one numpy's eigensolver returns, not a property of "
+            "the head."
+        )
+    turned = "its phase turned" if walk.vector_complex else "its sign chosen"
+    real = "the real part of " if walk.vector_complex else ""
+    pos, neg, zero = walk.signs
+    counts = f"{pos} positive, {neg} negative" + (
+        f" and {zero} zero (within {ZERO_ENTRY:.0e})" if zero else ""
+    )
+    text += (
+        f" v₂ is scaled to unit length, {turned} so that its largest entry, on "
+        f"{_quoted(labels, walk.peak)}, is {'real and ' if walk.vector_complex else ''}positive; "
+        f"the entries of {real}v₂: {counts}."
+    )
+    if drawn:
+        text += f" Node colour: {real}v₂, red positive, blue negative."
+    return text
+
+
+def walk_text(data: DemoData, facts: PageFacts, *, explore: bool) -> str:
+    """Section "The random walk on this head": TokenRank and ``λ₂`` of the head of
+    {ref:graph}, in words (the interactive page draws them)."""
+    labels = token_labels(data.labels, facts.num_nodes)
+    words = (
+        html.escape(tokenrank_text(labels, facts.walk, drawn=False))
+        + " "
+        + html.escape(eigenvector_text(labels, facts.walk, drawn=False))
+    )
+    where = (
+        ' <a href="explore.html">The interactive page</a> draws both on the graph, π as node '
+        "area and v₂ as node colour, for every head of every layer."
+        if explore
+        else ""
+    )
+    return f"The head of {{ref:graph}} read as a random walk. {words}{where}"
