@@ -84,6 +84,7 @@ CLAIMS["ssl"] = [
     ("val_bpc", -1, "Laplacian heads improve self-supervised learning (bits per hidden byte)"),
     ("probe_acc", +1, "hidden positions' states separate by the byte they hide (probe accuracy)"),
     *CLAIMS["lm"][2:],
+    ("seg_score", +1, "top principal components segment the source (Python token categories)"),
 ]
 KIND = {"stdlib": "supervised", "digits": "supervised", "digits-layers": "supervised",
         "chars": "lm", "chars-deep": "lm", "masked": "ssl"}  # fmt: skip

@@ -249,6 +249,13 @@ def test_chars_eval_windows_are_fixed() -> None:
     capped = torch.cat([x for x, _ in task.eval_batches(8, 10, max_windows=3)])
     assert torch.equal(capped[:, 0], torch.tensor([0, 30, 60]))
     assert task.num_eval_windows(10, max_windows=3) == 3
+    # their starts, and the windows cut there (what the masked task's analysis labels)
+    assert torch.equal(task.eval_starts(10, max_windows=3), torch.tensor([0, 30, 60]))
+    assert torch.equal(task.windows("val", task.eval_starts(10, None), 10)[0], xs)
+    starts = task.random_starts("train", 5, 10, _gen(3))
+    assert torch.equal(
+        task.windows("train", starts, 10)[0], task.get_batch("train", 5, 10, _gen(3))[0]
+    )
 
 
 def test_bits_per_char() -> None:

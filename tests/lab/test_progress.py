@@ -71,3 +71,21 @@ def test_terminal_gets_a_redrawn_bar() -> None:
     text = terminal.getvalue()
     assert "\r" in text and "4/4" in text and "loss=0.5" in text
     assert "bar: step" not in text  # no plain lines as well
+
+
+def test_a_total_raised_midway_counts_the_work_found() -> None:
+    stream, terminal = io.StringIO(), Terminal()
+    bar = Progress(4, "cmp", unit="run", stream=stream, every_fraction=0.25)
+    bar.update(4)
+    bar.raise_total(8)  # a tuned grid extended: 4 more runs
+    bar.raise_total(6)  # a smaller total changes nothing
+    bar.update(2)
+    assert [line.split(",")[0] for line in stream.getvalue().splitlines()] == [
+        "cmp: run 4/4 (100%)",
+        "cmp: run 6/8 (75%)",
+    ]
+    with Progress(2, "bar", unit="run", stream=terminal) as shown:
+        shown.update(2)
+        shown.raise_total(3)
+        shown.update(1)
+    assert "3/3" in terminal.getvalue()

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from heatformer.lab.compare import run_compare
+from heatformer.lab.report import aggregate, format_table, write_csv
+from heatformer.lab.report.endpoints import endpoint_values
 from heatformer.lab.spec import CompareSpec
 from heatformer.lab.tasks import (
     TASKS,
@@ -20,6 +23,8 @@ from heatformer.lab.tasks import (
     options_by_name,
     resolve_task,
 )
+from heatformer.lab.tasks._python_tokens import byte_categories
+from heatformer.lab.tasks._segmentation import segmentation_score
 from heatformer.lab.tasks.masked import MASK_ID, mask_bytes
 from heatformer.models import GPT, GPTConfig
 
@@ -41,6 +46,10 @@ def test_registry_entry_options_and_model(data: CharsTask) -> None:
     assert TASKS["masked"] is MaskedChars and resolve_task("masked") is MaskedChars
     assert MaskedChars.metric_names == ("val_bpc", "val_acc", "val_loss")
     assert MaskedChars.higher_is_better == (False, True, False)
+    assert MaskedChars.analysis_names == (
+        "within_seq_var", "between_seq_var", "within_seq_frac", "effective_rank", "decay_rate",
+        "nc1", "probe_acc", "seg_score",
+    )  # fmt: skip
     assert MaskedCharsOptions() == MaskedCharsOptions(128, None, 2_000_000, 128, 32, 0.15)
     assert list(options_by_name()["mask_rate"]) == ["masked"]
     from heatformer.lab.cli import _build_parsers
@@ -74,8 +83,8 @@ def test_batches_are_deterministic_per_seed_and_hide_the_window_bytes(data: Char
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert first[0].shape == (10, 20)
     inputs, labels = task.analysis_batch()
-    assert inputs.shape == labels.shape == (6, 20)
-    assert torch.equal(inputs == MASK_ID, labels != -100)
+    assert inputs.shape == (6, 20) and labels.shape == (6, 20, 2)
+    assert torch.equal(inputs == MASK_ID, labels[..., 0] != -100)
 
 
 @pytest.mark.parametrize(("rate", "count"), [(0.15, 3), (0.01, 1), (0.5, 10), (1.0, 20)])
@@ -156,7 +165,51 @@ def test_analysis_groups_the_hidden_positions_by_their_byte(data: CharsTask) -> 
     assert all(math.isfinite(v) for v in values["within_seq_frac"] + values["probe_acc"])
     train = dataclasses.replace(task.spec, analysis_split="train")
     inputs, labels = MaskedChars(train, task.data).analysis_inputs()
-    assert inputs.shape == (8, 20) and torch.equal(inputs == MASK_ID, labels != -100)
+    assert inputs.shape == (8, 20) and torch.equal(inputs == MASK_ID, labels[..., 0] != -100)
+    # the training batch train_batch draws from a generator seeded with 0
+    drawn = task.train_batch(8, torch.Generator().manual_seed(0))
+    assert torch.equal(inputs, drawn[0]) and torch.equal(labels[..., 0], drawn[1])
+
+
+@pytest.fixture(scope="module")
+def source() -> CharsTask:
+    """Python source: the standard library's ``textwrap.py`` (20 KB), its last tenth the
+    validation split."""
+    import textwrap
+
+    return load_chars(textwrap.__file__)
+
+
+@pytest.mark.parametrize("split", ["test", "train"])
+def test_seg_score_separates_the_python_token_categories_of_each_window(
+    source: CharsTask, split: str
+) -> None:
+    task = _task(source, analysis_size=8)
+    task = MaskedChars(dataclasses.replace(task.spec, analysis_split=split), source)
+    inputs, labels = task.analysis_inputs()
+    # the categories of the stream tokenized once, at the windows' places
+    stream = source.val if split == "test" else source.train
+    if split == "test":
+        starts = source.eval_starts(20, 8)
+    else:
+        starts = source.random_starts("train", 8, 20, torch.Generator().manual_seed(0))
+    windows = starts[:, None] + torch.arange(20)  # (8, 20)
+    original = torch.where(inputs == MASK_ID, labels[..., 0], inputs)
+    assert torch.equal(original, stream[windows].long())  # the windows' bytes
+    categories = byte_categories(bytes(stream.tolist()))
+    assert torch.equal(labels[..., 1], categories[windows].long())
+    assert set(labels[..., 1].unique().tolist()) >= {0, 2, 3}  # layout, identifier, operator
+    # seg_score per layer: the score of each layer's states by those categories
+    torch.manual_seed(0)
+    model = task.build_model("attention:1,laplacian:1")
+    values = task.layer_metrics(model, torch.device("cpu"))
+    states = task.analysis_states(model, inputs, torch.device("cpu"))
+    expected = [segmentation_score(x.float(), labels[..., 1]) for x in states]
+    assert values["seg_score"] == pytest.approx(expected, rel=1e-9)
+    assert all(-1 <= v <= 1 for v in values["seg_score"]) and len(expected) == 2
+    assert task.categories("val" if split == "test" else "train") is task.categories(
+        "val" if split == "test" else "train"
+    )  # tokenized once per task
 
 
 def test_a_short_run_learns(data: CharsTask, tmp_path: Path) -> None:
@@ -164,8 +217,10 @@ def test_a_short_run_learns(data: CharsTask, tmp_path: Path) -> None:
         task="masked", heads=("attention:2", "attention:1,laplacian:1"), seeds=(0,), steps=60,
         batch_size=16, lr=1e-2, n_layer=1, n_embd=32, eval_every=30, device="cpu",
         options={"seq_len": 24, "eval_size": 16, "analysis_size": 8, "mask_rate": 0.25},
+        primary=("val_bpc", "seg_score@last"),
     )  # fmt: skip
     report = run_compare(spec, tmp_path / "out", data=data)
+    _check_seg_score(report.results, tmp_path)
     for record in report.results["runs"]:
         losses = record["train_loss"]
         assert losses[0] == pytest.approx(math.log(257), rel=0.05)  # a near-uniform guess
@@ -174,3 +229,30 @@ def test_a_short_run_learns(data: CharsTask, tmp_path: Path) -> None:
         # from the context, the unmasked neighbours, takes longer: docs/reproducing.md)
         assert record["final"]["val_bpc"] < 0.6 * math.log2(257)
         assert all(math.isfinite(v) for v in record["analysis"]["probe_acc"])
+
+
+def _check_seg_score(results: dict[str, Any], tmp_path: Path) -> None:
+    """``seg_score`` per layer in each run record, the summary and the declared endpoint
+    ``seg_score@last``; a record from before it (no ``seg_score``) still loads: its
+    configuration has no value (``-`` in the table, an empty CSV cell, no endpoint)."""
+    runs = results["runs"]
+    assert all(len(r["analysis"]["seg_score"]) == 1 for r in runs)
+    assert all(math.isfinite(r["analysis"]["seg_score"][0]) for r in runs)  # words: categories
+    assert results["analysis_metrics"][-1] == "seg_score"
+    row = results["summary"][1]
+    assert row["analysis"]["seg_score"]["mean"] == [runs[1]["analysis"]["seg_score"][0]]
+    endpoint = results["primary"][1]
+    assert endpoint["endpoint"] == "seg_score@last" and list(endpoint["comparisons"]) == [
+        "attention:1,laplacian:1"
+    ]
+    assert "seg_score@L0" in (tmp_path / "out" / "results.csv").read_text().splitlines()[0]
+    old = [dict(runs[0]), dict(runs[1], analysis={**runs[1]["analysis"]})]
+    del old[1]["analysis"]["seg_score"]  # a run recorded before seg_score
+    names = results["analysis_metrics"]
+    summary = aggregate(old, [r["heads"] for r in old], results["metrics"], names)
+    assert "seg_score" in summary[0]["analysis"] and "seg_score" not in summary[1]["analysis"]
+    assert endpoint_values(summary[1], "seg_score@last") is None
+    table = format_table(summary, results["metrics"], names).splitlines()
+    assert table[0].split()[-1] == "seg_score@L0" and table[-1].split()[-1] == "-"
+    write_csv(tmp_path / "old.csv", old, results["metrics"], names)
+    assert (tmp_path / "old.csv").read_text().splitlines()[-1].split(",")[-2] == ""

@@ -268,7 +268,8 @@ def test_compare_tunes_lr_per_configuration_resumes_and_reports(
     out = tmp_path / "out"
     argv = [
         "compare", "--task", "chars", "--sweep", "laplacian=0..1", "--sweep", "lr=1e-3,4e-3",
-        "--select-by", "val_loss", "--seeds", "2", "--primary", "bpc", "--primary", "nc1@last",
+        "--select-by", "val_loss", "--bracket", "0", "--seeds", "2", "--primary", "bpc",
+        "--primary", "nc1@last",
         "--n-head", "2", "--text", str(corpus), "--steps", "4", "--batch-size", "4",
         "--seq-len", "16", "--layers", "2", "--embd", "16", "--eval-size", "8",
         "--analysis-size", "4", "--device", "cpu", "--no-progress", "--out", str(out),
@@ -321,7 +322,7 @@ def test_a_diverging_candidate_is_recorded_and_passed_over_not_fatal(
 
     spec = tiny_spec(
         heads=("attention:2",), steps=4, eval_every=2, tune=("lr=3e-3,1e4",),
-        select_by="val_loss", grad_clip=0.0, analysis=False,
+        select_by="val_loss", bracket=0, grad_clip=0.0, analysis=False,
     )  # fmt: skip
     report = run_compare(spec, tmp_path / "out")
     (row,) = report.results["selection"]["configurations"]

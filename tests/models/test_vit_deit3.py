@@ -82,7 +82,7 @@ def _reference_forward(model: ViT, images: Tensor) -> Tensor:
         if cfg.layer_scale_init is not None:
             m = m * p[f"{pre}.ls2.gamma"]
         x = x + m
-    if cfg.pool == "avg":
+    if cfg.pool != "cls" and cfg.pool_norm == "after":
         pooled = ln(x.mean(1), "ln_f", cfg.norm_eps)
     else:
         x = ln(x, "ln_f", cfg.norm_eps)
@@ -94,6 +94,7 @@ OPTION_SETS = {
     "deit3": DEIT3,
     "deit3-avg": {**DEIT3, "pool": "avg"},
     "deit3-mean": {**DEIT3, "pool": "mean"},
+    "deit3-mean-norm-before": {**DEIT3, "pool": "mean", "pool_norm": "before"},
     "layer-scale-only": {"layer_scale_init": 0.1},
     "eps-only": {"norm_eps": 1e-2, "qk_norm": True, "qk_norm_eps": 0.5},
     "no-cls-pos": {"pos_embed_cls": False},
@@ -117,19 +118,25 @@ def test_each_option_changes_the_logits() -> None:
     base = {**DEIT3, "layer_scale_init": 0.5}
     model = _randomize(ViT(ViTConfig(**SMALL, **base)).double()).eval()
     out = model(images)
-    for change in ({"norm_eps": 1.0}, {"qk_norm_eps": 1.0}, {"pool": "avg", "pos_embed_cls": True}):
+    changes = ({"norm_eps": 1.0}, {"qk_norm_eps": 1.0}, {"pool": "avg", "pos_embed_cls": True})
+    for change in changes:
         other = ViT(ViTConfig(**SMALL, **{**base, **change})).double().eval()
         state = model.state_dict()
         if "pool" in change:  # no cls token, one position per patch: keep the patch positions
             state = {k: v for k, v in state.items() if k != "cls"}
         other.load_state_dict(state)
         assert not torch.allclose(other(images), out, atol=1e-6), change
+    mean = _randomize(ViT(ViTConfig(**SMALL, **base, pool="mean")).double()).eval()
+    before = ViT(ViTConfig(**SMALL, **base, pool="mean", pool_norm="before")).double().eval()
+    before.load_state_dict(mean.state_dict())
+    assert not torch.allclose(before(images), mean(images), atol=1e-6)  # the order is read
 
 
 def test_defaults_are_unchanged() -> None:
     cfg = ViTConfig()
     assert (cfg.layer_scale_init, cfg.norm_eps, cfg.qk_norm_eps) == (None, 1e-5, 1e-5)
     assert cfg.pos_embed_cls is True and cfg.drop_path == 0.0 and cfg.pool == "cls"
+    assert cfg.pool_norm == "after"  # timm's order for the mean pooling of a new model
     model = ViT(ViTConfig(**SMALL, qk_norm=True))
     assert not any(".ls" in k for k in model.state_dict())
     assert model.pos.shape == (1, 17, 32) and model.ln_f.eps == 1e-5
@@ -190,6 +197,11 @@ def test_config_save_load_round_trip_keeps_the_options(tmp_path) -> None:
         ({"drop_path": -0.1}, ValueError, r"^drop_path: "),
         ({"drop_path": "0.1"}, TypeError, r"^drop_path: "),
         ({"pool": "max"}, ValueError, r"^pool: expected 'cls', 'mean' or 'avg', got 'max'"),
+        (
+            {"pool_norm": "between"},
+            ValueError,
+            r"^pool_norm: expected one of \['after', 'before'\]",
+        ),
     ],
 )
 def test_bad_options_are_refused_when_the_config_is_made(
@@ -199,47 +211,87 @@ def test_bad_options_are_refused_when_the_config_is_made(
         ViTConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("pool", "saved_order"), [("mean", "before"), ("avg", "after"), ("cls", "after")]
+)
+def test_a_config_saved_before_pool_norm_loads_in_the_order_it_computed(
+    tmp_path, pool: str, saved_order: str
+) -> None:
+    """A model file whose config has no ``pool_norm`` (saved before the field) computes what it
+    did: ``pool="mean"`` normalized every token and then averaged; ``"avg"`` was timm's order
+    already; the cls token's norm does not depend on the order."""
+    cfg = ViTConfig(**SMALL, pool=pool, pool_norm=saved_order)
+    model = _randomize(ViT(cfg)).eval()
+    save_model(model, tmp_path / "vit.pt")
+    payload = torch.load(tmp_path / "vit.pt", weights_only=True)
+    del payload["config"]["pool_norm"]  # as a heatformer before the field wrote it
+    torch.save(payload, tmp_path / "old.pt")
+    loaded = load_model(tmp_path / "old.pt")
+    assert loaded.config == cfg and loaded.config.pool_norm == saved_order
+    images = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(loaded(images), model(images), atol=0, rtol=0)
+    exact = loaded.double()  # and in float64, the recipe written out in that order
+    torch.testing.assert_close(exact(images.double()), _reference_forward(exact, images.double()))
+    assert ViTConfig(pool=pool).pool_norm == "after"  # a new model: timm's order
+
+
 # ---- timm -------------------------------------------------------------------------------------
 
 
-def _timm_state(ref: nn.Module, pool: str) -> dict[str, Tensor]:
-    """timm's weights under heatformer's names."""
+def _timm_state(ref: nn.Module) -> dict[str, Tensor]:
+    """timm's weights under heatformer's names (its final norm is ``norm`` or, after the
+    pooling, ``fc_norm``: the other is an Identity)."""
     renames = {
         "patch_embed.proj.": "patch.", "cls_token": "cls", "pos_embed": "pos",
         ".norm1.": ".ln1.", ".norm2.": ".ln2.", ".attn.qkv.": ".attn.in_proj.",
         ".attn.proj.": ".attn.out_proj.", ".mlp.fc1.": ".mlp.fc.", ".mlp.fc2.": ".mlp.proj.",
     }  # fmt: skip
-    final = "fc_norm." if pool == "avg" else "norm."
     state = {}
     for key, value in ref.state_dict().items():
         new = key
         for old, rep in renames.items():
             new = new.replace(old, rep)
-        if new.startswith(final):
-            new = "ln_f." + new.removeprefix(final)
+        for final in ("fc_norm.", "norm."):
+            if new.startswith(final):
+                new = "ln_f." + new.removeprefix(final)
         state[new] = value
     return state
 
 
-@pytest.mark.parametrize("pool", ["cls", "avg"])
+#: heatformer's pooling -> timm's VisionTransformer arguments that compute it
+TIMM_POOLS: dict[tuple[str, str], dict[str, Any]] = {
+    ("cls", "after"): {"class_token": True, "global_pool": "token"},
+    ("avg", "after"): {"class_token": False, "global_pool": "avg"},
+    ("mean", "after"): {"class_token": False, "global_pool": "avg"},  # fc_norm: None -> True
+    ("mean", "before"): {"class_token": False, "global_pool": "avg", "fc_norm": False},
+}
+
+
+@pytest.mark.parametrize(
+    ("pool", "pool_norm"), list(TIMM_POOLS), ids=[f"{p}-{n}" for p, n in TIMM_POOLS]
+)
 def test_vit_equals_timm_deit3_with_the_same_weights(
-    timm: Any, pool: str, device: torch.device
+    timm: Any, pool: str, pool_norm: str, device: torch.device
 ) -> None:
     """timm's VisionTransformer in the DeiT-3 setting (no_embed_class, init_values=1e-6,
     QK-norm, LayerNorm eps 1e-6), built with pretrained=False: the same logits to float64
-    round-off after copying its weights (LayerScale randomized so that it matters)."""
+    round-off after copying its weights (LayerScale randomized so that it matters). Mean
+    pooling is timm's ``global_pool="avg"`` without a class token: the mean, then ``fc_norm``
+    (a new model's default), or with ``fc_norm=False`` the norm of every token, then the mean
+    (``pool_norm="before"``)."""
     from timm.models.vision_transformer import VisionTransformer
 
     ref = VisionTransformer(
         img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, depth=2,
         num_heads=4, mlp_ratio=4.0, qkv_bias=True, qk_norm=True, init_values=1e-6,
-        class_token=pool == "cls", no_embed_class=True,
-        global_pool="token" if pool == "cls" else "avg",
-        norm_layer=functools.partial(nn.LayerNorm, eps=1e-6), drop_path_rate=0.1,
+        no_embed_class=True, norm_layer=functools.partial(nn.LayerNorm, eps=1e-6),
+        drop_path_rate=0.1, **TIMM_POOLS[pool, pool_norm],
     )  # fmt: skip
     ref = _randomize(ref.double()).to(device).eval()
-    model = ViT(ViTConfig(**SMALL, **DEIT3, pool=pool, drop_path=0.1)).double().to(device).eval()
-    state = _timm_state(ref, pool)
+    assert isinstance(ref.fc_norm, nn.Identity) == (pool_norm == "before" or pool == "cls")
+    cfg = ViTConfig(**SMALL, **DEIT3, pool=pool, pool_norm=pool_norm, drop_path=0.1)
+    model = ViT(cfg).double().to(device).eval()
+    state = _timm_state(ref)
     assert sorted(state) == sorted(model.state_dict())
     model.load_state_dict(state)
     images = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(4), dtype=F64)

@@ -15,9 +15,16 @@ module per concept:
   (:func:`dirichlet_energy`);
 - :mod:`~heatformer.analysis.stats` -- in-degree, row entropy and largest logit of an
   attention graph without its ``N x N`` matrix (:func:`attention_stats`);
+- :mod:`~heatformer.analysis.filters` -- the learned polynomial filters of a model's heads:
+  their coefficients, response and band (:func:`polynomial_filters`, :func:`filter_response`);
+- :mod:`~heatformer.analysis.drift` -- how far the matrices heads learn (an untied skip head's
+  ``W_S``) moved from their start (:func:`weight_drift`);
 - :mod:`~heatformer.analysis.markov` -- the random walk on an attention graph, at any length:
-  :func:`stationary_distribution` (TokenRank) and :func:`leading_eigenvalues` (``lambda_2``,
-  the spectral gap);
+  :func:`stationary_distribution` (TokenRank), :func:`leading_eigenvalues` (``lambda_2``,
+  the spectral gap) and :func:`leading_eigenvectors` (with the right eigenvectors: ``v_2``);
+- :mod:`~heatformer.analysis.rollout` -- attention rollout through every head's operator
+  (:func:`rollout`): the influence of the input tokens on chosen output tokens, a ``(Q, N)``
+  block of rows propagated backwards through the layers;
 - :mod:`~heatformer.analysis.hooks` -- :func:`collect_token_states` reads per-layer token
   states out of any model with forward hooks, :func:`snapshot_attention` the attention graphs
   and values of every layer.
@@ -52,9 +59,22 @@ References:
 """
 
 from heatformer.analysis.collapse import NeuralCollapse, neural_collapse
+from heatformer.analysis.drift import WeightDrift, weight_drift
 from heatformer.analysis.energy import dirichlet_energy
+from heatformer.analysis.filters import (
+    PASSBANDS,
+    FilterResponse,
+    HeadFilter,
+    filter_response,
+    polynomial_filters,
+)
 from heatformer.analysis.hooks import LayerSnapshot, collect_token_states, snapshot_attention
-from heatformer.analysis.markov import leading_eigenvalues, stationary_distribution
+from heatformer.analysis.markov import (
+    leading_eigenvalues,
+    leading_eigenvectors,
+    stationary_distribution,
+)
+from heatformer.analysis.rollout import rollout
 from heatformer.analysis.separability import NextTokenSeparability, next_token_separability
 from heatformer.analysis.spectra import SpectralDecay, singular_spectrum, spectral_decay
 from heatformer.analysis.stats import AttentionStats, attention_stats
@@ -65,22 +85,31 @@ from heatformer.analysis.variance import (
 )
 
 __all__ = [
+    "PASSBANDS",
     "AttentionStats",
+    "FilterResponse",
+    "HeadFilter",
     "LayerSnapshot",
     "NeuralCollapse",
     "NextTokenSeparability",
     "SpectralDecay",
     "VarianceDecomposition",
+    "WeightDrift",
     "attention_stats",
     "collect_token_states",
     "dirichlet_energy",
+    "filter_response",
     "leading_eigenvalues",
+    "leading_eigenvectors",
     "neural_collapse",
     "next_token_separability",
+    "polynomial_filters",
+    "rollout",
     "singular_spectrum",
     "snapshot_attention",
     "spectral_decay",
     "stationary_distribution",
     "variance_decomposition",
+    "weight_drift",
     "within_sequence_variance",
 ]

@@ -12,7 +12,9 @@ Layout of a comparison folder::
                            metrics.jsonl (tensorboard/ with log="tensorboard"), result.json
       results.json         spec, environment, summary (mean ± std, 95 % intervals, paired
                            differences against the baseline), sweeps, the selection of each
-                           schedule's setting, the primary endpoints, every run record
+                           schedule's setting, the primary endpoints, the contrasts A - B,
+                           every run record, the runs' start ("started", the first
+                           invocation's, with its UTC offset)
       results.csv          one row per run
       plots/*.png          loss curves, final metrics, per-layer analysis, sweeps
 
@@ -27,22 +29,20 @@ exists (written atomically, last); ``resume`` skips finished runs, continues the
 interrupted one from its checkpoint, and starts the rest. ``results.json``,
 ``results.csv`` and the plots are rewritten from the run records at the end.
 
-``wall_time_s`` in ``results.json`` is the time of every invocation that trained in the
-folder, the stopped and interrupted ones too: the sum of the ``elapsed_s`` recorded in
-``invocations.json`` (at the start, after each finished run, and when the invocation ends
-or writes the report; a killed process loses the time since its last record).
-``environment`` is that of the training invocation that wrote the report; :func:`analyze`
-keeps it and adds its own as ``analysis_environment``.
+``wall_time_s`` in ``results.json`` is the time of every invocation that trained in the folder, the
+stopped and interrupted ones too: the sum of the ``elapsed_s`` recorded in ``invocations.json`` (at
+the start, after each finished run, and when the invocation ends or writes the report; a killed
+process loses the time since its last record). ``environment`` is that of the training invocation
+that wrote the report; :func:`analyze` keeps it and adds its own as ``analysis_environment``.
 
-One process writes a comparison folder at a time: :func:`run_compare` and :func:`analyze`
-hold its lock (``OUT/.lock``, :func:`~heatformer.lab.checkpoint.hold_folder`) from
-before ``spec.json`` is written (or read, when resuming) until the report is written; another
-process that comes for the folder meanwhile is refused with
-:class:`~heatformer._atomic.FolderInUse` ("OUT is in use by pid N on HOST") before it writes
-anything. The holder removes the temporaries that killed writers left in the folder. A start
-killed before ``spec.json`` was in place leaves a folder with no spec (at most the lock file
-and a ``.spec.json.tmp-PID``): nothing was trained there, so it is taken as a new ``--out``
-and refused by ``--resume`` with a message that says so.
+One process writes a comparison folder at a time: :func:`run_compare` and :func:`analyze` hold its
+lock (``OUT/.lock``, :func:`~heatformer.lab.checkpoint.hold_folder`) from before ``spec.json`` is
+written (or read, when resuming) until the report is written; another process that comes for the
+folder meanwhile is refused with :class:`~heatformer._atomic.FolderInUse` ("OUT is in use by pid N
+on HOST") before it writes anything. The holder removes the temporaries that killed writers left in
+the folder. A start killed before ``spec.json`` was in place leaves a folder with no spec (at most
+the lock file and a ``.spec.json.tmp-PID``): nothing was trained there, so it is taken as a new
+``--out`` and refused by ``--resume`` with a message that says so.
 """
 
 from __future__ import annotations
@@ -56,12 +56,14 @@ from pathlib import Path
 from typing import Any
 
 from heatformer.checks import bad_type, bad_value
+from heatformer.lab.bracket import bracketed, folder_plan, select_bracketed
 from heatformer.lab.checkpoint import atomic_write_json, hold_folder, read_json
 from heatformer.lab.distributed import DistContext, resolve_device
 from heatformer.lab.folder import (
     INVOCATIONS_NAME,
     Invocation,
     check_output,
+    first_start,
     load_spec,
     prepare_output,
     read_invocations,
@@ -74,6 +76,7 @@ from heatformer.lab.report import (
     add_paired,
     aggregate,
     environment,
+    paired_contrasts,
     plot_report,
     primary_endpoints,
     write_csv,
@@ -92,7 +95,7 @@ from heatformer.lab.trainer import (
     is_finished,
     train_run,
 )
-from heatformer.lab.tuning import select, setting_label, settings
+from heatformer.lab.tuning import setting_label, settings
 
 __all__ = [
     "INVOCATIONS_NAME",
@@ -212,14 +215,13 @@ def _check_task(task: object) -> Task | None:
 
 
 def _selected(
-    spec: CompareSpec, task: Task, records: list[dict[str, Any]]
+    spec: CompareSpec, records: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The records the report shows (with ``select_by``: each configuration's runs at its
     chosen setting, else all) and the selection for ``results.json`` (``None`` without)."""
     if spec.select_by is None:
         return list(records), None
-    higher = task.higher_is_better[task.metric_names.index(spec.select_by)]
-    chosen, by_heads = select(records, spec.heads, spec.select_by, higher)
+    chosen, by_heads = select_bracketed(records, spec)
     selection = {
         "metric": spec.select_by,
         "split": "validation: the even examples of the evaluation set; every reported metric "
@@ -244,7 +246,7 @@ def _finish(
 
     ``wall_time_s()`` is asked right before ``results.json`` is written (last).
     """
-    reported, selection = _selected(spec, task, records)
+    reported, selection = _selected(spec, records)
     summary = aggregate(reported, spec.heads, task.metric_names, task.analysis_names)
     n_layer, n_head = spec.n_layer, spec.heads_per_layer
     baseline = baseline_heads(spec.heads, n_layer=n_layer, n_head=n_head) or spec.heads[0]
@@ -274,8 +276,10 @@ def _finish(
         "seeds": list(spec.seeds),
         "wall_time_s": None,  # filled in last
         "invocations": None,
+        "started": None,  # when the first invocation began (the runs' start)
         "selection": selection,
         "primary": primary_endpoints(summary, baseline, spec.primary, sweeps),
+        "contrasts": paired_contrasts(summary, spec.contrast, task.metric_names),
         "summary": summary,
         "runs": records,
     }
@@ -284,19 +288,15 @@ def _finish(
         write_csv(out_dir / "results.csv", records, task.metric_names, task.analysis_names)
         try:
             plots = plot_report(
-                out_dir,
-                reported,
-                summary,
-                task.metric_names,
-                task.eval_loss_name,
-                task.analysis_names,
-                sweeps,
-            )
+                out_dir, reported, summary, task.metric_names, task.eval_loss_name,
+                task.analysis_names, sweeps,
+            )  # fmt: skip
         except ImportError:  # matplotlib is an optional extra
             plots = []
         results["plots"] = [str(p.relative_to(out_dir)) for p in plots]
     results["wall_time_s"] = wall_time_s()
-    results["invocations"] = len(read_invocations(out_dir))
+    invocations = read_invocations(out_dir)
+    results["invocations"], results["started"] = len(invocations), first_start(invocations)
     if ctx.is_main:
         atomic_write_json(out_dir / RESULTS_NAME, results)
     ctx.barrier()
@@ -383,7 +383,7 @@ def _run_plan(
     log: str,
 ) -> CompareReport:
     """The runs of :func:`run_compare` and the report, in a folder this process writes."""
-    plan = list(_runs(spec))
+    plan = folder_plan(spec, _runs(spec), out)  # the grid's and the extensions decided so far
     task_of = _SettingTasks(task)
     if resume:  # a bad checkpoint is refused before any training, not after the runs before it
         for heads, setting, seed, name in plan:
@@ -399,7 +399,7 @@ def _run_plan(
         with Progress(
             len(plan), out.name, initial=done, unit="run", enabled=progress and ctx.is_main
         ) as bar:
-            for heads, setting, seed, name in plan:
+            for heads, setting, seed, name in bracketed(spec, plan, records, bar.raise_total):
                 run_dir = out / "runs" / name
                 finished = is_finished(run_dir)
                 if not finished and ctx.any(stop.requested):  # e.g. Ctrl-C during analysis
@@ -513,7 +513,7 @@ def analyze(
     ctx = DistContext(device=resolve_device(device))
     with hold_folder(out, ctx):  # it rewrites the run records and the report
         records = []
-        plan = [item for item in _runs(spec) if is_finished(out / "runs" / item[-1])]
+        plan = folder_plan(spec, _runs(spec), out, finished=True)
         task_of = _SettingTasks(task)
         if not plan:
             raise ValueError(f"{out}: expected at least one finished run to analyze, got none")

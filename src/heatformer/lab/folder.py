@@ -21,6 +21,7 @@ from heatformer._atomic import LOCK_NAME, is_temporary
 from heatformer.checks import bad_value, check_folder
 from heatformer.lab.checkpoint import atomic_write_json, read_json
 from heatformer.lab.distributed import DistContext
+from heatformer.lab.plan import parse_time
 from heatformer.lab.report import environment
 from heatformer.lab.spec import SPEC_NAME, CompareSpec
 
@@ -28,6 +29,7 @@ __all__ = [
     "INVOCATIONS_NAME",
     "Invocation",
     "check_output",
+    "first_start",
     "load_spec",
     "prepare_output",
     "read_invocations",
@@ -130,7 +132,7 @@ def prepare_output(spec: CompareSpec, out_dir: Path, *, resume: bool, ctx: DistC
 
 def check_output(spec: CompareSpec, out_dir: Path, *, resume: bool) -> None:
     """The checks of :func:`prepare_output`, which write nothing (the spec saved in a folder
-    to resume: the same fingerprint, heads, seeds and optimiser sweeps). A folder or a
+    to resume: the same fingerprint, heads, seeds, sweeps and ``bracket``). A folder or a
     ``runs/`` that is a loop of symbolic links is refused (naming ``out_dir``), and so is, when
     resuming, a run folder that is a link to nothing or a loop."""
     check_folder("out_dir", out_dir, inside=("runs",))
@@ -141,6 +143,7 @@ def check_output(spec: CompareSpec, out_dir: Path, *, resume: bool) -> None:
             or saved.heads != spec.heads
             or saved.seeds != spec.seeds
             or saved.tune != spec.tune
+            or saved.bracket != spec.bracket
         ):
             raise ValueError(
                 f"{out_dir}: expected the spec saved in {SPEC_NAME} when resuming, got a "
@@ -229,6 +232,14 @@ class Invocation:
 
 def total_time(invocations: list[dict[str, Any]]) -> float:
     return math.fsum(float(entry.get("elapsed_s") or 0.0) for entry in invocations)
+
+
+def first_start(invocations: list[dict[str, Any]]) -> str | None:
+    """When the first invocation that trained in the folder began: the runs' start, as
+    ``results.json`` records it (``"started"``), ISO 8601 with this machine's UTC offset
+    (``invocations.json`` holds local times without one); ``None`` without invocations."""
+    stamp = parse_time(invocations[0].get("started") if invocations else None)
+    return None if stamp is None else stamp.isoformat()
 
 
 def run_name(index: int, heads: str, seed: int, setting: str = "") -> str:

@@ -134,6 +134,17 @@ class Progress:
             self._stream.write(self.line() + "\n")
             self._stream.flush()
 
+    def raise_total(self, total: int) -> None:
+        """Raise the units of work to ``total`` when more were found (a comparison's runs that
+        extend a tuned grid); a smaller ``total`` changes nothing."""
+        if total <= self.total:
+            return
+        self.total = int(total)
+        self._mark = self._bucket(self.n)  # the fractions done, of the new total
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.refresh()
+
     def close(self) -> None:
         """Finish the report (closes the bar)."""
         if self._bar is not None:

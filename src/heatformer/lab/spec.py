@@ -58,6 +58,7 @@ from heatformer.checks import (
     check_int,
     check_positive_int,
 )
+from heatformer.lab.plan import plan_for_spec
 from heatformer.lab.tasks import TASKS, options_by_name
 from heatformer.lab.tasks.base import Task
 from heatformer.lab.tasks.options import TaskOptions
@@ -122,6 +123,9 @@ class CompareSpec:
     n_head: int | None = None  # heads per layer; None: the sum of the schedule's counts
     n_embd: int = 128  # model width D
     mlp_ratio: int = 4  # MLP hidden width in units of D; 0: attention-only blocks (no MLP)
+    # zero every attention layer's output projection at initialization (the paper's LM code):
+    # each layer, a Laplacian head with it, starts as nothing, a no-op on the residual stream
+    zero_init_proj: bool = False
     # graph kind(s) of the attention layers: "softmax", "topk[k=32]", or one per layer
     # separated by ';' ("topk[k=8];softmax"); see heatformer.graph_ops.GRAPHS
     graph: str = "softmax"
@@ -146,8 +150,16 @@ class CompareSpec:
     # select_by: the metric that picks each configuration's setting on the validation half
     tune: tuple[str, ...] = ()
     select_by: str | None = None
+    # the most values a tuned grid gains past each side where a best one is at its edge (per
+    # configuration and field; 0: none), see heatformer.lab.bracket
+    bracket: int = 2
     primary: tuple[str, ...] = ()  # declared primary endpoints, "METRIC" or "METRIC@LAYER"
+    # direct contrasts "A - B" of two compared schedules, paired over seeds, Holm over them
+    contrast: tuple[str, ...] = ()
     name: str = field(default="", compare=False)  # a label for reports only
+    # the study's plan (heatformer.lab.plan): a plan file, read and checked when the spec is
+    # made, then kept as its PlanRecord (path, sha256, study, endpoints), as spec.json holds it
+    plan: Any = field(default=None, compare=False)
 
     # ------------------------------------------------------------------ validation
 
@@ -211,15 +223,32 @@ class CompareSpec:
         ):
             raise bad_value("device", f"expected 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         study = check_study(
-            task,
-            tune=self.tune,
-            select_by=self.select_by,
-            primary=self.primary,
-            n_layer=self.n_layer,
-            analysis=self.analysis,
-        )
+            task, tune=self.tune, select_by=self.select_by, bracket=self.bracket,
+            primary=self.primary, n_layer=self.n_layer, analysis=self.analysis,
+        )  # fmt: skip
         for name, value in study.items():  # canonical: tuples, metric names
             object.__setattr__(self, name, value)
+        self._check_controls()
+        if self.plan is not None:
+            self._take_plan(task)
+
+    def _take_plan(self, task: type[Task]) -> None:
+        """The plan as its record (a plan file is read and checked against this spec, once);
+        ``primary`` among the plan's endpoints for the study, or all of them."""
+        record, primary = plan_for_spec(
+            self.plan, name=self.name, task_cls=task, heads=self.heads, seeds=self.seeds,
+            primary=self.primary, n_layer=self.n_layer, analysis=self.analysis,
+        )  # fmt: skip
+        object.__setattr__(self, "plan", record)
+        object.__setattr__(self, "primary", primary)
+
+    def _check_controls(self) -> None:
+        """``zero_init_proj`` a bool; each ``contrast`` two compared schedules, made canonical
+        (:func:`~heatformer.lab.report.contrasts.check_contrasts`)."""
+        from heatformer.lab.report.contrasts import check_contrasts
+
+        check_bool("zero_init_proj", self.zero_init_proj)
+        object.__setattr__(self, "contrast", check_contrasts(self.contrast, self.heads))
 
     def _check_graphs(self) -> None:
         """Graph kinds: known, one per layer, within the task's longest sequence.
@@ -312,6 +341,9 @@ class CompareSpec:
         out["heads"] = list(self.heads)
         out["seeds"] = list(self.seeds)
         out["tune"], out["primary"] = list(self.tune), list(self.primary)
+        out["contrast"] = list(self.contrast)
+        if self.plan is not None:
+            out["plan"]["endpoints"] = list(self.plan.endpoints)
         return out
 
     @classmethod
@@ -321,7 +353,9 @@ class CompareSpec:
         A ``"topk": null`` entry (what specs kept before ``topk`` became the command line's
         shorthand for ``graph``) is dropped; a ``topk`` value is refused with what to write
         instead. A ``"bf16": true`` / ``false`` entry (specs before ``precision``) is read as
-        ``precision="bf16"`` / ``"fp32"``.
+        ``precision="bf16"`` / ``"fp32"``. A spec with ``tune`` and no ``bracket`` (written
+        before bracketing) is read with ``bracket=0``: the runs its folder holds (see
+        :meth:`upgraded`).
 
         Args:
             data: a dict as written by :meth:`to_dict`.
@@ -334,21 +368,23 @@ class CompareSpec:
                 contradicts ``precision``.
         """
         known = {f.name for f in dataclasses.fields(cls)}
-        values = cls.upgraded(data)
+        values = cls.upgraded(data, written=True)
         unknown = sorted(set(values) - known)
         if unknown:
             raise bad_value(
                 "spec", f"unknown fields {unknown}; expected a subset of {sorted(known)}"
             )
-        for key in ("heads", "seeds", "tune", "primary"):
+        for key in ("heads", "seeds", "tune", "primary", "contrast"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
 
     @staticmethod
-    def upgraded(data: Mapping[str, Any]) -> dict[str, Any]:
+    def upgraded(data: Mapping[str, Any], *, written: bool = False) -> dict[str, Any]:
         """A spec dict as an older heatformer wrote it, in today's fields (not validated): the
-        entries :meth:`from_dict` reads differently (``topk``, ``bf16``), translated.
+        entries :meth:`from_dict` reads differently (``topk``, ``bf16``), translated. With
+        ``written`` (a comparison's ``spec.json``, which holds every field of its day), a field
+        added since takes the value the comparison ran with: ``bracket = 0`` where it tuned.
 
         Raises:
             ValueError: a ``topk`` value, or a ``bf16`` entry that contradicts ``precision``.
@@ -359,6 +395,8 @@ class CompareSpec:
             raise bad_value("topk", f"expected graph='topk[k={topk}]' instead, got topk={topk}")
         if "bf16" in values:  # a spec written before ``precision``
             values["precision"] = _precision_of_bf16(values.pop("bf16"), values.get("precision"))
+        if written and values.get("tune") and "bracket" not in values:  # before bracketing
+            values["bracket"] = 0
         return values
 
     def fingerprint(self) -> dict[str, Any]:
@@ -390,13 +428,18 @@ class CompareSpec:
             "analysis_point",
             "activation_checkpointing",
             "tune",  # a run's spec holds its own setting (lr, ...)
+            "bracket",
             "primary",
+            "contrast",  # what the report compares
+            "plan",
         ):
             out.pop(key)
         if out["select_by"] is None:  # as before selection existed (evaluation not split)
             out.pop("select_by")
         if out["mlp_ratio"] == 4:  # as before the field existed
             out.pop("mlp_ratio")
+        if not out["zero_init_proj"]:  # as before the field existed
+            out.pop("zero_init_proj")
         out["options"] = self.options.fingerprint()
         return out
 

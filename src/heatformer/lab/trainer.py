@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from heatformer.analysis.drift import weight_drift
+from heatformer.analysis.filters import polynomial_filters
 from heatformer.checks import bad_value
 from heatformer.lab.checkpoint import (
     atomic_write_json,
@@ -164,10 +166,13 @@ def train_run(
         The run record: ``heads``, ``seed``, ``steps``, ``num_params``, ``train_loss``
         (one value per step, the global-batch mean), ``evals`` (a list of
         ``{"step": s, metric: value}``), ``final`` (metrics at the last step),
-        ``analysis`` (``{metric: [per layer]}``, empty if disabled), ``train_time_s``,
-        ``model_config``, ``world_size`` (of the last stretch) and ``world_sizes`` (every
-        stretch trained with another number of processes: ``[{"world_size": 2,
-        "from_step": 0}, {"world_size": 1, "from_step": 120}]``).
+        ``analysis`` (``{metric: [per layer]}``, empty if disabled), ``filters`` and ``drift``
+        (per layer, the ``as_dict()`` of :func:`~heatformer.analysis.polynomial_filters` and
+        :func:`~heatformer.analysis.weight_drift`: each polynomial head's coefficients and band,
+        each untied skip head's distance from its start; empty without such heads),
+        ``train_time_s``, ``model_config``, ``world_size`` (of the last stretch) and
+        ``world_sizes`` (every stretch trained with another number of processes:
+        ``[{"world_size": 2, "from_step": 0}, {"world_size": 1, "from_step": 120}]``).
 
     Raises:
         TrainingInterrupted: a stop was requested; the checkpoint is saved.
@@ -206,8 +211,9 @@ def analyze_run(
     model_factory: ModelFactory | None = None,
 ) -> dict[str, Any]:
     """Recompute the per-layer analysis of the finished run in ``run_dir`` from its final
-    checkpoint and rewrite its ``result.json`` with it (atomically); returns the record. The
-    record of a run that diverged, which has no final weights, is returned as it is.
+    checkpoint and rewrite its ``result.json`` with it and the ``filters`` and ``drift`` of its
+    weights (atomically); returns the record. The record of a run that diverged, which has no
+    final weights, is returned as it is.
 
     Raises:
         ValueError: ``run_dir`` holds no checkpoint of the run's last step
@@ -222,6 +228,8 @@ def analyze_run(
     model = make_model(task, heads, model_factory)
     model.load_state_dict(saved["model"])
     record["analysis"] = task.layer_metrics(model.to(device), device)
+    record["filters"] = [f.as_dict() for f in polynomial_filters(model)]
+    record["drift"] = [d.as_dict() for d in weight_drift(model)]
     atomic_write_json(run_dir / RESULT_NAME, record)
     return record
 
@@ -340,6 +348,8 @@ def _finish(run: RunState, analysis: dict[str, list[float]]) -> dict[str, Any]:
         "evals": run.evals,
         "final": {k: v for k, v in run.evals[-1].items() if k != "step"},
         "analysis": analysis,
+        "filters": [f.as_dict() for f in polynomial_filters(run.model)],
+        "drift": [d.as_dict() for d in weight_drift(run.model)],
         "train_time_s": run.train_time,
         "model_config": _model_config_dict(run.model),
         "world_size": ctx.world_size,

@@ -22,6 +22,11 @@ non-finite loss, :class:`~heatformer.lab.trainer.TrainingDiverged`) does not sto
 comparison: its run is recorded as finished with NaN metrics and ``"diverged"`` (step, loss),
 and selection passes over it.
 
+A chosen value at the edge of its grid (the largest learning rate tried) brackets nothing: with
+``bracket`` (``--bracket N``, default 2) the configuration's grid is extended past that edge and
+the choice made again, and a value still at an edge is reported "at the grid edge", not tuned
+(:mod:`heatformer.lab.bracket`).
+
 This module imports no torch.
 
 Examples:
@@ -40,7 +45,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from heatformer.checks import bad_type, bad_value
+from heatformer.checks import bad_type, bad_value, check_int
 from heatformer.lab.tasks.base import VALIDATION
 
 __all__ = [
@@ -204,10 +209,11 @@ def check_study(
     primary: Sequence[str],
     n_layer: int,
     analysis: bool,
+    bracket: int = 0,
 ) -> dict[str, Any]:
-    """Check a comparison's ``tune``, ``select_by`` and ``primary`` (fields of its spec) for
-    the task ``task_cls``, a model of ``n_layer`` layers and whether it has the per-layer
-    ``analysis``; return their canonical values.
+    """Check a comparison's ``tune``, ``select_by``, ``bracket`` and ``primary`` (fields of its
+    spec) for the task ``task_cls``, a model of ``n_layer`` layers and whether it has the
+    per-layer ``analysis``; return the canonical values of all but ``bracket`` (an int >= 0).
 
     Returns:
         ``{"tune", "select_by", "primary"}`` as the spec should hold them (tuples, metric
@@ -215,9 +221,10 @@ def check_study(
 
     Raises:
         ValueError: a bad sweep, a metric the task does not have, ``select_by`` without a
-            sweep of an optimiser field (or a sweep without it), ``primary`` that is not
-            ``METRIC[@LAYER]``; each message names its argument.
+            sweep of an optimiser field (or a sweep without it), a negative ``bracket``,
+            ``primary`` that is not ``METRIC[@LAYER]``; each message names its argument.
     """
+    check_int("bracket", bracket, minimum=0)
     for name, value in (("tune", tune), ("primary", primary)):
         if isinstance(value, str):
             raise bad_type(name, f"expected a sequence of strings, got {value!r}")
@@ -297,15 +304,29 @@ def _number(value: Any) -> float:
 
 def format_selection(selection: Sequence[Mapping[str, Any]]) -> str:
     """The selection as text: per configuration, each candidate's validation mean, ``*`` the
-    chosen one."""
+    chosen one; a configuration whose best value of a field is at the grid edge (its
+    ``"bracket"``, see :mod:`heatformer.lab.bracket`) is marked, and a last line says what that
+    means."""
     if not selection:
         return ""
     metric = selection[0]["metric"]
     lines = [f"selection by validation {metric} (mean over seeds; * chosen, reported on test):"]
+    limits = set()
     for row in selection:
         cells = [
             f"{'*' if c['label'] == row['chosen_label'] else ' '}{c['label']}: {c['mean']:.4f}"
             for c in row["candidates"]
         ]
-        lines.append(f"  {row['heads']}:  " + "   ".join(cells))
+        edges = [(name, entry) for name, entry in (row.get("bracket") or {}).items()
+                 if entry["status"] == "edge"]  # fmt: skip
+        limits |= {entry["limit"] for _, entry in edges}
+        mark = ", ".join(f"{name} {entry['side']}" for name, entry in edges)
+        lines.append(f"  {row['heads']}:  " + "   ".join(cells)
+                     + (f"   [at the grid edge: {mark}; not tuned]" if edges else ""))  # fmt: skip
+    if limits:
+        lines.append(
+            f"at the grid edge: the best value is still the smallest or largest tried, "
+            f"{max(limits)} extension(s) past the listed grid allowed per side (--bracket): "
+            "widen the grid or raise --bracket before calling that configuration tuned"
+        )
     return "\n".join(lines)

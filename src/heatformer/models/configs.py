@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from heatformer import checks
 from heatformer.graph_ops import GraphBuilder, resolve_graph
@@ -87,6 +87,14 @@ class _StackConfig:
         kinds = {spec: resolve_graph(spec) for spec in dict.fromkeys(specs)}
         return tuple(kinds[spec] for spec in specs)
 
+    @classmethod
+    def upgraded(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        """The fields of a config as an older heatformer saved it (``dataclasses.asdict``), in
+        today's: a field added since with a default other than what such a model computed
+        gets that old value (:func:`~heatformer.models.load_model` reads configs through it).
+        Here: ``fields`` as they are."""
+        return fields
+
     def max_tokens(self) -> int:
         """The most tokens one attention graph of this model can have."""
         raise NotImplementedError  # pragma: no cover - every config defines it
@@ -127,9 +135,10 @@ class ViTConfig(_StackConfig):
     patch_size: int = 2
     in_channels: int = 1
     num_classes: int = 10
-    # "cls" token; "mean" of the patch tokens after the final norm; "avg": the mean, then the
-    # norm (timm's global_pool="avg" order)
-    pool: str = "cls"
+    pool: str = "cls"  # "cls" token, or the "mean" of the tokens ("avg": timm's name of it)
+    # with mean pooling, the final norm "after" the mean (timm's fc_norm, its global_pool="avg"
+    # default) or "before" it, on every token (the order of configs saved without this field)
+    pool_norm: str = "after"
     # ---- the DeiT-3 recipe (Touvron et al., 2022): 1e-6, 1e-6, 1e-6, False --------------------
     layer_scale_init: float | None = None  # LayerScale on both residual branches; None: none
     norm_eps: float = 1e-5  # eps of every LayerNorm (blocks and final norm)
@@ -149,6 +158,7 @@ class ViTConfig(_StackConfig):
             )
         if self.pool not in ("cls", "mean", "avg"):
             raise checks.bad_value("pool", f"expected 'cls', 'mean' or 'avg', got {self.pool!r}")
+        checks.check_choice("pool_norm", self.pool_norm, ("after", "before"))
         if self.layer_scale_init is not None:
             _check_finite_float("layer_scale_init", self.layer_scale_init, "or None")
         for name in ("norm_eps", "qk_norm_eps"):
@@ -160,6 +170,14 @@ class ViTConfig(_StackConfig):
         if not 0.0 <= rate < 1.0:
             raise checks.bad_value("drop_path", f"expected a probability in [0, 1), got {rate}")
         super().__post_init__()
+
+    @classmethod
+    def upgraded(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        """A saved config without ``pool_norm`` (before the field) and with ``pool="mean"``
+        normalized every token before the mean: ``pool_norm="before"``."""
+        if "pool_norm" not in fields and fields.get("pool") == "mean":
+            return {**fields, "pool_norm": "before"}
+        return fields
 
     def max_tokens(self) -> int:
         return (self.image_size // self.patch_size) ** 2 + (1 if self.pool == "cls" else 0)

@@ -138,7 +138,9 @@ def load_model(
     The model is rebuilt from its config as trained (sizes, head schedule, graph kinds) and
     gets the saved weights. A config saved while configs had a ``topk`` field loads: its
     ``"topk": None`` is dropped; a ``topk`` value is refused, naming the graph kind to write
-    instead.
+    instead. A field added since is read as such a model computed (the config class's
+    ``upgraded``: a mean-pooling :class:`ViT` saved before ``pool_norm`` keeps its norm before
+    the mean).
 
     Args:
         path: a file of :func:`save_model`; a checkpoint that holds the keys of one (the
@@ -184,7 +186,8 @@ def load_model(
     if isinstance(step, int) and isinstance(steps, int) and step < steps:
         warnings.warn(UnfinishedTraining(file, step, steps), stacklevel=2)
     cls = _MODELS[kind]
-    config: Any = cls.config_class(**_config_fields(file, payload["config"]))
+    fields = cls.config_class.upgraded(_config_fields(file, payload["config"]))
+    config: Any = cls.config_class(**fields)
     model = cls(config)
     state = payload["state_dict"]
     model.load_state_dict(state)

@@ -334,15 +334,17 @@ class ViT(_ConfigModel):
     With ``ViTConfig(layer_scale_init=1e-6, norm_eps=1e-6, qk_norm=True, qk_norm_eps=1e-6,
     pos_embed_cls=False)`` it is the DeiT-3 recipe (Touvron et al., 2022) and, with the same
     weights, computes what timm's ``VisionTransformer`` (``no_embed_class=True``,
-    ``init_values=1e-6``, LayerNorm eps 1e-6) computes; ``pool="avg"`` is timm's
-    ``global_pool="avg"`` (the mean of the tokens, then the norm), ``drop_path`` its
+    ``init_values=1e-6``, LayerNorm eps 1e-6) computes; ``pool="mean"`` (or ``"avg"``) is timm's
+    ``global_pool="avg"`` with ``class_token=False``: the mean of the tokens, then the norm
+    (its ``fc_norm``; ``pool_norm="before"``: the norm of every token, then the mean, timm's
+    ``fc_norm=False``, the order of a config saved before ``pool_norm``), ``drop_path`` its
     ``drop_path_rate``.
 
     Equivalent to::
 
         x = patches(images) (+ pos if not pos_embed_cls); x = [cls; x] (+ pos if pos_embed_cls)
         for each block: x = x + dp(ls1(attn(ln1(x)))); x = x + dp(ls2(mlp(ln2(x))))
-        pooled = ln_f(x)[:, 0] ("cls") | ln_f(x).mean(1) ("mean") | ln_f(x.mean(1)) ("avg")
+        pooled = ln_f(x)[:, 0] ("cls") | ln_f(x.mean(1)) ("mean") | ln_f(x).mean(1) ("before")
         head(pooled)
 
     Shape:
@@ -397,7 +399,7 @@ class ViT(_ConfigModel):
         x = self.drop(x)
         graphs: list[Graph] | None = [] if return_graphs else None
         x = _run_blocks(self.blocks, x, None, graphs)
-        if self.config.pool == "avg":  # timm's order: the mean of the tokens, then the norm
+        if self.cls is None and self.config.pool_norm == "after":  # timm's order (fc_norm)
             pooled = self.ln_f(x.mean(1))  # (B, D)
         else:
             x = self.ln_f(x)

@@ -28,7 +28,8 @@ operator is one module of this package plus one entry of
 :data:`~heatformer.graph_ops.OPERATORS`, and declares what it can do (:attr:`~DiffusionOperator.
 reads_transpose`, :meth:`~DiffusionOperator.affine_coefficients`, ``examples``,
 :attr:`~DiffusionOperator.needs_shape`, :attr:`~DiffusionOperator.maps`,
-:attr:`~DiffusionOperator.combines_maps`).
+:attr:`~DiffusionOperator.combines_maps`, :meth:`~DiffusionOperator.polynomial_coefficients`,
+:meth:`~DiffusionOperator.token_map`, :meth:`~DiffusionOperator.learned_weight`).
 
 References:
     Zhang, A. & Papyan, V. (2026). Laplacian heads. arXiv:2602.09297.
@@ -140,6 +141,28 @@ class DiffusionOperator(nn.Module):
         None for a learnable or a non-affine operator."""
         return None
 
+    def polynomial_coefficients(self) -> tuple[Tensor, str] | None:
+        r"""``(c, basis)`` when the operator is parameterized by the coefficients of a
+        polynomial filter, learnable or fixed, else None:
+
+        .. math:: \mathrm{op}(G, x) = \sum_{k=0}^{K} c_k B^k x
+
+        with ``c`` of shape ``(K + 1,)`` (the parameter itself when learnable) and ``basis``
+        ``"adjacency"`` (``B`` the normalized adjacency, ``P`` on attention with ``"rw"``) or
+        ``"laplacian"`` (``B = L``). What an analysis reads as a head's learned filter
+        (:func:`~heatformer.analysis.polynomial_filters`); an operator that is a polynomial
+        without such parameters (attention, ``P``) answers None."""
+        return None
+
+    def learned_weight(self) -> tuple[Tensor, Tensor] | None:
+        """``(W, W0)`` when the operator learns a matrix per head, else None: the parameter
+        ``W`` ``(heads, C, C)`` itself and ``W0``, the value it was initialized to (a new
+        tensor of the same shape, detached). What an analysis reads to tell how far training
+        moved it from its start (:func:`~heatformer.analysis.weight_drift`: an untied skip
+        head's ``W_S``, started at ``init * I``). None too while the weight waits for its shape
+        (:attr:`needs_shape`)."""
+        return None
+
     @property
     def needs_shape(self) -> bool:
         """Whether a parameter still waits for the shape of the heads it serves
@@ -188,6 +211,16 @@ class DiffusionOperator(nn.Module):
             NotImplementedError: for an operator that does not combine its maps.
         """
         raise NotImplementedError(f"operator {self.name!r} does not combine propagations")
+
+    def token_map(self, graph: Graph, x: Tensor) -> Tensor:
+        """``A x``: the head's linear map between tokens, ``A`` ``(N, N)`` (never formed),
+        applied to ``x`` ``(..., N, C)`` of any width ``C``, one signal per channel; what
+        token-level analysis composes (:func:`heatformer.analysis.rollout` applies its transpose
+        by autograd). By default the operator itself, right for every operator that is
+        ``op(G, V) = A V`` on each channel alike (attention, Laplacian, heat, PPR, polynomial,
+        mean, centring); one that is not overrides it with the map it stands for, documented
+        (a differential head: ``P_1 x - lambda P_2 x``, without its per-row RMSNorm)."""
+        return self(graph, x)
 
     def set_depth(self, depth: int) -> None:
         """Told once by a model that stacks layers (:class:`~heatformer.models.GPT`,

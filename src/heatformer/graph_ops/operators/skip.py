@@ -140,6 +140,15 @@ class UntiedSkip(DiffusionOperator):
             eye = torch.eye(self.skip_weight.shape[-1], device=self.skip_weight.device)
             self.skip_weight.copy_((self.init * eye).expand_as(self.skip_weight))
 
+    def learned_weight(self) -> tuple[Tensor, Tensor] | None:
+        """``(skip_weight, init * I)`` per head (None before the weight has its shape): how
+        far ``W_S`` moved from its start (:func:`~heatformer.analysis.weight_drift`)."""
+        weight = self.skip_weight
+        if weight is None:
+            return None
+        eye = torch.eye(weight.shape[-1], device=weight.device, dtype=weight.dtype)
+        return weight, (self.init * eye).expand_as(weight).clone()
+
     def forward(self, graph: Graph, x: Tensor) -> Tensor:
         self._check(graph, x)
         walk = GraphLaplacian(graph, "rw")
@@ -163,6 +172,28 @@ class UntiedSkip(DiffusionOperator):
                 "x", f"expected {heads} heads at dim -3 (the skip weight's), got {tuple(x.shape)}"
             )
         return torch.matmul(x, weight.to(x.dtype))  # (..., h, N, C) @ (h, C, C)
+
+    def token_map(self, graph: Graph, x: Tensor) -> Tensor:
+        """``P x + c I' x`` for ``x`` of any width, ``c = tr(W_S) / C`` per head: the mean over
+        the channels of the head's map on each channel (``P``, plus ``(W_S)_cc`` on the
+        diagonal), exactly the head while ``W_S = c I``."""
+        self._check(graph, x)
+        walk = GraphLaplacian(graph, "rw")
+        weight = self.skip_weight
+        if weight is None:
+            c = torch.tensor(self.init, dtype=x.dtype, device=x.device)
+        else:
+            c = torch.diagonal(weight, dim1=-2, dim2=-1).mean(-1).to(x.dtype)  # (heads,)
+            if c.shape[0] == 1:
+                c = c[0]
+            elif x.dim() < 3 or x.shape[-3] != c.shape[0]:
+                raise V.bad_value(
+                    "x", f"expected {c.shape[0]} heads at dim -3 (the skip weight's), got "
+                    f"{tuple(x.shape)}",
+                )  # fmt: skip
+            else:
+                c = c[:, None, None]  # (heads, 1, 1) against (..., heads, N, C)
+        return walk.adjacency(x) + walk.identity(x) * c
 
     def frequency_response(self, lam: Tensor) -> Tensor:
         """``1 - lam + c`` while ``W_S = c I`` (``(heads, len(lam))`` for a shaped weight,

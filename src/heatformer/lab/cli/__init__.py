@@ -17,8 +17,9 @@ the table its parser kept while the options were added
 
 The command line is parsed before torch is imported: this package and the modules that
 define the options (:mod:`heatformer.lab.cli._experiments`, :mod:`heatformer.lab.cli._demo`,
-:mod:`heatformer.lab.cli._ops`) import torch, the models and the data only inside the ``run``
-functions, so ``heatformer --help`` and a mistyped flag answer at once.
+:mod:`heatformer.lab.cli._ops`, :mod:`heatformer.lab.cli._plan`) import torch, the models and
+the data only inside the ``run`` functions, so ``heatformer --help`` and a mistyped flag
+answer at once.
 
 A process that another one keeps out of its run folder
 (:class:`~heatformer._atomic.FolderInUse`) prints that line and exits with status 2.
@@ -42,7 +43,7 @@ from types import FrameType
 import heatformer
 from heatformer._atomic import FolderInUse
 from heatformer._suggest import closest
-from heatformer.lab.cli import _demo, _experiments, _ops
+from heatformer.lab.cli import _demo, _experiments, _ops, _plan
 from heatformer.lab.cli._heap import fix_mmap_threshold
 from heatformer.lab.cli._options import OptionParser, speaks
 
@@ -70,6 +71,7 @@ COMMANDS: dict[str, tuple[str, AddArgs, Run]] = {
         _experiments.add_analyze_args,
         _experiments.run_analyze,
     ),
+    "plan": (_plan.PLAN_HELP, _plan.add_plan_args, _plan.run_plan),
 }
 
 

@@ -145,13 +145,14 @@ def read_study(path: str | Path, *, flags: Collection[str] = ()) -> StudyFile:
         raise FileNotFoundError(f"--config {path}: expected a study file, found none") from None
     except UnicodeDecodeError as err:
         raise StudyError(path, "", f"expected a UTF-8 text file ({err.reason})") from None
+    written = False  # a run's spec.json: the fields added since take the values it ran with
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise StudyError(path, "", f"not valid JSON: {err}") from None
         if isinstance(data, dict) and isinstance(data.get("spec"), dict):  # a run's spec.json
-            data = data["spec"]
+            data, written = data["spec"], True
     else:
         toml = _toml()
         try:
@@ -161,7 +162,7 @@ def read_study(path: str | Path, *, flags: Collection[str] = ()) -> StudyFile:
     if not isinstance(data, dict):
         raise StudyError(path, "", f"expected a mapping of spec fields, got {_kind(data)}")
     try:  # the entries an older spec.json holds (bf16, topk), in today's fields
-        data = CompareSpec.upgraded(data)
+        data = CompareSpec.upgraded(data, written=written)
     except ArgumentError as err:
         raise StudyError(path, err.argument, err.detail) from None
     return StudyFile(path, _checked_values(path, data, flags))

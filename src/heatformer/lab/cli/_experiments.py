@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from heatformer._atomic import FolderLock
 from heatformer.checks import bad_value, check_folder, check_positive_int, topk_and_graph
 from heatformer.lab.cli._config import check_one_run, overridden, read_study
-from heatformer.lab.cli._flags import add_analysis_reading, add_common
+from heatformer.lab.cli._flags import add_analysis_reading, add_bracket, add_common, add_contrast
 from heatformer.lab.cli._options import OptionParser, speaks
+from heatformer.lab.cli._plan import add_plan_flag
 from heatformer.lab.cli._report import plan_line, preflight, print_report
 from heatformer.lab.cli._resume import KEPT_FLAGS, folder_of, resume_command, take_kept_flags
 from heatformer.lab.presets import PRESETS, one_run_presets
@@ -122,6 +123,7 @@ def add_compare_args(parser: OptionParser) -> None:
         "(e.g. val_loss) over seeds on the validation half of the evaluation set (its even "
         "examples); the report gives the chosen runs' metrics on the test half (the odd ones)",
     )
+    add_bracket(parser)
     parser.add_argument(
         "--primary",
         action="append",
@@ -132,6 +134,8 @@ def add_compare_args(parser: OptionParser) -> None:
         "intervals, effect sizes in seed-SD units, equivalence (TOST) when not significant, "
         "and the trend across k of a sweep",
     )
+    add_contrast(parser)
+    add_plan_flag(parser)
     parser.add_argument(
         "--seeds", help="number of seeds (3 -> 0,1,2) or a comma list (0,5,7); default 1"
     )

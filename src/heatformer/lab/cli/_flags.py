@@ -13,8 +13,9 @@ from typing import Any
 from heatformer.lab.cli._options import OptionGroup, OptionParser
 from heatformer.lab.spec import CompareSpec
 from heatformer.lab.tasks import TASKS, options_by_name
+from heatformer.lab.tasks._synthetic import yes_no
 
-__all__ = ["add_analysis_reading", "add_common", "add_task_options"]
+__all__ = ["add_analysis_reading", "add_bracket", "add_common", "add_contrast", "add_task_options"]
 
 
 def add_task_options(group: OptionGroup) -> None:
@@ -64,6 +65,34 @@ def add_common(parser: OptionParser) -> None:
     _running_flags(parser.group("running"))
 
 
+def add_bracket(parser: OptionParser) -> None:
+    """``compare --bracket N``: how far a tuned grid extends past the edge its best lies at."""
+    parser.add_argument(
+        "--bracket",
+        type=int,
+        metavar="N",
+        help="with an optimiser --sweep: where a schedule's chosen value of a swept field is the "
+        "smallest or largest of its grid, extend that schedule's grid past it (by the grid's "
+        "own ratio there, or its difference; within the field's bounds) and train the new "
+        "settings with every seed, until the chosen value is inside the grid, at most N values "
+        f"past each side (default {CompareSpec.bracket}; 0: never); a chosen value still at an "
+        "edge is reported 'at the grid edge', not tuned",
+    )
+
+
+def add_contrast(parser: OptionParser) -> None:
+    """``compare --contrast 'A - B'``: two compared schedules against each other."""
+    parser.add_argument(
+        "--contrast",
+        action="append",
+        metavar="'A - B'",
+        help="a direct contrast of two compared schedules (repeat the flag), e.g. "
+        "'attention:2,laplacian:2 - attention:2,center:2': the report gives the paired "
+        "differences A - B over the seeds both ran (mean, 95%% interval, paired t-test), "
+        "Holm-adjusted over the contrasts, as it does against the baseline",
+    )
+
+
 def _model_flags(g: OptionGroup, d: dict[str, Any]) -> None:
     g.add_argument("--layers", dest="n_layer", type=int, help=f"blocks (default {d['n_layer']})")
     g.add_argument(
@@ -95,6 +124,14 @@ def _model_flags(g: OptionGroup, d: dict[str, Any]) -> None:
         "(shorthand for --graph topk[k=K])",
     )
     g.add_argument("--dropout", type=float, help="dropout (default 0)")
+    g.add_argument(
+        "--zero-init-proj",
+        type=yes_no,
+        metavar="yes|no",
+        help="zero every attention layer's output projection at initialization, so that each "
+        "layer (a Laplacian head with it) starts as nothing, as the paper's LM code does "
+        f"(default {'yes' if d['zero_init_proj'] else 'no'})",
+    )
 
 
 def _budget_flags(g: OptionGroup, d: dict[str, Any]) -> None:

@@ -18,11 +18,12 @@ def plan_line(spec: Any, ctx: Any) -> str:
     """``"3 configuration(s) x 2 optimiser setting(s) x 8 seed(s) = 48 run(s) of 500 steps on
     'chars' (cpu, 1 process(es))"``; with sequence parallelism ``"(cpu, 4 process(es), every
     sequence split over 2)"``."""
+    from heatformer.lab.bracket import plan_note
     from heatformer.lab.tuning import settings
 
     grid = len(settings(spec.tune))
     runs = len(spec.heads) * grid * len(spec.seeds)
-    tuned = f" x {grid} optimiser setting(s)" if spec.tune else ""
+    tuned = f" x {grid} optimiser setting(s){plan_note(spec)}" if spec.tune else ""
     split = getattr(ctx, "sequence_parallel", 1)
     split_words = f", every sequence split over {split}" if split > 1 else ""
     return (
@@ -55,12 +56,13 @@ def preflight(
         check_memory(worst, available, seq_len=getattr(spec.options, "seq_len", None))
     if not args.dry_run:
         return False
+    from heatformer.lab.bracket import plan_note
     from heatformer.lab.tuning import settings
 
     say = print if ctx.is_main else (lambda *a, **k: None)
     grid = len(settings(spec.tune))  # every setting runs as long (the sizes do not change)
     runs, evals = len(spec.heads) * grid * len(spec.seeds), evaluations_per_run(spec)
-    tuned = f" x {grid} optimiser setting(s)" if spec.tune else ""
+    tuned = f" x {grid} optimiser setting(s){plan_note(spec)}" if spec.tune else ""
     micro = spec.grad_accum
     per = " per process" if ctx.world_size > 1 else ""
     of = f" of {micro} micro-batches of {local // micro}{per}" if micro > 1 else ""
@@ -96,8 +98,17 @@ def preflight(
 
 def print_report(report: Any) -> None:
     """Print the tables of a finished comparison: the summary, the paired differences, the
+    learned polynomial filters (when some configuration has polynomial heads), the untied skip
+    heads' drift from their start (when some has them), the spec's contrasts A - B, the
     selection of each configuration's setting and the primary endpoints; where the files are."""
-    from heatformer.lab.report import format_endpoints, format_paired_table, format_table
+    from heatformer.lab.report import (
+        format_contrast_table,
+        format_drift_table,
+        format_endpoints,
+        format_filter_table,
+        format_paired_table,
+        format_table,
+    )
     from heatformer.lab.tuning import format_selection
 
     results = report.results
@@ -108,12 +119,28 @@ def print_report(report: Any) -> None:
     if paired and len(results["seeds"]) > 1:
         print(paired)
         print()
+    filters = format_filter_table(report.summary)
+    if filters:
+        print(filters)
+        print()
+    drift = format_drift_table(report.summary)
+    contrasts = format_contrast_table(results.get("contrasts") or [], report.metric_names)
+    for table in (drift, contrasts):
+        if table:
+            print(table)
+            print()
     if results.get("selection"):
         print(format_selection(results["selection"]["configurations"]))
         print()
     if results.get("primary"):
         print(format_endpoints(results["primary"]))
         print()
+    plan = results["spec"].get("plan")
+    if plan:  # its verdicts (its margins, its families across studies): heatformer plan
+        print(
+            f"plan {plan['path']} (sha256 {plan['sha256'][:16]}, study {plan['study']}): its "
+            f"verdicts: heatformer plan {plan['path']} {report.out_dir} [its other studies]\n"
+        )
     line = f"mean ± sample std over seeds {results['seeds']}"
     if results.get("selection"):
         line += " (test half, each configuration at its chosen setting)"

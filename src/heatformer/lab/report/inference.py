@@ -13,6 +13,7 @@ two-sided unless stated; ``level`` is a confidence level and ``alpha`` a test's 
 - :func:`effect_size` -- the paired effect in seed-SD units (Cohen's :math:`d_z`) and its
   exact interval from the noncentral t;
 - :func:`tost` -- equivalence within a margin (two one-sided tests);
+  :func:`paired_power` -- the power of the paired t-test against an effect;
   :func:`detectable_effect` -- the smallest :math:`d_z` a design detects at a given power;
   :func:`equivalence_statement` -- "no effect larger than X", only when TOST shows it.
 
@@ -47,6 +48,7 @@ __all__ = [
     "equivalence_statement",
     "holm",
     "many_to_one",
+    "paired_power",
     "tost",
     "trend_test",
 ]
@@ -387,6 +389,44 @@ def tost(differences: Sequence[float], margin: float, alpha: float = 0.05) -> di
         "margin": float(margin),
         "equivalent": bool(p < alpha),
     }
+
+
+def paired_power(n: int, effect: float, alpha: float = 0.05) -> float:
+    r"""The power of the two-sided paired t-test of size ``alpha`` on ``n`` seeds against a
+    true effect of ``effect`` seed-SDs (:math:`d_z = \mu_d / \sigma_d`).
+
+    With :math:`\nu = n - 1`, :math:`c = t_{1-\alpha/2,\,\nu}` and the noncentral t,
+
+    .. math:: \operatorname{power}(\delta) = P\bigl(|t'_\nu(\delta\sqrt n)| > c\bigr)
+        = 1 - F_{t'}(c) + F_{t'}(-c).
+
+    Args:
+        n: the number of seeds (pairs), at least 2.
+        effect: :math:`\delta`, in seed-SD units (the sign does not matter; NaN gives NaN).
+        alpha: the test's size (a corrected one, e.g. :math:`\alpha / m`, for a family).
+
+    Returns:
+        The probability that the test rejects.
+
+    Raises:
+        ValueError: ``n < 2`` or ``alpha`` outside (0, 1).
+
+    Examples:
+        >>> round(paired_power(5, detectable_effect(5)), 6)
+        0.8
+        >>> round(paired_power(5, 0.0), 6)  # no effect: the size
+        0.05
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise bad_value("n", f"expected an int >= 2, got {n!r}")
+    alpha = _check_unit("alpha", alpha)
+    if math.isnan(effect):
+        return math.nan
+    from scipy.stats import t
+
+    df, nc = n - 1, effect * math.sqrt(n)
+    crit = float(t.ppf(1 - alpha / 2, df))
+    return 1 - _nct_cdf(crit, df, nc) + _nct_cdf(-crit, df, nc)
 
 
 def detectable_effect(n: int, alpha: float = 0.05, power: float = 0.8) -> float:

@@ -11,6 +11,9 @@ and the comparison's baseline (its all-attention schedule, else its first), the 
 ``metric(config, seed) - metric(baseline, seed)`` over the seeds both ran, with their mean,
 95 % interval and the two-sided p-value of the paired t-test. Seeds share the data order and
 initial draws, so pairing removes the variation the two runs of a seed have in common.
+
+The learned polynomial filters of a configuration's runs (:func:`mean_filters`) are averaged
+coefficient by coefficient, per layer and heads, and labelled as the mean filter is.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from heatformer.checks import bad_value
 __all__ = [
     "add_paired",
     "aggregate",
+    "mean_filters",
     "mean_std",
     "one_sample_t",
     "paired_difference",
@@ -235,8 +239,12 @@ def aggregate(
         One dict per configuration with runs: ``heads``, ``seeds``, ``final``
         (``{metric: {"mean", "std", "ci95", "values"}}``) and ``analysis``
         (``{metric: {"mean": [per layer], "std": [...], "ci95": [...], "values": [per seed:
-        [per layer]]}}``).
+        [per layer]]}}``); and ``filters`` (:func:`mean_filters`) when its runs have
+        polynomial heads, ``drift`` (:func:`~heatformer.lab.report.drift.mean_drift`) when
+        they have untied skip heads.
     """
+    from heatformer.lab.report.drift import mean_drift  # which imports this module
+
     summary = []
     for heads in heads_order:
         runs = sorted((r for r in records if r["heads"] == heads), key=lambda r: r["seed"])
@@ -261,12 +269,77 @@ def aggregate(
                 "ci95": [t_interval([v[i] for v in per_run])[1] for i in range(layers)],
                 "values": [list(v[:layers]) for v in per_run],
             }
-        summary.append(
+        row: dict[str, Any] = {
+            "heads": heads,
+            "seeds": [r["seed"] for r in runs],
+            "final": final,
+            "analysis": analysis,
+        }
+        filters = mean_filters(runs)
+        if filters:  # polynomial heads
+            row["filters"] = filters
+        drift = mean_drift(runs)
+        if drift:  # heads that learn a matrix (untied skip heads)
+            row["drift"] = drift
+        summary.append(row)
+    return summary
+
+
+def mean_filters(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    r"""The learned polynomial filters of one configuration's runs, averaged over its seeds.
+
+    Each run record holds the ``filters`` of its final weights
+    (:func:`~heatformer.analysis.polynomial_filters`: per layer, the coefficients
+    :math:`\gamma_0 .. \gamma_K` of each polynomial head, their response and band). They are
+    averaged coefficient by coefficient, per layer and heads; the label is that of the mean
+    filter (its response is the mean of the runs' responses, which are linear in the
+    coefficients), beside each run's own.
+
+    Args:
+        runs: the run records of one configuration (a record without ``filters``, from before
+            they were recorded, counts as having none).
+
+    Returns:
+        One dict per layer and heads, in layer order: ``layer``, ``heads``, ``operator``,
+        ``basis``, ``seeds`` (how many runs have it), ``coefficients`` and
+        ``coefficients_std`` (mean and sample std over those runs, per ``k``), ``gains``,
+        ``energy`` and ``label`` of the mean filter
+        (:func:`~heatformer.analysis.filter_response`), ``labels`` (each run's own, in run
+        order); empty without polynomial heads.
+
+    Example:
+        >>> runs = [{"filters": [{"layer": 0, "heads": [1], "operator": "polynomial",
+        ...           "basis": "adjacency", "coefficients": c, "label": "low-pass"}]}
+        ...         for c in ([0.25, 0.5], [0.75, 0.0])]
+        >>> (row,) = mean_filters(runs)
+        >>> row["coefficients"], row["coefficients_std"], row["label"], row["seeds"]
+        ([0.5, 0.25], [0.3535..., 0.3535...], 'low-pass', 2)
+    """
+    from heatformer.analysis.filters import filter_response
+
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for run in runs:
+        for entry in run.get("filters") or []:
+            key = (entry["layer"], tuple(entry["heads"]), entry["operator"], entry["basis"])
+            groups.setdefault(key, []).append(entry)
+    out = []
+    for (layer, heads, operator, basis), entries in sorted(groups.items()):
+        order = min(len(e["coefficients"]) for e in entries)
+        stats = [mean_std([e["coefficients"][k] for e in entries]) for k in range(order)]
+        response = filter_response([m for m, _ in stats], basis)
+        out.append(
             {
-                "heads": heads,
-                "seeds": [r["seed"] for r in runs],
-                "final": final,
-                "analysis": analysis,
+                "layer": layer,
+                "heads": list(heads),
+                "operator": operator,
+                "basis": basis,
+                "seeds": len(entries),
+                "coefficients": [m for m, _ in stats],
+                "coefficients_std": [s for _, s in stats],
+                "gains": list(response.gains),
+                "energy": list(response.energy),
+                "label": response.label,
+                "labels": [e["label"] for e in entries],
             }
         )
-    return summary
+    return out

@@ -1,7 +1,8 @@
 """What the report writes as text: the terminal tables, the CSV, the environment facts.
 
-Nothing here prints: :func:`format_table` and :func:`format_paired_table` return the table as
-a string. The numbers come from :mod:`heatformer.lab.report.stats`.
+Nothing here prints: :func:`format_table`, :func:`format_paired_table` and
+:func:`format_filter_table` return the table as a string. The numbers come from
+:mod:`heatformer.lab.report.stats`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 __all__ = [
     "environment",
+    "format_filter_table",
     "format_paired_table",
     "format_table",
     "write_csv",
@@ -139,6 +141,40 @@ def format_paired_table(summary: Sequence[dict[str, Any]], metric_names: Sequenc
         lines.append(cells)
     title = f"paired differences against {baseline} (same seeds; paired t-test):"
     return "\n".join([title, *_aligned(header, lines)])
+
+
+def format_filter_table(summary: Sequence[dict[str, Any]]) -> str:
+    """The learned polynomial filters per configuration, layer and heads, mean over seeds: the
+    band of the mean filter (``"low-pass"``, ``"band"``, ``"high-pass"``, with ``(k/n)`` when
+    only ``k`` of the ``n`` seeds' own filters fall in it), its response ``g`` at ``lam = 0, 1,
+    2`` and the mean coefficients ``gamma_0 .. gamma_K``.
+
+    Args:
+        summary: the output of :func:`aggregate` (rows with a ``filters`` entry:
+            :func:`~heatformer.lab.report.mean_filters`).
+
+    Returns:
+        The table under its title, lines joined with newlines; ``""`` when no configuration
+        has polynomial heads.
+    """
+    rows: list[list[str]] = []
+    for row in summary:
+        for f in row.get("filters") or []:
+            agree = sum(label == f["label"] for label in f["labels"])
+            label = f["label"] + ("" if agree == f["seeds"] else f" ({agree}/{f['seeds']})")
+            basis = "" if f["basis"] == "adjacency" else f" ({f['basis']} basis: c_k L^k)"
+            coefficients = " ".join(f"{c:+.4f}" for c in f["coefficients"]) + basis
+            heads = ",".join(map(str, f["heads"]))
+            gains = [f"{g:+.3f}" for g in f["gains"]]
+            rows.append([row["heads"], f"L{f['layer']}", heads, label, *gains, coefficients])
+    if not rows:
+        return ""
+    header = ["heads", "layer", "head", "band", "g(0)", "g(1)", "g(2)", "γ_0 .. γ_K"]
+    title = [
+        "learned polynomial filters, mean over seeds: g(λ) = Σ_k γ_k (1 - λ)^k on the eigenvalues",
+        "λ of I - P in [0, 2]; band: the third of [0, 2] that holds most of ∫ g(λ)² dλ:",
+    ]
+    return "\n".join([*title, *_aligned(header, rows)])
 
 
 def write_csv(

@@ -214,6 +214,7 @@ class Task(abc.ABC):
             "n_head": schedule.num_heads,
             "n_embd": spec.n_embd,
             "mlp_ratio": spec.mlp_ratio,
+            "zero_init": spec.zero_init_proj,
             "heads": schedule.config_heads,
             "graph": spec.graph,
             "dropout": spec.dropout,

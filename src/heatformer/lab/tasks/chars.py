@@ -157,15 +157,37 @@ class CharsTask:
             ValueError: unknown ``split``, non-positive ``batch_size``/``seq_len``, or
                 ``seq_len`` too long for the split.
         """
+        starts = self.random_starts(split, batch_size, seq_len, generator)  # (B,)
+        return _windows(self._split(split), starts, seq_len)
+
+    def random_starts(
+        self,
+        split: Literal["train", "val"],
+        batch_size: int,
+        seq_len: int,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        """The ``(B,)`` int64 window starts :meth:`get_batch` draws (the same arguments and
+        generator state give the same starts); :meth:`windows` cuts the windows there.
+
+        Raises:
+            ValueError: as :meth:`get_batch`.
+        """
         import torch
 
         data = self._split(split)
         V.check_int("batch_size", batch_size, minimum=1)
         self._check_seq_len(data, split, seq_len)
         V.check_generator(generator)
-        starts = torch.randint(
-            0, data.numel() - seq_len, (batch_size,), generator=generator
-        )  # (B,)
+        return torch.randint(0, data.numel() - seq_len, (batch_size,), generator=generator)
+
+    def windows(
+        self, split: Literal["train", "val"], starts: torch.Tensor, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)`` ``(b, N)`` int64: the windows of ``seq_len`` bytes of a split at ``starts``
+        ``(b,)`` (each at most ``num_bytes - seq_len - 1``), ``y`` shifted by one byte."""
+        data = self._split(split)
+        self._check_seq_len(data, split, seq_len)
         return _windows(data, starts, seq_len)
 
     def num_eval_windows(self, seq_len: int, max_windows: int | None = 256) -> int:
@@ -207,17 +229,27 @@ class CharsTask:
         Raises:
             ValueError: non-positive arguments or ``seq_len`` too long for the split.
         """
-        import torch
-
         V.check_int("batch_size", batch_size, minimum=1)
-        count = self.num_eval_windows(seq_len, max_windows)
-        total = (self.val.numel() - 1) // seq_len
-        picks = torch.arange(count) * total // count  # (count,) evenly spaced window ids
-        starts = picks * seq_len  # (count,)
+        starts = self.eval_starts(seq_len, max_windows)  # (count,)
+        count = starts.numel()
         return (
             _windows(self.val, starts[begin : begin + batch_size], seq_len)
             for begin in range(0, count, batch_size)
         )
+
+    def eval_starts(self, seq_len: int, max_windows: int | None = 256) -> torch.Tensor:
+        """The ``(count,)`` int64 starts of the validation windows of :meth:`eval_batches`, in
+        its order (:meth:`num_eval_windows` of them).
+
+        Raises:
+            ValueError: as :meth:`num_eval_windows`.
+        """
+        import torch
+
+        count = self.num_eval_windows(seq_len, max_windows)
+        total = (self.val.numel() - 1) // seq_len
+        picks = torch.arange(count) * total // count  # (count,) evenly spaced window ids
+        return picks * seq_len  # (count,)
 
 
 def _windows(
