@@ -14,9 +14,10 @@ Example:
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
 
-__all__ = ["EXTRAS", "require"]
+__all__ = ["EXTRAS", "require", "toml_reader"]
 
 #: the extra that brings each optional top-level module (setup.cfg's ``extras_require``)
 EXTRAS = {
@@ -47,3 +48,18 @@ def require(module: str, extra: str | None = None, *, feature: str) -> ModuleTyp
     except ImportError as err:
         name = extra or EXTRAS.get(top, top)
         raise ImportError(f"{feature} needs {top}: pip install 'heatformer[{name}]'") from err
+
+
+def toml_reader(feature: str) -> ModuleType:
+    """The TOML reader: the standard library's ``tomllib`` (Python 3.11+), else ``tomli`` (the
+    ``lab`` extra installs it on 3.10), or an :class:`ImportError` naming ``feature``.
+
+    Example:
+        >>> toml_reader("a doctest").loads("a = 1")
+        {'a': 1}
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    return require("tomli", "lab", feature=feature)  # pragma: no cover - the floor Python

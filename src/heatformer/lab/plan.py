@@ -46,14 +46,13 @@ import math
 import os
 import shutil
 import subprocess
-import sys
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
+from heatformer._optional import toml_reader
 from heatformer._suggest import did_you_mean
 from heatformer.checks import ArgumentError, ArgumentValueError, bad_type, bad_value
 from heatformer.lab.tuning import check_study
@@ -165,16 +164,6 @@ class PlanRecord:
         return cls(value["path"], value["sha256"], value["study"], tuple(endpoints))
 
 
-def _toml() -> types.ModuleType:
-    if sys.version_info >= (3, 11):
-        import tomllib
-
-        return tomllib
-    import tomli  # pragma: no cover - the floor Python; the ``lab`` extra installs it
-
-    return tomli  # pragma: no cover
-
-
 def _fail(path: Path, where: str, detail: str) -> ArgumentValueError:
     return bad_value("plan", f"{path}: {where + ': ' if where else ''}{detail}")
 
@@ -194,7 +183,7 @@ def read_plan(path: str | os.PathLike[str]) -> Plan:
         data = path.read_bytes()
     except OSError:
         raise bad_value("plan", f"expected a plan file (TOML), found none at {path}") from None
-    toml = _toml()
+    toml = toml_reader("reading a plan file")
     try:
         table = toml.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, toml.TOMLDecodeError) as err:

@@ -47,7 +47,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import sys
 import types
 import typing
 from collections.abc import Collection, Iterator, Mapping
@@ -55,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heatformer._optional import toml_reader
 from heatformer._suggest import did_you_mean
 from heatformer.checks import ArgumentError, bad_value
 from heatformer.lab.spec import CompareSpec
@@ -154,7 +154,7 @@ def read_study(path: str | Path, *, flags: Collection[str] = ()) -> StudyFile:
         if isinstance(data, dict) and isinstance(data.get("spec"), dict):  # a run's spec.json
             data, written = data["spec"], True
     else:
-        toml = _toml()
+        toml = toml_reader("reading a TOML study file")
         try:
             data = toml.loads(text)
         except toml.TOMLDecodeError as err:  # its message ends with the line and column
@@ -193,22 +193,6 @@ def check_one_run(values: Mapping[str, Any]) -> None:
                 f"train runs one, got {len(given)} ({', '.join(map(str, given))}): choose one "
                 f"with {flag}, or run heatformer compare",
             )
-
-
-def _toml() -> types.ModuleType:
-    """The TOML reader: the standard library's ``tomllib`` (Python 3.11+), else ``tomli`` (the
-    ``lab`` extra installs it on 3.10)."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-
-        return tomllib
-    try:  # pragma: no cover - the floor Python
-        import tomli
-    except ImportError:  # pragma: no cover
-        raise ImportError(
-            "reading a TOML study file on Python 3.10 needs tomli: pip install 'heatformer[lab]'"
-        ) from None
-    return tomli  # pragma: no cover
 
 
 # ---------------------------------------------------------------------------- the keys
