@@ -159,10 +159,11 @@ def _final_metric(
     fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(summary) + 1), 4))
     for x, row in enumerate(summary):
         stats = row["final"][name]
+        spread = stats["std"]  # NaN for one seed or a metric with no value (matplotlib 3.7 fails)
         ax.errorbar(
             [x],
             [stats["mean"]],
-            yerr=[stats["std"]],
+            yerr=[spread] if spread is not None and math.isfinite(spread) else None,
             fmt="o",
             capsize=6,
             color=colors[row["heads"]],
