@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from heatformer.checks import bad_type
+from heatformer.analysis.filters import head_operator_groups
 from heatformer.graph_ops import DiffusionOperator
 
 __all__ = ["WeightDrift", "weight_drift"]
@@ -99,25 +99,8 @@ def weight_drift(model: nn.Module) -> list[WeightDrift]:
         >>> [(d.layer, d.heads, d.distance, d.identity) for d in weight_drift(gpt)]
         [(0, (1,), 0.0, -1.0), (1, (1,), 0.0, -1.0)]
     """
-    if not isinstance(model, nn.Module):
-        raise bad_type("model", f"expected a torch.nn.Module, got {type(model).__name__}")
-    out: list[WeightDrift] = []
-    layer = 0
-    for name, module in model.named_modules():
-        operators = getattr(module, "head_operators", None)
-        if not isinstance(operators, list) or not operators:
-            continue
-        if not all(isinstance(op, DiffusionOperator) for op in operators):
-            continue
-        heads_of: dict[int, list[int]] = {}  # operator id -> its heads
-        for head, op in enumerate(operators):
-            heads_of.setdefault(id(op), []).append(head)
-        for heads in heads_of.values():
-            drift = _drift(operators[heads[0]], layer, name, tuple(heads))
-            if drift is not None:
-                out.append(drift)
-        layer += 1
-    return out
+    found = (_drift(*group) for group in head_operator_groups(model))
+    return [drift for drift in found if drift is not None]
 
 
 def _drift(

@@ -46,7 +46,7 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,7 @@ __all__ = [
     "FilterResponse",
     "HeadFilter",
     "filter_response",
+    "head_operator_groups",
     "polynomial_filters",
 ]
 
@@ -247,9 +248,24 @@ def polynomial_filters(model: nn.Module) -> list[HeadFilter]:
         >>> [(f.layer, f.heads, f.coefficients, f.label) for f in polynomial_filters(gpt)]
         [(0, (1,), (0.5, 0.25, 0.125), 'low-pass'), (1, (1,), (0.5, 0.25, 0.125), 'low-pass')]
     """
+    found = (_head_filter(*group) for group in head_operator_groups(model))
+    return [filt for filt in found if filt is not None]
+
+
+def head_operator_groups(
+    model: nn.Module,
+) -> Iterator[tuple[DiffusionOperator, int, str, tuple[int, ...]]]:
+    """Every operator of every attention layer of ``model`` with the heads it serves:
+    ``(operator, layer, module name, heads)``, layers numbered in order over the modules that
+    hold ``head_operators`` (:class:`~heatformer.models.DiffusionAttention`, the converted
+    layers of :mod:`heatformer.integrations`), heads that share one operator together. What
+    :func:`polynomial_filters` and :func:`~heatformer.analysis.weight_drift` read.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+    """
     if not isinstance(model, nn.Module):
         raise bad_type("model", f"expected a torch.nn.Module, got {type(model).__name__}")
-    out: list[HeadFilter] = []
     layer = 0
     for name, module in model.named_modules():
         operators = getattr(module, "head_operators", None)
@@ -261,11 +277,8 @@ def polynomial_filters(model: nn.Module) -> list[HeadFilter]:
         for head, op in enumerate(operators):
             heads_of.setdefault(id(op), []).append(head)
         for heads in heads_of.values():
-            filt = _head_filter(operators[heads[0]], layer, name, tuple(heads))
-            if filt is not None:
-                out.append(filt)
+            yield operators[heads[0]], layer, name, tuple(heads)
         layer += 1
-    return out
 
 
 def _head_filter(

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from heatformer.checks import bad_type, bad_value
 from heatformer.graph_ops import DenseGraph, DiffusionOperator, Graph
 
-__all__ = ["LayerSnapshot", "collect_token_states", "snapshot_attention"]
+__all__ = ["LayerSnapshot", "collect_token_states", "forward_once", "snapshot_attention"]
 
 _DEFAULT_CONTAINERS = ("blocks", "layers")
 _MAX_LISTED_NAMES = 12
@@ -81,6 +81,30 @@ def _first_tensor(value: Any) -> Tensor | None:
     return None
 
 
+def forward_once(model: nn.Module, inputs: Any, handles: Sequence[Any], *, eval_mode: bool) -> None:
+    """One forward pass of ``model`` on ``inputs`` (a tensor, a tuple of positional arguments or
+    a mapping of keyword arguments) without gradients, in eval mode when ``eval_mode``; then,
+    whatever happens, the hook ``handles`` are removed and every module's training flag is
+    restored. What the hooks of :func:`collect_token_states` and
+    :func:`~heatformer.analysis.rollout` collect with."""
+    flags = [(module, module.training) for module in model.modules()]
+    try:
+        if eval_mode:
+            model.eval()
+        with torch.no_grad():
+            if isinstance(inputs, tuple):
+                model(*inputs)
+            elif isinstance(inputs, Mapping):
+                model(**inputs)
+            else:
+                model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, flag in flags:
+            module.training = flag
+
+
 def _run_hooked(
     model: nn.Module,
     inputs: Any,
@@ -118,24 +142,11 @@ def _run_hooked(
             return lambda module, args: store(name, args)
         return lambda module, args, output: store(name, output)
 
-    flags = [(module, module.training) for module in model.modules()]
     register = "register_forward_pre_hook" if read_inputs else "register_forward_hook"
-    handles = [getattr(module, register)(make_hook(n)) for n, module in modules.items()]
-    try:
-        if eval_mode:
-            model.eval()
-        with torch.no_grad():
-            if isinstance(inputs, tuple):
-                model(*inputs)
-            elif isinstance(inputs, Mapping):
-                model(**inputs)
-            else:
-                model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, flag in flags:
-            module.training = flag
+    forward_once(
+        model, inputs, [getattr(module, register)(make_hook(n)) for n, module in modules.items()],
+        eval_mode=eval_mode,
+    )  # fmt: skip
     missing = [name for name in modules if name not in states]
     if missing:
         raise bad_value(argument, f"submodules {missing} did not run during the forward pass")

@@ -66,12 +66,13 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from heatformer.analysis.hooks import forward_once
 from heatformer.checks import bad_type, bad_value, check_bool
 from heatformer.graph_ops import split_maps
 from heatformer.models import DiffusionAttention
@@ -125,26 +126,11 @@ def _layer_inputs(
 
         return hook
 
-    flags = [(module, module.training) for module in model.modules()]
     handles = [
         attn.register_forward_pre_hook(make_hook(i), with_kwargs=True)
         for i, attn in enumerate(layers)
     ]
-    try:
-        if eval_mode:
-            model.eval()
-        with torch.no_grad():
-            if isinstance(inputs, tuple):
-                model(*inputs)
-            elif isinstance(inputs, Mapping):
-                model(**inputs)
-            else:
-                model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, flag in flags:
-            module.training = flag
+    forward_once(model, inputs, handles, eval_mode=eval_mode)
     missing = [f"blocks.{i}.attn" for i in range(len(layers)) if i not in seen]
     if missing:
         raise bad_value("model", f"attention layers {missing} did not run during the pass")
