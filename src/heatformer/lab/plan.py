@@ -23,6 +23,7 @@ gives the plan's verdicts across the comparisons it names
     configurations = ["attention:1,laplacian:1", "attention:1,heat:1"]
     margin = 0.05                      # the equivalence margin, in the endpoint's units
     side = "higher"                    # the claimed direction: "higher" or "lower"
+    trend = [0, 1, 2]                  # optional: a dose for the baseline, then each configuration
 
 ``margin`` and ``side`` are one value for every endpoint of the claim, or a table by endpoint
 (``margin = {val_acc = 0.05, val_loss = 0.1}``) that names each. Every key but ``title`` is
@@ -33,7 +34,11 @@ takes it (``val_acc``, ``nc1@last``) and resolved against each study's task.
 A claim is one family: every configuration against the baseline, paired by seed, for every
 endpoint, in every study it names -- :math:`m` comparisons, each tested twice (superiority,
 two-sided; equivalence within the margin, TOST), and the :math:`2m` p-values Holm-adjusted
-together (:mod:`heatformer.lab.report.plan`).
+together (:mod:`heatformer.lab.report.plan`). A claim with ``trend`` (one number per
+configuration, the baseline's first; at least two distinct) makes one test per endpoint and
+study instead: the least-squares slope of the endpoint in the dose, per seed, tested against 0
+over the seeds (:func:`~heatformer.lab.report.inference.trend_test`); its ``margin`` is then in
+the endpoint's units per unit of dose, and ``side`` the claimed sign of the slope.
 
 :func:`commit_state` says when a file was committed in its git repository, so the report can
 say whether a plan was fixed before the runs began. This module imports no torch.
@@ -76,7 +81,9 @@ SIDES = ("higher", "lower")
 _TOP_KEYS = ("alpha", "title", "study", "claim")
 _CLAIM_KEYS = (
     "name", "studies", "endpoints", "endpoint", "baseline", "configurations", "margin", "side",
+    "trend",
 )  # fmt: skip
+_OPTIONAL = ("endpoint", "endpoints", "trend")
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,8 @@ class Claim:
         configurations: the configurations compared with it.
         margins: the equivalence margin of each endpoint, in its units (in endpoint order).
         sides: the claimed direction of each endpoint, ``"higher"`` or ``"lower"``.
+        trend: empty, or the dose of the baseline and of each configuration: one trend test
+            per endpoint and study instead of one comparison per configuration.
     """
 
     name: str
@@ -100,6 +109,7 @@ class Claim:
     configurations: tuple[str, ...]
     margins: tuple[float, ...]
     sides: tuple[str, ...]
+    trend: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -253,7 +263,7 @@ def _claim(path: Path, index: int, table: object, seeds: Mapping[str, Any]) -> C
     where = f"claim[{index}]"
     _known(path, where, table, _CLAIM_KEYS)
     table = cast(dict[str, Any], table)  # a table: checked by _known
-    missing = [k for k in _CLAIM_KEYS if k not in table and k not in ("endpoint", "endpoints")]
+    missing = [k for k in _CLAIM_KEYS if k not in table and k not in _OPTIONAL]
     if missing:
         raise _fail(path, where, f"expected the keys {missing}, got none")
     name = _strings(path, f"{where}.name", table["name"], one=True)[0]
@@ -289,7 +299,24 @@ def _claim(path: Path, index: int, table: object, seeds: Mapping[str, Any]) -> C
 
     margins = _by_endpoint(path, f"{where}.margin", table["margin"], endpoints, margin)
     sides = _by_endpoint(path, f"{where}.side", table["side"], endpoints, side)
-    return Claim(name, studies, endpoints, baseline, configurations, margins, sides)
+    trend = _trend(path, f"{where}.trend", table.get("trend"), 1 + len(configurations))
+    return Claim(name, studies, endpoints, baseline, configurations, margins, sides, trend)
+
+
+def _trend(path: Path, where: str, value: object, count: int) -> tuple[float, ...]:
+    """A claim's optional doses: ``count`` finite numbers, at least two distinct."""
+    if value is None:
+        return ()
+    numbers = value if isinstance(value, list) else []
+    good = len(numbers) == count and all(
+        isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v) for v in numbers
+    )
+    if not good or len(set(numbers)) < 2:
+        raise _fail(
+            path, where, f"expected {count} finite numbers, at least two distinct (the "
+            f"baseline's dose, then each configuration's), got {value!r}",
+        )  # fmt: skip
+    return tuple(float(v) for v in numbers)
 
 
 def _by_endpoint(

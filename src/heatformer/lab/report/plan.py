@@ -9,6 +9,11 @@ against its baseline, paired by the plan's seeds, for every endpoint, in every s
 - equivalence: TOST at the plan's margin :math:`\Delta`, in the endpoint's own units
   (:func:`~heatformer.lab.report.inference.tost`; null :math:`|\mu_d| \ge \Delta`).
 
+A claim with a ``trend`` (a dose per configuration) makes one comparison per endpoint and study
+instead: the per-seed least-squares slope of the endpoint in the dose
+(:func:`~heatformer.lab.report.inference.trend_test`), its mean tested against 0 and within the
+margin (per unit of dose) over the seeds, as a paired difference is.
+
 The :math:`2m` p-values are Holm-adjusted together (:func:`~heatformer.lab.report.inference.holm`),
 so that every verdict the claim states is covered by one family-wise error rate, the plan's
 :math:`\alpha` (in each comparison at most one of the two nulls is true). The verdicts:
@@ -54,7 +59,7 @@ from heatformer.lab.compare import RESULTS_NAME
 from heatformer.lab.folder import first_start, read_invocations
 from heatformer.lab.plan import Claim, Plan, commit_state, parse_time, study_endpoint
 from heatformer.lab.report.endpoints import endpoint_values
-from heatformer.lab.report.inference import holm, paired_power, tost
+from heatformer.lab.report.inference import holm, paired_power, tost, trend_test
 from heatformer.lab.report.stats import mean_std, one_sample_t, paired_difference
 from heatformer.lab.spec import SPEC_NAME
 from heatformer.lab.tasks import TASKS
@@ -85,7 +90,7 @@ def evaluate_plan(plan: Plan, folders: Sequence[str | os.PathLike[str]]) -> dict
         ``{"plan": {"path", "sha256", "title", "alpha", "commit": {"state", "time", "commit",
         "reason"}}, "studies": [{"study", "folder", "started", "started_from", "committed",
         "recorded_plan"}], "claims": [{"name", "studies", "endpoints", "baseline",
-        "configurations", "margins", "sides", "missing", "tests", "corrected_alpha",
+        "configurations", "margins", "sides", "trend", "missing", "tests", "corrected_alpha",
         "comparisons": [{"study", "endpoint", "heads", "seeds", "margin", "side", "mean",
         "ci95", "p", "n", "values", "p_tost", "p_adjusted", "p_tost_adjusted",
         "ci_simultaneous", "power", "verdict"}]}]}``.
@@ -182,6 +187,7 @@ def _claim(plan: Plan, claim: Claim, studies: Mapping[str, _Study]) -> dict[str,
         "name": claim.name, "studies": list(claim.studies), "endpoints": list(claim.endpoints),
         "baseline": claim.baseline, "configurations": list(claim.configurations),
         "margins": list(claim.margins), "sides": list(claim.sides),
+        "trend": list(claim.trend),
         "missing": [study for study in claim.studies if study not in studies],
         "tests": 0, "corrected_alpha": math.nan, "comparisons": [],
     }  # fmt: skip
@@ -193,6 +199,11 @@ def _claim(plan: Plan, claim: Claim, studies: Mapping[str, _Study]) -> dict[str,
         for raw, margin, side in zip(claim.endpoints, claim.margins, claim.sides):
             endpoint = study.endpoints[raw]
             base = _values(study, seeds, claim.baseline, endpoint)
+            if claim.trend:
+                test = _trend_row(claim, study, seeds, endpoint, base, margin, plan.alpha)
+                rows.append({"study": name, "endpoint": endpoint, "margin": margin,
+                             "side": side, **test})  # fmt: skip
+                continue
             for heads in claim.configurations:
                 mine = _values(study, seeds, heads, endpoint)
                 diff = paired_difference([mine[s] for s in seeds], [base[s] for s in seeds])
@@ -205,6 +216,28 @@ def _claim(plan: Plan, claim: Claim, studies: Mapping[str, _Study]) -> dict[str,
     out["tests"], out["corrected_alpha"] = _family(rows, plan.alpha)
     out["comparisons"] = rows
     return out
+
+
+def _trend_row(
+    claim: Claim,
+    study: _Study,
+    seeds: Sequence[int],
+    endpoint: str,
+    base: Mapping[int, float],
+    margin: float,
+    alpha: float,
+) -> dict[str, Any]:
+    """A trend claim's test in one study and endpoint: the per-seed slopes in the dose,
+    tested against 0 (superiority) and within the margin (TOST) over the seeds."""
+    columns = [base] + [_values(study, seeds, h, endpoint) for h in claim.configurations]
+    slopes = trend_test([[column[s] for column in columns] for s in seeds], claim.trend)["slopes"]
+    test = one_sample_t(slopes)
+    doses = ", ".join(f"{k:g}" for k in claim.trend)
+    return {
+        "heads": f"slope over ({doses})", "seeds": list(seeds),
+        **{key: test[key] for key in ("mean", "ci95", "p", "n")}, "values": slopes,
+        "p_tost": tost(slopes, margin, alpha)["p"] if len(seeds) > 1 else math.nan,
+    }  # fmt: skip
 
 
 def _values(study: _Study, seeds: Sequence[int], heads: str, endpoint: str) -> dict[int, float]:
@@ -280,8 +313,13 @@ def format_plan(evaluation: Mapping[str, Any]) -> str:
                          f"{', '.join(claim['missing'])}")  # fmt: skip
             continue
         m = len(claim["comparisons"])
+        what = f"config - {claim['baseline']} paired by seed"
+        if claim["trend"]:
+            doses = zip([claim["baseline"], *claim["configurations"]], claim["trend"])
+            what = "the slope per unit of dose, per seed (" + ", ".join(
+                f"{heads} at {dose:g}" for heads, dose in doses) + ")"  # fmt: skip
         lines.append(
-            f"claim {claim['name']}: config - {claim['baseline']} paired by seed; Holm over "
+            f"claim {claim['name']}: {what}; Holm over "
             f"{claim['tests']} tests ({m} comparisons x superiority and equivalence), alpha "
             f"{alpha:g}; simultaneous {level} intervals; power of the superiority test at "
             f"alpha/{claim['tests']} = {claim['corrected_alpha']:.3g} against a difference of "
