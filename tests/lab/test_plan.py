@@ -287,6 +287,73 @@ def test_holm_over_tost_and_superiority_together_and_power_at_the_corrected_alph
     assert "mqar-window val_acc attention:1,heat:1: +0.3000 ±" in text
 
 
+TREND_PLAN = """alpha = 0.05
+[study.mqar-ops]
+seeds = [0, 1, 2, 3]
+[[claim]]
+name = "dose"
+studies = ["mqar-ops"]
+endpoints = ["val_acc", "val_acc_far"]
+baseline = "attention:2"
+configurations = ["attention:1,laplacian:1", "laplacian:2"]
+trend = [0, 1, 2]
+margin = {val_acc = 0.05, val_acc_far = 0.5}
+side = "higher"
+"""
+
+
+def test_a_trend_claim_tests_the_per_seed_slope_against_scipy(tmp_path: Path) -> None:
+    """A claim with ``trend``: per endpoint one test, the least-squares slope of each seed
+    (scipy's linregress) tested against 0 (ttest_1samp) and within the margin per unit of dose
+    (two one-sided tests), the 2 x 2 p-values Holm-adjusted together; the verdicts."""
+    path = tmp_path / "plan.toml"
+    path.write_text(TREND_PLAN)
+    plan = read_plan(path)
+    assert plan.claims[0].trend == (0.0, 1.0, 2.0)
+    rng = np.random.default_rng(0)
+    seeds = [0, 1, 2, 3]
+    values = {"attention:2": {}, "attention:1,laplacian:1": {}, "laplacian:2": {}}
+    for endpoint, slope in (("val_acc", 0.1), ("val_acc_far", 0.0)):
+        base = 0.5 + rng.normal(0, 0.05, 4)
+        for k, heads in enumerate(values):
+            values[heads][endpoint] = list(base + slope * k + rng.normal(0, 0.01, 4))
+    folder = _write_results(tmp_path / "mqar-ops", "mqar-ops", values, seeds=seeds)
+    evaluation = evaluate_plan(plan, [folder])
+    (claim,) = evaluation["claims"]
+    assert claim["trend"] == [0.0, 1.0, 2.0] and claim["tests"] == 4
+    sup, eq = [], []
+    for row, margin in zip(claim["comparisons"], (0.05, 0.5)):
+        ys = np.array([values[h][row["endpoint"]] for h in values])  # (k, seed)
+        slopes = [stats.linregress([0, 1, 2], ys[:, s]).slope for s in range(4)]
+        assert row["values"] == pytest.approx(slopes, rel=1e-9)
+        assert row["mean"] == pytest.approx(np.mean(slopes), rel=1e-9)
+        assert row["heads"] == "slope over (0, 1, 2)" and row["n"] == 4
+        sup.append(stats.ttest_1samp(slopes, 0.0).pvalue)
+        eq.append(max(stats.ttest_1samp(slopes, -margin, alternative="greater").pvalue,
+                      stats.ttest_1samp(slopes, margin, alternative="less").pvalue))  # fmt: skip
+    adjusted = _holm(sup + eq)
+    assert [r["p_adjusted"] for r in claim["comparisons"]] == pytest.approx(adjusted[:2])
+    assert [r["p_tost_adjusted"] for r in claim["comparisons"]] == pytest.approx(adjusted[2:])
+    assert [r["verdict"] for r in claim["comparisons"]] == [
+        "better", "no effect larger than 0.5"]  # fmt: skip
+    text = format_plan(evaluation)
+    assert "claim dose: the slope per unit of dose, per seed (attention:2 at 0, " in text
+    first = claim["comparisons"][0]["mean"]
+    assert f"mqar-ops val_acc slope over (0, 1, 2): {first:+.4f} ±" in text and first > 0.09
+
+
+@pytest.mark.parametrize(
+    "trend", ["[0, 1]", "[1, 1, 1]", '[0, 1, "2"]', "[0, 1, nan]", "[0, true, 2]", "3"]
+)
+def test_a_trend_that_is_not_one_dose_per_configuration_is_refused(
+    tmp_path: Path, trend: str
+) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text(TREND_PLAN.replace("trend = [0, 1, 2]", f"trend = {trend}"))
+    with pytest.raises(ValueError, match=r"^plan: .*claim 'dose'.trend: expected 3 finite"):
+        read_plan(path)
+
+
 def test_the_report_refuses_an_endpoint_the_plan_lacks_and_other_seeds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
