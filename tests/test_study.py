@@ -14,6 +14,7 @@ import csv
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,60 @@ def test_the_paper_study_tables_are_regenerated(study: str) -> None:
     assert begin in doc, f"docs/reproducing.md has no paper_study section for {study}"
     shown = doc.split(begin, 1)[1].split("<!-- /paper_study -->", 1)[0]
     assert shown.strip("\n") == text.strip("\n")
+
+
+_families_spec = importlib.util.spec_from_file_location(
+    "study_families", ROOT / "benchmarks" / "study_families.py"
+)
+assert _families_spec is not None and _families_spec.loader is not None
+study_families = importlib.util.module_from_spec(_families_spec)
+_families_spec.loader.exec_module(study_families)
+
+#: The rows of docs/reproducing.md's family table: (study, endpoint, test).
+FAMILY_ROWS = [
+    ("digits", "decay_rate@last", "trend in k"),
+    ("chars-deep", "decay_rate@last", "attention:2,laplacian:2"),
+    ("digits-layers", "within_seq_frac@last",
+     "attention:4;attention:2,laplacian:2;attention:4;attention:4"),
+    ("chars", "val_bpc", "laplacian:4"),
+    ("chars", "val_bpc", "trend in k"),
+    ("chars-deep", "val_bpc", "attention:2,laplacian:2"),
+    ("digits", "nc2@last", "trend in k"),
+    ("stdlib", "within_seq_frac@last", "trend in k"),
+]  # fmt: skip
+
+
+def test_the_family_table_is_what_study_families_computes() -> None:
+    """Each row of the page's table of the first study's tests in three families: the
+    estimate and the Holm-adjusted p with its family's size, computed again from the committed
+    results by benchmarks/study_families.py; the page's own family is the one its tables use
+    (the page's p for the digits decay trend is the generated table's 0.039)."""
+    tests = [
+        t for s in study_families.STUDIES
+        for t in study_families.primary_tests(ROOT / "docs" / "study" / s)
+    ]  # fmt: skip
+    study_families.families(tests)
+    doc = DOC.read_text()
+    table = doc[doc.index("| test | this page's family |") :].split("\n\n", 1)[0]
+    lines = table.splitlines()[2:]
+    assert len(lines) == len(FAMILY_ROWS)
+    for line, key in zip(lines, FAMILY_ROWS):
+        (test,) = [t for t in tests if (t["study"], t["endpoint"], t["test"]) == key]
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        assert cells[0].startswith(f"`{key[0]}`")
+        signed = re.search(r"[+−]\d[\d.]*", cells[0])
+        assert signed is not None, line
+        estimate = float(signed.group().replace("−", "-"))
+        assert estimate == pytest.approx(test["estimate"], rel=5e-3, abs=5e-4)
+        for cell, family in zip(cells[1:], ("page", "study", "claim")):
+            p, n = cell.replace("(", "").split()[:2]
+            assert float(p) == pytest.approx(test[f"p_{family}"], rel=6e-3), (key, family)
+            assert int(n) == test[f"n_{family}"], (key, family)
+    # the stated power and the tuned selections at the grid's edge
+    assert study_families.paired_power(5, 1.7, 0.05 / 25) == pytest.approx(0.131, abs=5e-4)
+    assert "at Holm's first step over 25 tests (α/25) the power against the same effect is 0.13" \
+        in doc.replace("\n  ", " ")  # fmt: skip
+    edges = [
+        study_families.lr_edges(ROOT / "docs" / "study" / s) for s in ("chars-lr", "chars-deep")
+    ]
+    assert [sum(e[i] for e in edges) for i in range(4)] == [5, 5, 34, 34]
