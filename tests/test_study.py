@@ -186,3 +186,22 @@ def test_the_family_table_is_what_study_families_computes() -> None:
         study_families.lr_edges(ROOT / "docs" / "study" / s) for s in ("chars-lr", "chars-deep")
     ]
     assert [sum(e[i] for e in edges) for i in range(4)] == [5, 5, 34, 34]
+
+
+_PLAN_BLOCK = re.compile(r"<!-- heatformer plan (\S+) ((?:\S+ ?)+) -->\n```text\n(.*?)\n```", re.S)
+
+
+def test_the_plan_verdicts_on_the_page_are_the_committed_results() -> None:
+    """Each ``heatformer plan`` block of docs/reproducing.md (after its marker comment, which
+    names the plan and the folders) is the claims part of ``format_plan`` computed again from
+    the committed results."""
+    from heatformer.lab.plan import read_plan
+    from heatformer.lab.report.plan import evaluate_plan, format_plan
+
+    blocks = _PLAN_BLOCK.findall(DOC.read_text())
+    assert len(blocks) >= 1
+    for plan, folders, shown in blocks:
+        evaluation = evaluate_plan(read_plan(ROOT / plan), [ROOT / f for f in folders.split()])
+        text = format_plan(evaluation)
+        claims = text[text.index("\nclaim ") + 1 :]
+        assert shown.strip("\n") == claims.strip("\n"), plan

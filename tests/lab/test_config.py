@@ -97,6 +97,14 @@ def test_a_study_file_makes_the_spec_its_recorded_run_holds(study: str) -> None:
         mine, theirs = spec.to_dict(), saved.to_dict()
         assert mine.pop("name") in (study, saved.name)
         theirs.pop("name")
+        # a plan is recorded with its absolute path, which is the clone's: the same file
+        plans = [d.pop("plan", None) for d in (mine, theirs)]
+        if plans[1] is not None:
+            assert plans[0] is not None, f"studies/{study}.toml does not name its plan"
+            paths = [Path(plan.pop("path")) for plan in plans]
+            assert paths[0].name == paths[1].name
+            assert config == recorded or paths[0].is_relative_to(ROOT)
+        assert plans[0] == plans[1]
         assert mine == theirs
     assert (
         f"heatformer compare --config studies/{study}.toml"

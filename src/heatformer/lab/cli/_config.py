@@ -19,7 +19,7 @@ file: they say where and how to run a study, not what it is, and ``spec.json``
 does not hold them either. A flag given on the command line overrides the file, field by
 field (``--steps 100`` replaces ``steps``, ``--seq-len 32`` the option ``seq_len`` and no
 other); the file overrides a ``--preset``. A relative path in a path option (``text``,
-``npz``, ``root``) is read from the file's folder.
+``npz``, ``root``) or in ``plan`` (the study's plan file) is read from the file's folder.
 
 The keys are checked when the file is read, against the spec's fields and the registered
 tasks' options (so a field or an option added later is read without more code here): an
@@ -209,6 +209,8 @@ def _checked_values(path: Path, data: dict[str, Any], flags: Collection[str]) ->
             values[OPTIONS] = _checked_options(path, value, options)
         elif key in fields:
             values[key] = _typed(path, key, value, hints[key])
+            if key == "plan" and isinstance(value, str):  # a plan file, read from the file's folder
+                values[key] = str((path.parent / Path(value).expanduser()).resolve())
         elif key in options:
             raise StudyError(
                 path, key, f"a task option: put it in the [{OPTIONS}] table (options.{key})"
