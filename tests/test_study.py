@@ -205,3 +205,17 @@ def test_the_plan_verdicts_on_the_page_are_the_committed_results() -> None:
         text = format_plan(evaluation)
         claims = text[text.index("\nclaim ") + 1 :]
         assert shown.strip("\n") == claims.strip("\n"), plan
+
+
+def test_the_stopped_induction_runs_say_what_the_page_says() -> None:
+    """The two runs of the stopped ``induction-ops`` study: equal test accuracies at every
+    evaluation, the ones the page lists, and a training loss around ln 14 after step 200."""
+    runs = sorted((ROOT / "docs" / "study" / "induction-ops" / "runs").glob("*/result.json"))
+    records = [json.loads(path.read_text()) for path in runs]
+    assert [r["heads"] for r in records] == ["attention:2", "attention:1,laplacian:1"]
+    accs = [[round(e["val_acc"], 3) for e in r["evals"]] for r in records]
+    assert accs[0] == accs[1] == [0.096, 0.096, 0.059, 0.072, 0.070, 0.082]
+    for record in records:
+        late = record["train_loss"][200:]
+        assert len(record["train_loss"]) == 1500 and 2.58 <= min(late) and max(late) <= 2.79
+    assert "(0.096, 0.096, 0.059, 0.072,\n0.070, 0.082; chance 0.071)" in DOC.read_text()
