@@ -210,7 +210,7 @@ def test_the_plan_verdicts_on_the_page_are_the_committed_results() -> None:
 def test_the_stopped_induction_runs_say_what_the_page_says() -> None:
     """The two runs of the stopped ``induction-ops`` study: equal test accuracies at every
     evaluation, the ones the page lists, and a training loss around ln 14 after step 200."""
-    runs = sorted((ROOT / "docs" / "study" / "induction-ops" / "runs").glob("*/result.json"))
+    runs = sorted((ROOT / "docs" / "study" / "induction-ops").glob("*.result.json"))
     records = [json.loads(path.read_text()) for path in runs]
     assert [r["heads"] for r in records] == ["attention:2", "attention:1,laplacian:1"]
     accs = [[round(e["val_acc"], 3) for e in r["evals"]] for r in records]
