@@ -219,3 +219,19 @@ def test_the_stopped_induction_runs_say_what_the_page_says() -> None:
         late = record["train_loss"][200:]
         assert len(record["train_loss"]) == 1500 and 2.58 <= min(late) and max(late) <= 2.79
     assert "(0.096, 0.096, 0.059, 0.072,\n0.070, 0.082; chance 0.071)" in DOC.read_text()
+
+
+def test_the_stopped_passkey_runs_are_at_chance_as_the_page_says() -> None:
+    """The two runs of the stopped ``passkey-window`` study: test accuracy 0.09-0.11 at every
+    evaluation and every grid cell within 0.06-0.16, as docs/reproducing.md states."""
+    runs = sorted((ROOT / "docs" / "study" / "passkey-window").glob("*.result.json"))
+    records = [json.loads(path.read_text()) for path in runs]
+    assert [r["heads"] for r in records] == ["attention:2", "attention:1,heat:1"]
+    grid = []
+    for record in records:
+        assert all(0.09 <= e["val_acc"] <= 0.11 for e in record["evals"])
+        cells = [v for k, v in record["final"].items() if k.startswith("acc_L")]
+        assert len(cells) == 15 and 0.06 <= min(cells) and max(cells) <= 0.1625
+        grid.append(round(record["final"]["grid_acc"], 3))
+    assert grid == [0.112, 0.121]
+    assert "`grid_acc` 0.112 and 0.121" in DOC.read_text().replace("\n", " ")
