@@ -1,7 +1,7 @@
 """How the first study's verdicts depend on the family they are corrected in.
 
 The first study (docs/reproducing.md, "The paper's study at small scale") corrected each study's
-pairwise comparisons in one Holm family and its trend tests in another. This script computes,
+pairwise comparisons in one Holm family and its trend tests in another. This script reads,
 from the committed results in ``docs/study/<study>/results.json`` alone, every primary test of
 the eight studies (each Laplacian, mean, centring or skip configuration against the baseline,
 paired by seed; each trend across k) and Holm-adjusts them in two other families:
@@ -33,9 +33,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from heatformer.lab.report.endpoints import endpoint_values
-from heatformer.lab.report.inference import holm, paired_power, trend_test
-from heatformer.lab.report.stats import paired_difference
+from heatformer.lab.report.inference import holm, paired_power
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The first study's comparisons, as committed.
@@ -58,36 +56,20 @@ CLAIMS: dict[str, tuple[str, tuple[str, ...] | None]] = {
 
 
 def primary_tests(folder: Path) -> list[dict[str, Any]]:
-    """Every primary test of one committed comparison: each configuration against the
-    baseline (paired t-test) and each trend across k (per-seed slopes), per endpoint."""
+    """Every primary test of one committed comparison, as its report made them
+    (``results.json["primary"]``, :func:`~heatformer.lab.report.primary_endpoints`, which
+    tests/test_study.py recomputes from the runs): each configuration against the baseline
+    (paired t-test) and each trend across k, per endpoint, with its raw p."""
     results = json.loads((folder / "results.json").read_text())
-    rows = {row["heads"]: row for row in results["summary"]}
-    baseline = results["baseline"]
     out = []
-    for endpoint in results["spec"]["primary"]:
-        base = endpoint_values(rows[baseline], endpoint)
-        if base is None:
-            continue
-        for heads, row in rows.items():
-            values = endpoint_values(row, endpoint) if heads != baseline else None
-            if values is None:
-                continue
-            seeds = sorted(set(values) & set(base))
-            d = paired_difference([values[s] for s in seeds], [base[s] for s in seeds])
-            out.append({"study": folder.name, "endpoint": endpoint, "test": heads,
-                        "estimate": d["mean"], "p": d["p"]})  # fmt: skip
-        for line in results.get("sweeps") or ():
-            points = []
-            for k, h in line["points"]:
-                values = endpoint_values(rows[h], endpoint)
-                if values is not None:
-                    points.append((k, values))
-            if line["axis"] != "heads" or len(points) < 2:
-                continue
-            seeds = sorted(set.intersection(*(set(v) for _, v in points)))
-            trend = trend_test([[v[s] for _, v in points] for s in seeds], [k for k, _ in points])
-            out.append({"study": folder.name, "endpoint": endpoint, "test": "trend in k",
-                        "estimate": trend["slope"], "p": trend["p"]})  # fmt: skip
+    for item in results["primary"]:
+        tests = [(heads, row["mean"], row["p"]) for heads, row in item["comparisons"].items()]
+        tests += [("trend in k", trend["slope"], trend["p"]) for trend in item["trends"]]
+        out += [
+            {"study": folder.name, "endpoint": item["endpoint"], "test": test, "estimate": estimate,
+             "p": p}
+            for test, estimate, p in tests
+        ]  # fmt: skip
     return out
 
 
