@@ -230,12 +230,12 @@ def _trend_row(
     """A trend claim's test in one study and endpoint: the per-seed slopes in the dose,
     tested against 0 (superiority) and within the margin (TOST) over the seeds."""
     columns = [base] + [_values(study, seeds, h, endpoint) for h in claim.configurations]
-    slopes = trend_test([[column[s] for column in columns] for s in seeds], claim.trend)["slopes"]
-    test = one_sample_t(slopes)
+    test = trend_test([[column[s] for column in columns] for s in seeds], claim.trend)
+    slopes = test["slopes"]
     doses = ", ".join(f"{k:g}" for k in claim.trend)
     return {
-        "heads": f"slope over ({doses})", "seeds": list(seeds),
-        **{key: test[key] for key in ("mean", "ci95", "p", "n")}, "values": slopes,
+        "heads": f"slope over ({doses})", "seeds": list(seeds), "mean": test["slope"],
+        **{key: test[key] for key in ("ci95", "p", "n")}, "values": slopes,
         "p_tost": tost(slopes, margin, alpha)["p"] if len(seeds) > 1 else math.nan,
     }  # fmt: skip
 
