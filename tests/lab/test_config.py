@@ -10,6 +10,7 @@ naming the file and the key, exit status 2.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -110,6 +111,22 @@ def test_a_study_file_makes_the_spec_its_recorded_run_holds(study: str) -> None:
         f"heatformer compare --config studies/{study}.toml"
         in (ROOT / "docs" / "reproducing.md").read_text()
     )
+
+
+def test_a_study_files_plan_is_read_from_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``plan = "plan.toml"`` in a study file names the file beside it, wherever the command
+    runs; the spec keeps its record (that path, the file's sha256)."""
+    folder = tmp_path / "study"
+    folder.mkdir()
+    shutil.copy(ROOT / "docs" / "study" / "suite-plan.toml", folder / "plan.toml")
+    text = (ROOT / "studies" / "mqar-ops.toml").read_text()
+    _write(folder, "mqar-ops.toml", text.replace("primary = [", 'plan = "plan.toml"\nprimary = ['))
+    monkeypatch.chdir(tmp_path)
+    spec = _spec("--config", str(folder / "mqar-ops.toml"))
+    assert spec.plan.path == str((folder / "plan.toml").resolve())
+    assert spec.plan.sha256 == hashlib.sha256((folder / "plan.toml").read_bytes()).hexdigest()
 
 
 # ---------------------------------------------------------------- end to end

@@ -158,8 +158,9 @@ class CompareSpec:
     contrast: tuple[str, ...] = ()
     name: str = field(default="", compare=False)  # a label for reports only
     # the study's plan (heatformer.lab.plan): a plan file, read and checked when the spec is
-    # made, then kept as its PlanRecord (path, sha256, study, endpoints), as spec.json holds it
-    plan: Any = field(default=None, compare=False)
+    # made, then kept as its PlanRecord (path, sha256, study, endpoints), as spec.json holds it;
+    # a path (metadata "path"): a study file's relative one is read from the file's folder
+    plan: Any = field(default=None, compare=False, metadata={"path": True})
 
     # ------------------------------------------------------------------ validation
 

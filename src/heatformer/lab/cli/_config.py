@@ -19,7 +19,8 @@ file: they say where and how to run a study, not what it is, and ``spec.json``
 does not hold them either. A flag given on the command line overrides the file, field by
 field (``--steps 100`` replaces ``steps``, ``--seq-len 32`` the option ``seq_len`` and no
 other); the file overrides a ``--preset``. A relative path in a path option (``text``,
-``npz``, ``root``) or in ``plan`` (the study's plan file) is read from the file's folder.
+``npz``, ``root``) or in the spec's ``plan`` (the fields marked ``path``) is read from the
+file's folder.
 
 The keys are checked when the file is read, against the spec's fields and the registered
 tasks' options (so a field or an option added later is read without more code here): an
@@ -201,16 +202,15 @@ def check_one_run(values: Mapping[str, Any]) -> None:
 def _checked_values(path: Path, data: dict[str, Any], flags: Collection[str]) -> dict[str, Any]:
     """``data``'s spec values, each checked against its field's type."""
     hints = typing.get_type_hints(CompareSpec)
-    fields = [f.name for f in dataclasses.fields(CompareSpec)]
+    spec_fields = {f.name: f for f in dataclasses.fields(CompareSpec)}
+    fields = list(spec_fields)
     options = options_by_name()
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key == OPTIONS:
             values[OPTIONS] = _checked_options(path, value, options)
         elif key in fields:
-            values[key] = _typed(path, key, value, hints[key])
-            if key == "plan" and isinstance(value, str):  # a plan file, read from the file's folder
-                values[key] = str((path.parent / Path(value).expanduser()).resolve())
+            values[key] = _from_folder(path, spec_fields[key], _typed(path, key, value, hints[key]))
         elif key in options:
             raise StudyError(
                 path, key, f"a task option: put it in the [{OPTIONS}] table (options.{key})"
@@ -252,11 +252,16 @@ def _checked_options(
             )
         task, field = next(iter(by_task.items()))  # the tasks that take it agree on its type
         hint = typing.get_type_hints(TASKS.lookup(task).Options)[key]
-        value = _typed(path, f"{OPTIONS}.{key}", value, hint)
-        if field.metadata.get("path") and isinstance(value, str):
-            value = str((path.parent / Path(value).expanduser()).resolve())
-        out[key] = value
+        out[key] = _from_folder(path, field, _typed(path, f"{OPTIONS}.{key}", value, hint))
     return out
+
+
+def _from_folder(path: Path, field: dataclasses.Field[Any], value: Any) -> Any:
+    """A path field's (``metadata["path"]``) relative string read from the file's folder,
+    made absolute; any other value as it is."""
+    if field.metadata.get("path") and isinstance(value, str):
+        return str((path.parent / Path(value).expanduser()).resolve())
+    return value
 
 
 class _Mismatch(Exception):
